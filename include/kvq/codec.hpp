@@ -1,0 +1,93 @@
+// kvq — codecs for one row of a KV cache (one token, one kv head, head_dim values).
+//
+// A codec is chosen by name from the codec table (`codec_names()`), optionally with the `+rot`
+// modifier, which multiplies rows and queries by a seeded randomized Hadamard matrix first
+// (q·k is unchanged; outlier channels are spread over all channels).
+//
+//   auto k = kvq::Codec::make("q8_0", 128);          // keys: ggml block_q8_0 rows
+//   auto v = kvq::Codec::make("q4_0+rot", 128);      // values: rotated ggml block_q4_0 rows
+//
+// Operations work on many rows at once:
+//   quantize_rows / dequantize_rows — float rows <-> row bytes;
+//   prepare_queries — once per decode step (q8_0/q4_x keys: the query becomes q8_0 blocks so the score
+//                     is an integer dot product per block, as in ggml; rotated codecs: rotate the query);
+//   score_rows      — scores[q][r] = q·k_r for the n_q prepared queries against n_rows rows;
+//   accumulate_rows — acc[q][:] += w[q][r] · v_r, then finish_accumulate() once (undoes the rotation).
+// Every call validates its arguments and throws std::invalid_argument with a message that names the
+// problem; nothing is written when it throws.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvq {
+
+inline constexpr uint64_t kDefaultSeed = 0x6b76715f726f7421ull;  // "kvq_rot!"
+
+namespace detail {
+class CodecImpl;
+}
+
+// One row of the codec table, as users see it.
+struct CodecInfo {
+    std::string name;         // table name, e.g. "q4_0"
+    int block = 0;            // values per block (row length must be a multiple)
+    int bytes_per_block = 0;  // bytes per block (for codecs with a per-row header, see row_bytes)
+    bool ggml_layout = false; // row bytes are ggml's blocks for the type of the same name
+    std::string layout;       // one-line description of the bytes
+};
+
+// Names in the codec table, in table order.
+std::vector<std::string> codec_names();
+// Table row for a base name (without modifiers); throws std::invalid_argument for an unknown name.
+CodecInfo codec_info(std::string_view name);
+
+class Codec {
+public:
+    // spec: a table name, optionally followed by "+rot"; head_dim: values per row.
+    // Throws std::invalid_argument for an unknown name or a head size the codec cannot take.
+    static Codec make(std::string_view spec, int head_dim, uint64_t seed = kDefaultSeed);
+
+    const std::string& name() const { return name_; }  // the spec as given, normalized
+    int head_dim() const { return head_dim_; }
+    bool rotated() const { return rotated_; }
+    uint64_t seed() const { return seed_; }
+    size_t row_bytes() const;
+    size_t query_bytes() const;  // bytes of one prepared query
+    double bits_per_value() const { return 8.0 * static_cast<double>(row_bytes()) / head_dim_; }
+
+    // x: n_rows × head_dim floats; dst: n_rows rows of row_bytes(), dst_stride bytes apart (0 = packed).
+    void quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride = 0) const;
+    // y: n_rows × head_dim floats (in the caller's basis: a rotation is undone).
+    void dequantize_rows(const void* src, size_t n_rows, float* y, size_t src_stride = 0) const;
+
+    // q: n_q × head_dim floats; prep: n_q × query_bytes().
+    void prepare_queries(const float* q, int n_q, void* prep) const;
+    // scores[i * score_stride + r] = (prepared query i) · (row r), for i < n_q, r < n_rows.
+    void score_rows(const void* prep, int n_q, const void* rows, size_t n_rows, float* scores,
+                    size_t score_stride, size_t row_stride = 0) const;
+    // acc[i * head_dim + j] += w[i * w_stride + r] · row_r[j]; acc is in the codec's basis until
+    // finish_accumulate(acc, n_q) is called once after the last accumulate.
+    void accumulate_rows(const float* w, size_t w_stride, int n_q, const void* rows, size_t n_rows,
+                         float* acc, size_t row_stride = 0) const;
+    void finish_accumulate(float* acc, int n_q) const;
+
+    // The query as score_rows sees it, in the caller's basis (for q8_0 keys: the query after its own
+    // q8_0 round trip). With it, score_rows equals effective_query · dequantize_rows to float rounding.
+    void effective_query(const float* q, float* out) const;
+
+    const detail::CodecImpl& impl() const { return *impl_; }
+
+private:
+    std::shared_ptr<const detail::CodecImpl> impl_;
+    std::string name_;
+    int head_dim_ = 0;
+    bool rotated_ = false;
+    uint64_t seed_ = kDefaultSeed;
+};
+
+}  // namespace kvq

@@ -1,0 +1,64 @@
+// Block layouts of the ggml-compatible codecs. Each struct is byte-identical to ggml's block of the
+// same name (ggml/src/ggml-common.h); the size asserts pin that down.
+//
+// | codec  | bytes | layout (32 values per block)                                              |
+// |--------|-------|---------------------------------------------------------------------------|
+// | q8_0   | 34    | fp16 d; int8 qs[32];          x = d·q                                     |
+// | q4_0   | 18    | fp16 d; qs[16] nibbles;       x = d·(q−8); low nibble j, high nibble j+16   |
+// | q4_1   | 20    | fp16 d, m; qs[16] nibbles;    x = d·q + m                                  |
+// | q5_0   | 22    | fp16 d; qh[4]; qs[16];        x = d·(q−16); bit 4 of value j in qh bit j    |
+// | q5_1   | 24    | fp16 d, m; qh[4]; qs[16];     x = d·q + m                                  |
+//
+// The prepared query of the quantized-key codecs is BlockQ8Query: the query quantized to int8 per
+// block with a float scale (more exact than ggml's fp16 one) and the block sum, so that a key block
+// costs one integer dot product, as ggml's vec_dot does.
+#pragma once
+
+#include <cstdint>
+
+namespace kvq::detail {
+
+inline constexpr int kQK = 32;  // values per block of every ggml-layout codec here
+
+struct BlockQ8_0 {
+    uint16_t d;
+    int8_t qs[kQK];
+};
+static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 is 34 bytes");
+
+struct BlockQ4_0 {
+    uint16_t d;
+    uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 is 18 bytes");
+
+struct BlockQ4_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 is 20 bytes");
+
+struct BlockQ5_0 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ5_0) == 22, "ggml block_q5_0 is 22 bytes");
+
+struct BlockQ5_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qh[4];
+    uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ5_1) == 24, "ggml block_q5_1 is 24 bytes");
+
+struct BlockQ8Query {
+    float d;        // scale: x ≈ d·q
+    float s;        // d·Σq, for codecs with an offset m
+    int8_t qs[kQK];
+};
+static_assert(sizeof(BlockQ8Query) == 40, "prepared query block");
+
+}  // namespace kvq::detail

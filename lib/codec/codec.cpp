@@ -1,0 +1,142 @@
+// kvq::Codec: parses a spec, builds the codec from the table, and checks every argument before the
+// kernels run, so bad input throws without writing anything.
+#include "kvq/codec.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "rotated.hpp"
+#include "table.hpp"
+
+namespace kvq {
+namespace {
+
+[[noreturn]] void fail(const std::string& codec, const std::string& what) {
+    throw std::invalid_argument("codec '" + codec + "': " + what);
+}
+
+void require(bool ok, const std::string& codec, const char* what) {
+    if (!ok) fail(codec, what);
+}
+
+}  // namespace
+
+std::vector<std::string> codec_names() {
+    std::vector<std::string> names;
+    for (const auto& row : detail::codec_table()) names.emplace_back(row.name);
+    return names;
+}
+
+CodecInfo codec_info(std::string_view name) {
+    const auto* row = detail::find_codec(name);
+    if (!row) throw std::invalid_argument("unknown codec '" + std::string(name) + "'");
+    return {row->name, row->block, row->bytes_per_block, row->ggml_layout, row->layout};
+}
+
+Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
+    std::string_view base = spec;
+    bool rotated = false;
+    if (constexpr std::string_view suffix = "+rot"; base.size() > suffix.size() && base.ends_with(suffix)) {
+        rotated = true;
+        base.remove_suffix(suffix.size());
+    }
+    std::string_view params;
+    if (const auto colon = base.find(':'); colon != std::string_view::npos) {
+        params = base.substr(colon + 1);
+        base = base.substr(0, colon);
+    }
+    const auto* row = detail::find_codec(base);
+    if (!row) {
+        std::string known;
+        for (const auto& name : codec_names()) known += (known.empty() ? "" : ", ") + name;
+        throw std::invalid_argument("unknown codec '" + std::string(spec) + "' (known: " + known +
+                                    "; any may take the suffix +rot)");
+    }
+    if (head_dim <= 0 || head_dim > 65536) {
+        throw std::invalid_argument("codec '" + std::string(spec) + "': head_dim must be in 1..65536, got " +
+                                    std::to_string(head_dim));
+    }
+    std::unique_ptr<detail::CodecImpl> impl = row->make(params, head_dim, seed);
+    if (rotated) impl = detail::make_rotated(std::move(impl), seed);
+    Codec c;
+    c.impl_ = std::move(impl);
+    c.name_ = std::string(spec);
+    c.head_dim_ = head_dim;
+    c.rotated_ = rotated;
+    c.seed_ = seed;
+    return c;
+}
+
+size_t Codec::row_bytes() const { return impl_->row_bytes(); }
+size_t Codec::query_bytes() const { return impl_->query_bytes(); }
+
+void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride) const {
+    if (n_rows == 0) return;
+    require(x && dst, name_, "quantize_rows: null pointer");
+    if (dst_stride == 0) dst_stride = row_bytes();
+    require(dst_stride >= row_bytes(), name_, "quantize_rows: dst_stride is smaller than row_bytes()");
+    const size_t n = n_rows * head_dim_;
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(x[i])) {
+            fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
+                            std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
+        }
+    }
+    impl_->quantize_rows(x, n_rows, static_cast<uint8_t*>(dst), dst_stride);
+}
+
+void Codec::dequantize_rows(const void* src, size_t n_rows, float* y, size_t src_stride) const {
+    if (n_rows == 0) return;
+    require(src && y, name_, "dequantize_rows: null pointer");
+    if (src_stride == 0) src_stride = row_bytes();
+    require(src_stride >= row_bytes(), name_, "dequantize_rows: src_stride is smaller than row_bytes()");
+    impl_->dequantize_rows(static_cast<const uint8_t*>(src), src_stride, n_rows, y);
+}
+
+void Codec::prepare_queries(const float* q, int n_q, void* prep) const {
+    require(n_q >= 0, name_, "prepare_queries: n_q is negative");
+    if (n_q == 0) return;
+    require(q && prep, name_, "prepare_queries: null pointer");
+    for (size_t i = 0; i < static_cast<size_t>(n_q) * head_dim_; ++i) {
+        require(std::isfinite(q[i]), name_, "prepare_queries: query is not finite (NaN or Inf)");
+    }
+    impl_->prepare_queries(q, n_q, static_cast<uint8_t*>(prep));
+}
+
+void Codec::score_rows(const void* prep, int n_q, const void* rows, size_t n_rows, float* scores,
+                       size_t score_stride, size_t row_stride) const {
+    require(n_q >= 0, name_, "score_rows: n_q is negative");
+    if (n_q == 0 || n_rows == 0) return;
+    require(prep && rows && scores, name_, "score_rows: null pointer");
+    require(n_q == 1 || score_stride >= n_rows, name_, "score_rows: score_stride is smaller than n_rows");
+    if (row_stride == 0) row_stride = row_bytes();
+    require(row_stride >= row_bytes(), name_, "score_rows: row_stride is smaller than row_bytes()");
+    impl_->score_rows(static_cast<const uint8_t*>(prep), n_q, static_cast<const uint8_t*>(rows), row_stride,
+                      n_rows, scores, score_stride);
+}
+
+void Codec::accumulate_rows(const float* w, size_t w_stride, int n_q, const void* rows, size_t n_rows,
+                            float* acc, size_t row_stride) const {
+    require(n_q >= 0, name_, "accumulate_rows: n_q is negative");
+    if (n_q == 0 || n_rows == 0) return;
+    require(w && rows && acc, name_, "accumulate_rows: null pointer");
+    require(n_q == 1 || w_stride >= n_rows, name_, "accumulate_rows: w_stride is smaller than n_rows");
+    if (row_stride == 0) row_stride = row_bytes();
+    require(row_stride >= row_bytes(), name_, "accumulate_rows: row_stride is smaller than row_bytes()");
+    impl_->accumulate_rows(w, w_stride, n_q, static_cast<const uint8_t*>(rows), row_stride, n_rows, acc);
+}
+
+void Codec::finish_accumulate(float* acc, int n_q) const {
+    require(n_q >= 0, name_, "finish_accumulate: n_q is negative");
+    if (n_q == 0) return;
+    require(acc != nullptr, name_, "finish_accumulate: null pointer");
+    impl_->finish_accumulate(acc, n_q);
+}
+
+void Codec::effective_query(const float* q, float* out) const {
+    require(q && out, name_, "effective_query: null pointer");
+    impl_->effective_query(q, out);
+}
+
+}  // namespace kvq

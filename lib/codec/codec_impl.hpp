@@ -1,0 +1,27 @@
+// The interface every codec implements; kvq::Codec checks arguments and forwards here. Virtual calls
+// happen once per call over many rows, never per value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvq::detail {
+
+class CodecImpl {
+public:
+    virtual ~CodecImpl() = default;
+    virtual int head_dim() const = 0;
+    virtual size_t row_bytes() const = 0;
+    virtual size_t query_bytes() const = 0;
+    virtual void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const = 0;
+    virtual void dequantize_rows(const uint8_t* src, size_t src_stride, size_t n_rows, float* y) const = 0;
+    virtual void prepare_queries(const float* q, int n_q, uint8_t* prep) const = 0;
+    virtual void score_rows(const uint8_t* prep, int n_q, const uint8_t* rows, size_t row_stride,
+                            size_t n_rows, float* scores, size_t score_stride) const = 0;
+    virtual void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                                 size_t row_stride, size_t n_rows, float* acc) const = 0;
+    virtual void finish_accumulate(float* /*acc*/, int /*n_q*/) const {}
+    virtual void effective_query(const float* q, float* out) const = 0;
+};
+
+}  // namespace kvq::detail

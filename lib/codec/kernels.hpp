@@ -1,0 +1,36 @@
+// The operations of a block codec, as plain function pointers over one row of n values (n a multiple
+// of the block). The scalar set is the specification; each SIMD level may provide its own set
+// (lib/simd/), which must give the same bytes from quantize and the same results, to float rounding,
+// from everything else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvq::detail {
+
+struct BlockKernels {
+    // x[0..n) -> row bytes
+    void (*quantize)(const float* x, uint8_t* dst, int64_t n);
+    // row bytes -> y[0..n)
+    void (*dequantize)(const uint8_t* src, float* y, int64_t n);
+    // query q[0..n) -> prepared query bytes
+    void (*prepare_query)(const float* q, uint8_t* prep, int64_t n);
+    // scores[i*score_stride + r] = prep_i · row_r; prep_i starts at prep + i*prep_bytes
+    void (*score)(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                  size_t row_stride, size_t n_rows, int64_t n, float* scores, size_t score_stride);
+    // acc[i*n + j] += w[i*w_stride + r] · row_r[j]
+    void (*accumulate)(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                       size_t row_stride, size_t n_rows, int64_t n, float* acc);
+};
+
+// The block codecs, in table order. Their scalar kernels live in lib/codec/*.cpp.
+enum class BlockCodec : int { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, count };
+
+const BlockKernels& scalar_kernels(BlockCodec c);
+
+// The scalar sets, defined in plain.cpp and ggml_quant.cpp.
+extern const BlockKernels kScalarF32, kScalarF16, kScalarBF16, kScalarQ8_0, kScalarQ4_0, kScalarQ4_1,
+    kScalarQ5_0, kScalarQ5_1;
+
+}  // namespace kvq::detail

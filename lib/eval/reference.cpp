@@ -1,0 +1,101 @@
+// FP32 reference attention with Eigen, and attention on quantized rows through the codec operations.
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvq/eval.hpp"
+
+namespace kvq {
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMatrix>;
+using Map = Eigen::Map<RowMatrix>;
+
+float default_scale(float scale, int d) { return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d)); }
+
+// Row-wise softmax in place (max subtracted, sum in double).
+void softmax_rows(float* s, int n_q, size_t n_rows) {
+    for (int i = 0; i < n_q; ++i) {
+        float* row = s + i * n_rows;
+        const float m = *std::max_element(row, row + n_rows);
+        double sum = 0;
+        for (size_t r = 0; r < n_rows; ++r) sum += (row[r] = std::exp(row[r] - m));
+        const float inv = static_cast<float>(1.0 / sum);
+        for (size_t r = 0; r < n_rows; ++r) row[r] *= inv;
+    }
+}
+
+void check_shape(int n_q, size_t n_rows, int d) {
+    if (n_q <= 0 || n_rows == 0 || d <= 0) {
+        throw std::invalid_argument("attention: need n_q > 0, n_rows > 0 and d > 0, got n_q=" + std::to_string(n_q) +
+                                    ", n_rows=" + std::to_string(n_rows) + ", d=" + std::to_string(d));
+    }
+}
+
+}  // namespace
+
+void reference_attention(const float* q, int n_q, const float* k, const float* v, size_t n_rows, int d,
+                         float scale, float* out, float* weights) {
+    check_shape(n_q, n_rows, d);
+    std::vector<float> own;
+    if (!weights) {
+        own.resize(static_cast<size_t>(n_q) * n_rows);
+        weights = own.data();
+    }
+    const auto n = static_cast<Eigen::Index>(n_rows);
+    Map p(weights, n_q, n);
+    p.noalias() = (ConstMap(q, n_q, d) * ConstMap(k, n, d).transpose()) * default_scale(scale, d);
+    softmax_rows(weights, n_q, n_rows);
+    Map(out, n_q, d).noalias() = p * ConstMap(v, n, d);
+}
+
+AttentionErrors attention_error(const float* q, int n_q, const float* k, const float* v, size_t n_rows,
+                                const Codec& key_codec, const Codec& value_codec, float scale, int top_k) {
+    const int d = key_codec.head_dim();
+    check_shape(n_q, n_rows, d);
+    if (value_codec.head_dim() != d) throw std::invalid_argument("attention_error: key and value head_dim differ");
+    scale = default_scale(scale, d);
+    const size_t nq = static_cast<size_t>(n_q);
+
+    std::vector<float> ref_scores(nq * n_rows), ref_w(nq * n_rows), ref_out(nq * d);
+    const auto n = static_cast<Eigen::Index>(n_rows);
+    Map(ref_scores.data(), n_q, n).noalias() = (ConstMap(q, n_q, d) * ConstMap(k, n, d).transpose()) * scale;
+    ref_w = ref_scores;
+    softmax_rows(ref_w.data(), n_q, n_rows);
+    Map(ref_out.data(), n_q, d).noalias() = Map(ref_w.data(), n_q, n) * ConstMap(v, n, d);
+
+    std::vector<uint8_t> kq(n_rows * key_codec.row_bytes()), vq(n_rows * value_codec.row_bytes());
+    key_codec.quantize_rows(k, n_rows, kq.data());
+    value_codec.quantize_rows(v, n_rows, vq.data());
+    std::vector<uint8_t> prep(nq * key_codec.query_bytes());
+    key_codec.prepare_queries(q, n_q, prep.data());
+    std::vector<float> scores(nq * n_rows), w(nq * n_rows), out(nq * d, 0.0f);
+    key_codec.score_rows(prep.data(), n_q, kq.data(), n_rows, scores.data(), n_rows);
+    for (float& s : scores) s *= scale;
+    w = scores;
+    softmax_rows(w.data(), n_q, n_rows);
+    value_codec.accumulate_rows(w.data(), n_rows, n_q, vq.data(), n_rows, out.data());
+    value_codec.finish_accumulate(out.data(), n_q);
+    return compare_attention(ref_scores.data(), ref_w.data(), ref_out.data(), scores.data(), w.data(), out.data(),
+                             n_q, n_rows, d, top_k);
+}
+
+double roundtrip_relative_rmse(const Codec& codec, const float* x, size_t n_rows) {
+    const size_t d = codec.head_dim();
+    std::vector<uint8_t> bytes(n_rows * codec.row_bytes());
+    std::vector<float> y(n_rows * d);
+    codec.quantize_rows(x, n_rows, bytes.data());
+    codec.dequantize_rows(bytes.data(), n_rows, y.data());
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < n_rows * d; ++i) {
+        err += double(y[i] - x[i]) * (y[i] - x[i]);
+        norm += double(x[i]) * x[i];
+    }
+    return norm > 0 ? std::sqrt(err / norm) : std::sqrt(err);
+}
+
+}  // namespace kvq

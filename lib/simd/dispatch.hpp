@@ -1,0 +1,17 @@
+// Run-time choice of SIMD level. Each level's kernels are compiled in their own file with that level's
+// flags only; this file (compiled without them) picks one level at run time, once, from what the CPU
+// supports, overridable by the KVQ_SIMD environment variable or force_simd_level().
+#pragma once
+
+#include "../codec/kernels.hpp"
+#include "kvq/simd.hpp"
+
+namespace kvq::detail {
+
+// The kernels of codec c at the active level (falling back to the scalar specification where a level
+// has no kernel for c).
+const BlockKernels& active_kernels(BlockCodec c);
+// The kernels of codec c at a given level (for parity tests and benchmarks); nullptr if not compiled.
+const BlockKernels* level_kernels(BlockCodec c, SimdLevel level);
+
+}  // namespace kvq::detail

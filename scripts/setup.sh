@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what kvq needs and is missing: Debian packages (Eigen, xsimd, doctest, Google Benchmark,
+# pybind11) with apt-get, and Python tools with pip. Does nothing when everything is present.
+set -euo pipefail
+
+debs=(g++ make libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "kvq setup: installing ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+pymissing=()
+for spec in "cmake:cmake>=3.25" "ninja:ninja" "numpy:numpy" "pytest:pytest" "scikit_build_core:scikit-build-core" "pybind11:pybind11"; do
+  mod=${spec%%:*}; pkg=${spec#*:}
+  "$PY" -c "import $mod" 2>/dev/null || pymissing+=("$pkg")
+done
+command -v cmake >/dev/null || pymissing+=("cmake>=3.25")
+command -v ninja >/dev/null || pymissing+=("ninja")
+if [ ${#pymissing[@]} -gt 0 ]; then
+  echo "kvq setup: pip installing ${pymissing[*]}" >&2
+  "$PY" -m pip install -q "${pymissing[@]}"
+fi
