@@ -1,0 +1,135 @@
+// kvq — the block-wise (paged) KV cache and decode attention on quantized rows.
+//
+// Memory is a pool of blocks of `block_tokens` tokens; a block holds the key rows and the value rows of
+// every kv head of one layer for those tokens, in the key and value codecs' byte layouts. Each sequence
+// has a block table per layer. Sequences can be forked (blocks shared by reference count; the partly
+// filled last block is copied on write), truncated and removed (blocks return to the pool).
+//
+//   kvq::CacheConfig cfg;
+//   cfg.n_layers = 32; cfg.n_kv_heads = 8; cfg.n_heads = 32; cfg.head_dim = 128;   // Llama 3 8B
+//   cfg.key_codec = "q8_0"; cfg.value_codec = "q4_0";
+//   kvq::KVCache cache(cfg);
+//   auto seq = cache.add_sequence();
+//   cache.append(layer, seq, k, v, n_tokens);     // k, v: n_tokens × n_kv_heads × head_dim floats
+//   cache.attend(layer, seq, q, out);             // q, out: n_heads × head_dim floats
+//
+// Attention is one fused pass per kv head: the g = n_heads / n_kv_heads query heads that share it are
+// scored together, an online softmax keeps a running max and sum, and values are accumulated straight
+// from their codes, so every byte of the cache is read once per step. Long contexts are split across
+// `threads` by block ranges and merged (flash-decoding).
+//
+// Errors: every entry point checks its arguments and throws std::invalid_argument (bad shape, layer,
+// sequence id, non-finite input under NanPolicy::reject) or kvq::PoolExhausted (no free block); the cache
+// is unchanged when anything throws.
+//
+// Thread safety: different sequences may be appended to, attended, forked from and truncated from
+// different threads at once. Operations on the same sequence must not overlap with a writer of it.
+// add_sequence, remove and fork are safe with concurrent operations on other sequences.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvq/codec.hpp"
+
+namespace kvq {
+
+using SequenceId = int64_t;
+
+// When rows are quantized.
+enum class SealPolicy {
+    on_append,      // every token is quantized as it is appended
+    on_block_full,  // the open block stays float32 until it fills, then it is quantized in one go
+};
+
+// What happens to NaN or Inf in appended keys/values or in queries.
+enum class NanPolicy {
+    reject,     // throw std::invalid_argument, store nothing
+    propagate,  // store as-is (f32/f16/bf16) or as the codec maps it; attention returns NaN if it reads one
+};
+
+struct CacheConfig {
+    int n_layers = 1;
+    int n_kv_heads = 1;
+    int n_heads = 0;      // query heads; 0 means n_kv_heads. Must be a multiple of n_kv_heads (GQA)
+    int head_dim = 128;
+    std::string key_codec = "q8_0";
+    std::string value_codec = "q4_0";
+    int block_tokens = 32;
+    size_t max_blocks = 0;      // pool capacity in blocks (all layers together); 0 = no limit
+    size_t initial_blocks = 0;  // blocks allocated up front
+    size_t grow_blocks = 64;    // blocks added when the pool grows
+    float scale = 0.0f;         // softmax scale; 0 means 1/sqrt(head_dim)
+    float softcap = 0.0f;       // logit soft-cap c: s -> c·tanh(s/c); 0 = off (Gemma 2 uses 50)
+    std::vector<int> sliding_window;  // per layer, in tokens; empty, or 0 for a layer, = full attention
+    SealPolicy seal = SealPolicy::on_block_full;
+    bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
+    NanPolicy nan_policy = NanPolicy::reject;
+    int threads = 1;            // threads for one attend call (split by block ranges)
+    uint64_t seed = kDefaultSeed;  // rotation seed for +rot, polar and turbo codecs
+};
+
+// No free block is left in a pool with max_blocks set. The operation that needed it changed nothing.
+class PoolExhausted : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct PoolStats {
+    size_t block_bytes = 0;      // bytes of one block
+    size_t blocks_total = 0;     // allocated
+    size_t blocks_used = 0;      // referenced by at least one sequence
+    size_t blocks_shared = 0;    // referenced by more than one sequence
+    size_t max_blocks = 0;       // capacity (0 = unlimited)
+};
+
+class KVCache {
+public:
+    explicit KVCache(const CacheConfig& config);
+    ~KVCache();
+    KVCache(const KVCache&) = delete;
+    KVCache& operator=(const KVCache&) = delete;
+    KVCache(KVCache&&) noexcept;
+    KVCache& operator=(KVCache&&) noexcept;
+
+    const CacheConfig& config() const;
+    const Codec& key_codec() const;
+    const Codec& value_codec() const;
+
+    SequenceId add_sequence();
+    void remove(SequenceId seq);
+    // A new sequence with the same tokens as parent; full blocks are shared, the open block is copied.
+    SequenceId fork(SequenceId parent);
+    // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length).
+    void truncate(SequenceId seq, size_t n_tokens);
+
+    // k, v: n_tokens × n_kv_heads × head_dim floats (C order).
+    void append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens);
+
+    // Decode attention over every token of the sequence in this layer (its window, if it has one).
+    // q, out: n_heads × head_dim floats.
+    void attend(int layer, SequenceId seq, const float* q, float* out) const;
+    // Causal attention for the last n_queries tokens of the sequence (prefill): query i sees the tokens
+    // up to and including its own position. q, out: n_queries × n_heads × head_dim floats.
+    void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
+
+    size_t n_tokens(SequenceId seq, int layer = 0) const;
+    std::vector<SequenceId> sequences() const;
+    bool contains(SequenceId seq) const;
+
+    size_t bytes_used() const;         // bytes of the blocks in use (shared blocks counted once)
+    double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
+    PoolStats pool_stats() const;
+    std::string dump() const;          // block tables, for debugging
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvq
