@@ -44,9 +44,10 @@ const CodecTableRow kTable[] = {
      make_block<BlockCodec::q5_0, kQK, sizeof(BlockQ5_0)>},
     {"q5_1", kQK, sizeof(BlockQ5_1), true, "per 32: fp16 d, fp16 m, 4 bytes high bits, 16 bytes nibbles; x = d*q + m",
      make_block<BlockCodec::q5_1, kQK, sizeof(BlockQ5_1)>},
-    // Always rotated (lib/codec/polar.hpp, turbo.hpp). bytes_per_block leaves out the per-row fp16 norms;
-    // polar's 16-value block is 62 bits, not whole bytes (0 here; row_bytes is exact).
-    {"polar", 16, 0, false, "per 16 values (default L=4, bits 4.2.2.2): 46 bits of angle codes, fp16 radius",
+    // Always rotated (lib/codec/polar.hpp, turbo.hpp). bytes_per_block leaves out the per-row fp16 norms.
+    // polar's row is that of its default (L=4, bits 4.2.2.2): 62 bits per 16 values, so 31 bytes per 64;
+    // its head_dim need only be a multiple of 2^L (16), and row_bytes is exact for any parameters.
+    {"polar", 64, 31, false, "per 16 values (default L=4, bits 4.2.2.2): 46 bits of angle codes, fp16 radius",
      make_polar, true},
     {"turbo2", 8, 2, false, "per 8: 2-bit Lloyd-Max codes; per row: fp16 norm",
      [](std::string_view p, int d, uint64_t s) { return make_turbo({2, 2, false, false}, "turbo2", p, d, s); }, true},
