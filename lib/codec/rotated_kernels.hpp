@@ -1,0 +1,71 @@
+// The score and accumulate kernels of the always-rotated codecs (turbo.hpp, polar.hpp), over plain
+// descriptions of their row layouts. The scalar set (turbo_scalar.cpp, polar_scalar.cpp) is the
+// specification; SIMD levels (lib/simd/) may provide their own set, which must agree to float rounding.
+// Kernels never throw and never allocate.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvq::detail {
+
+inline constexpr int kPolarBatch = 16;  // values per SIMD batch of the polar layout (8 level-1 pairs)
+
+struct TurboLayout {
+    int d = 0;
+    int n_hi = 0;                          // channels 0..n_hi use bits_hi, the rest bits_lo
+    int bits_hi = 0, bits_lo = 0;
+    const float* centroids_hi = nullptr;   // 2^bits_hi values
+    const float* centroids_lo = nullptr;
+    bool qjl = false;
+    size_t sign_off = 0, norm_off = 0, gamma_off = 0;  // byte offsets in a row
+};
+
+// Prepared turbo query: q′ = R·q (d floats), then for QJL √(π/2)/d · S·q′ (d floats).
+// acc (rotated basis) += Σ_r w·‖x_r‖·c[code]; for QJL, sketch[i·d + k] += Σ_r w·‖x_r‖·‖r_r‖·sign_k (the
+// caller maps it back with Sᵀ once).
+struct TurboKernels {
+    void (*score)(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+    void (*accumulate)(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                       size_t row_stride, size_t n_rows, float* acc, float* sketch);
+};
+
+struct PolarLayout {
+    int d = 0, levels = 0;
+    int bits[8] = {};
+    size_t bit_off[8] = {};              // where level ℓ+1's codes start in a row
+    const float* cos1 = nullptr;         // level 1: cos and sin of the 2^bits[0] centroids
+    const float* sin1 = nullptr;
+    const float* cossin[8] = {};         // level ℓ+1 ≥ 2: [2c] = cos, [2c+1] = sin of centroid c
+    size_t radius_off = 0;               // fp16 radii, one per 2^levels values
+};
+
+// Prepared polar query: q′ = R·q with each 16-value batch stored as its 8 even then its 8 odd values
+// (values past the last whole batch as they are), then the level-1 table T[p·n₁ + c] = q′₂ₚ·cos θ_c +
+// q′₂ₚ₊₁·sin θ_c for every pair p (the scalar specification scores with T).
+struct PolarKernels {
+    void (*score)(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+    void (*accumulate)(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                       size_t row_stride, size_t n_rows, float* acc);
+};
+
+struct RotatedKernels {
+    TurboKernels turbo;
+    PolarKernels polar;
+};
+
+// The scalar specification (rotated_scalar.cpp).
+const RotatedKernels& scalar_rotated_kernels();
+
+// Row decoding shared by dequantize and the scalar kernels. turbo: c[j] = centroid of code j (not yet
+// times the norm); signs[k] = ±1. polar: the row in the rotated basis.
+void turbo_decode_centroids(const TurboLayout& l, const uint8_t* row, float* c);
+void turbo_decode_signs(const TurboLayout& l, const uint8_t* row, float* signs);
+void polar_decode_rotated(const PolarLayout& l, const uint8_t* row, float* y);
+
+// Functions in headers that SIMD files include must not be inline (the linker could keep a copy compiled
+// with wider instructions for everyone), which is why everything here is out of line.
+
+}  // namespace kvq::detail
