@@ -43,15 +43,24 @@ public:
             }
             l_.cossin[level - 1] = cs.data();
         }
+        // Zero padding to whole registers (rotated_kernels.hpp).
+        cos1_.resize(std::max<size_t>(cos1_.size(), 16), 0.0f);
+        sin1_.resize(std::max<size_t>(sin1_.size(), 16), 0.0f);
+        for (int level = 2; level <= levels_; ++level) {
+            auto& cs = cossin_[level - 1];
+            cs.resize(std::max<size_t>(cs.size(), 16), 0.0f);
+            l_.cossin[level - 1] = cs.data();
+        }
         l_.cos1 = cos1_.data();
         l_.sin1 = sin1_.data();
+        if (levels_ >= 4) build_batch_factors();
         l_.radius_off = bytes_for_bits(bit);
         row_bytes_ = polar_row_bytes(config, d);
     }
 
     int head_dim() const override { return d_; }
     size_t row_bytes() const override { return row_bytes_; }
-    size_t query_bytes() const override { return sizeof(float) * (d_ + (d_ / 2) * cos1_.size()); }
+    size_t query_bytes() const override { return sizeof(float) * (d_ + size_t(d_ / 2) * (size_t(1) << l_.bits[0])); }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
         check_norms_fit_fp16("polar", x, n_rows, d_);
@@ -92,7 +101,7 @@ public:
     // Per query: q′ = R·q, each 16-value batch as its evens then its odds (for in-register decoding), then
     // the level-1 table T[p·n₁ + c] = q′₂ₚ·cos θ_c + q′₂ₚ₊₁·sin θ_c (for the scalar specification).
     void prepare_queries(const float* q, int n_q, uint8_t* prep) const override {
-        const size_t n1 = cos1_.size();
+        const size_t n1 = size_t(1) << l_.bits[0];
         const int whole = d_ / kPolarBatch * kPolarBatch;
         std::vector<float> rq(d_);
         for (int i = 0; i < n_q; ++i) {
@@ -130,6 +139,25 @@ public:
     void effective_query(const float* q, float* out) const override { std::copy(q, q + d_, out); }
 
 private:
+    // batch_factors (rotated_kernels.hpp): for level ℓ, a batch's 8 leaves have ancestors 0..2^(4−ℓ)−1
+    // (leaf j under ancestor j >> (ℓ−1), on its side (j >> (ℓ−2)) & 1).
+    void build_batch_factors() {
+        for (int level = 2; level <= 4; ++level) {
+            const int bits = l_.bits[level - 1], nodes = 1 << (4 - level), width = nodes * bits;
+            if (width > 12) continue;  // at most 4096 entries (128 KiB)
+            auto& table = batch_factors_[level - 2];
+            table.resize((size_t(1) << width) * 8);
+            for (size_t k = 0; k < (size_t(1) << width); ++k) {
+                for (int j = 0; j < 8; ++j) {
+                    const int node = j >> (level - 1), side = (j >> (level - 2)) & 1;
+                    const size_t code = (k >> (node * bits)) & ((size_t(1) << bits) - 1);
+                    table[k * 8 + j] = cossin_[level - 1][2 * code + side];
+                }
+            }
+            l_.batch_factors[level - 2] = table.data();
+        }
+    }
+
     void put(uint8_t* row, int level, int node, float angle) const {
         const int bits = l_.bits[level - 1];
         const int c = codebooks_[level - 1]->encode(angle);
@@ -141,6 +169,7 @@ private:
     std::vector<const ScalarCodebook*> codebooks_;
     std::vector<float> cos1_, sin1_;
     std::vector<float> cossin_[kPolarMaxLevels];
+    std::vector<float> batch_factors_[3];
     PolarLayout l_;
     size_t row_bytes_ = 0;
 };

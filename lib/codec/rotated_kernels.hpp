@@ -15,15 +15,26 @@ struct TurboLayout {
     int d = 0;
     int n_hi = 0;                          // channels 0..n_hi use bits_hi, the rest bits_lo
     int bits_hi = 0, bits_lo = 0;
-    const float* centroids_hi = nullptr;   // 2^bits_hi values
+    // The value of each code, zero-padded to at least 16 entries (turbo_codebook.hpp: sign-magnitude codes).
+    const float* centroids_hi = nullptr;
     const float* centroids_lo = nullptr;
+    // When every channel has the same width and d is a multiple of 32 (int8_order != 0): the values are
+    // scale_hi · ints_hi[code] (16 int8 entries), and the prepared query also holds int8 blocks.
+    float scale_hi = 0;
+    const int8_t* ints_hi = nullptr;
+    int int8_order = 0;
     bool qjl = false;
     size_t sign_off = 0, norm_off = 0, gamma_off = 0;  // byte offsets in a row
+    size_t prep_q8_off = 0, prep_scale_off = 0;        // byte offsets in a prepared query
 };
 
-// Prepared turbo query: q′ = R·q (d floats), then for QJL √(π/2)/d · S·q′ (d floats).
-// acc (rotated basis) += Σ_r w·‖x_r‖·c[code]; for QJL, sketch[i·d + k] += Σ_r w·‖x_r‖·‖r_r‖·sign_k (the
-// caller maps it back with Sᵀ once).
+// Prepared turbo query: q̃ = the rotated query R·q rounded to int8 per block of 32 values (scale amax/127,
+// as ggml's q8_0) and dequantized (d floats); then for QJL √(π/2)/d · S·q̃ (d floats); then, at
+// prep_q8_off, the same int8 values with each 32-block in the order the int8 kernel reads codes
+// (int8_order 4: the 16 even then the 16 odd positions; 2: positions 4i, then 4i+1, 4i+2, 4i+3; else
+// index order), and at prep_scale_off the block scales (floats). Scores are q̃ · x̃.
+// accumulate: acc (rotated basis) += Σ_r w·‖x_r‖·c[code]; for QJL also sketch[i·d + k] +=
+// Σ_r w·‖x_r‖·‖r_r‖·sign_k (the caller maps it back with Sᵀ once).
 struct TurboKernels {
     void (*score)(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                   size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
@@ -35,9 +46,15 @@ struct PolarLayout {
     int d = 0, levels = 0;
     int bits[8] = {};
     size_t bit_off[8] = {};              // where level ℓ+1's codes start in a row
+    // Tables are zero-padded to at least 16 entries (cos1, sin1) and 16 floats (cossin), so a SIMD level
+    // may load them as whole registers.
     const float* cos1 = nullptr;         // level 1: cos and sin of the 2^bits[0] centroids
     const float* sin1 = nullptr;
     const float* cossin[8] = {};         // level ℓ+1 ≥ 2: [2c] = cos, [2c+1] = sin of centroid c
+    // For levels 2, 3, 4 (index ℓ−2), when L ≥ 4 and a 16-value batch's codes of that level (2^(4−ℓ) codes)
+    // take at most 12 bits: 8 floats per value k of those bits, lane j = the factor leaf j of the batch
+    // gets from its level-ℓ ancestor (cos or sin of the ancestor's angle). Otherwise nullptr.
+    const float* batch_factors[3] = {};
     size_t radius_off = 0;               // fp16 radii, one per 2^levels values
 };
 

@@ -2,6 +2,7 @@
 #include "turbo.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include "qjl.hpp"
 #include "rotated_kernels.hpp"
 #include "stored_norm.hpp"
+#include "turbo_codebook.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -23,14 +25,17 @@ constexpr int kMaxQjlDim = 4096;  // the sketch keeps a dim × dim float matrix
 class TurboCodec final : public CodecImpl {
 public:
     TurboCodec(const TurboConfig& cfg, std::string name, int d, uint64_t seed)
-        : name_(std::move(name)), rot_(d, seed), hi_(sphere_coordinate_codebook(cfg.bits_hi, d)),
-          lo_(sphere_coordinate_codebook(cfg.bits_lo, d)) {
+        : name_(std::move(name)), rot_(d, seed), hi_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_hi, d))),
+          lo_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_lo, d))) {
         l_.d = d;
         l_.n_hi = cfg.half_split ? d / 2 : d;
         l_.bits_hi = hi_.bits;
         l_.bits_lo = lo_.bits;
-        l_.centroids_hi = hi_.centroids.data();
-        l_.centroids_lo = lo_.centroids.data();
+        l_.centroids_hi = hi_.values.data();
+        l_.centroids_lo = lo_.values.data();
+        l_.scale_hi = hi_.scale;
+        l_.ints_hi = hi_.ints.data();
+        if (l_.n_hi == d && d % 32 == 0 && (hi_.bits == 4 || hi_.bits == 2)) l_.int8_order = hi_.bits;
         size_t off = bytes_for_bits(size_t(l_.n_hi) * hi_.bits + size_t(d - l_.n_hi) * lo_.bits);
         if (cfg.qjl) {
             qjl_ = std::make_unique<QjlSketch>(d, seed);
@@ -45,11 +50,14 @@ public:
             off += 2;
         }
         row_bytes_ = off;
+        l_.prep_q8_off = sizeof(float) * d * (qjl_ ? 2 : 1);
+        l_.prep_scale_off = l_.prep_q8_off + (size_t(d) + 3) / 4 * 4;
+        query_bytes_ = l_.prep_scale_off + sizeof(float) * ((d + 31) / 32);
     }
 
     int head_dim() const override { return l_.d; }
     size_t row_bytes() const override { return row_bytes_; }
-    size_t query_bytes() const override { return sizeof(float) * l_.d * (qjl_ ? 2 : 1); }
+    size_t query_bytes() const override { return query_bytes_; }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
         const int d = l_.d;
@@ -65,11 +73,11 @@ public:
             for (int j = 0; j < d; ++j) {
                 u[j] *= inv;
                 const bool hi = j < l_.n_hi;
-                const ScalarCodebook& cb = hi ? hi_ : lo_;
-                const int code = cb.encode(u[j]);
+                const TurboCodebook& cb = hi ? hi_ : lo_;
+                const uint32_t code = cb.encode(u[j]);
                 const size_t bit = hi ? size_t(j) * hi_.bits : size_t(l_.n_hi) * hi_.bits + size_t(j - l_.n_hi) * lo_.bits;
-                put_code(row, bit, cb.bits, static_cast<uint32_t>(code));
-                residual[j] = u[j] - cb.centroids[code];
+                put_code(row, bit, cb.bits, code);
+                residual[j] = u[j] - cb.values[code];
             }
             store_half(row + l_.norm_off, static_cast<float>(norm));
             if (qjl_) {
@@ -96,15 +104,30 @@ public:
         }
     }
 
-    // Per query: the rotated query q′ = R·q, then (for _qjl) √(π/2)/d · S·q′.
+    // The layout of a prepared query is in rotated_kernels.hpp.
     void prepare_queries(const float* q, int n_q, uint8_t* prep) const override {
         const int d = l_.d;
         for (int i = 0; i < n_q; ++i) {
-            float* p = reinterpret_cast<float*>(prep + i * query_bytes());
-            rot_.apply(q + size_t(i) * d, p);
+            uint8_t* p = prep + i * query_bytes_;
+            float* qt = reinterpret_cast<float*>(p);
+            int8_t* q8 = reinterpret_cast<int8_t*>(p + l_.prep_q8_off);
+            float* scales = reinterpret_cast<float*>(p + l_.prep_scale_off);
+            rot_.apply(q + size_t(i) * d, qt);
+            for (int b0 = 0; b0 < d; b0 += 32) {
+                const int n = std::min(32, d - b0);
+                float amax = 0;
+                for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(qt[b0 + j]));
+                const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+                scales[b0 / 32] = scale;
+                for (int j = 0; j < n; ++j) {
+                    const int v = static_cast<int>(std::lround(qt[b0 + j] * inv));
+                    qt[b0 + j] = scale * static_cast<float>(v);
+                    q8[b0 + int8_position(j, n)] = static_cast<int8_t>(v);
+                }
+            }
             if (qjl_) {
-                qjl_->project(p, p + d);
-                for (int k = 0; k < d; ++k) p[d + k] *= qjl_->scale();
+                qjl_->project(qt, qt + d);
+                for (int k = 0; k < d; ++k) qt[d + k] *= qjl_->scale();
             }
         }
     }
@@ -134,17 +157,28 @@ public:
         for (int i = 0; i < n_q; ++i) rot_.apply_inverse(acc + size_t(i) * l_.d, acc + size_t(i) * l_.d);
     }
 
-    // The codes are scored against the float query itself.
-    void effective_query(const float* q, float* out) const override { std::copy(q, q + l_.d, out); }
+    // The codes are scored against q̃: the rotated query's int8 round trip, rotated back.
+    void effective_query(const float* q, float* out) const override {
+        std::vector<uint8_t> prep(query_bytes_);
+        prepare_queries(q, 1, prep.data());
+        rot_.apply_inverse(reinterpret_cast<const float*>(prep.data()), out);
+    }
 
 private:
+    // Where value j of a 32-block of n sits in the int8 query (rotated_kernels.hpp: int8_order).
+    int int8_position(int j, int n) const {
+        if (n != 32) return j;
+        if (l_.int8_order == 4) return (j % 2) * 16 + j / 2;
+        if (l_.int8_order == 2) return (j % 4) * 8 + j / 4;
+        return j;
+    }
+
     std::string name_;
     Rotation rot_;
-    const ScalarCodebook& hi_;
-    const ScalarCodebook& lo_;
+    TurboCodebook hi_, lo_;
     std::unique_ptr<QjlSketch> qjl_;
     TurboLayout l_;
-    size_t row_bytes_ = 0;
+    size_t row_bytes_ = 0, query_bytes_ = 0;
 };
 
 }  // namespace

@@ -1,0 +1,122 @@
+// Scoring keys and accumulating values on the codes of the polar and turbo codecs, against q8_0 keys and
+// q4_0 values in the same run. Every time is also printed as a multiple of the read-bandwidth floor
+// (bytes of the rows / one thread's read bandwidth, bandwidth.hpp):
+//   x_floor  — time / floor;   x_q8_0 (x_q4_0) — time / the same operation on q8_0 keys (q4_0 values).
+// 32 k rows of head_dim 128 per kv head, 1 and 4 queries per pass (4 = a GQA group sharing the kv head),
+// over 40 kv heads in separate memory, so a pass reads ≥ 64 MB from DRAM (more than the last-level cache)
+// as a decode step over a whole model does.
+//   ./build/bench/kvq_bench --benchmark_filter=PolarTurbo
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bandwidth.hpp"
+#include "kvq/codec.hpp"
+
+namespace {
+
+constexpr int kDim = 128;
+constexpr size_t kRows = 32768;
+constexpr int kHeads = 40;
+
+struct Rows {
+    kvq::Codec codec;
+    std::vector<uint8_t> bytes;
+    std::vector<float> queries, weights;
+    std::vector<uint8_t> prep;
+};
+
+std::vector<float> gaussian(size_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    return x;
+}
+
+Rows make_rows(const std::string& spec, int n_q) {
+    Rows r{kvq::Codec::make(spec, kDim), {}, gaussian(size_t(n_q) * kDim, 2), {}, {}};
+    const auto x = gaussian(kRows * kDim, 1);
+    const size_t head_bytes = kRows * r.codec.row_bytes();
+    r.bytes.resize(kHeads * head_bytes);
+    r.codec.quantize_rows(x.data(), kRows, r.bytes.data());
+    for (int h = 1; h < kHeads; ++h) std::copy_n(r.bytes.data(), head_bytes, r.bytes.data() + h * head_bytes);
+    r.prep.resize(size_t(n_q) * r.codec.query_bytes());
+    r.codec.prepare_queries(r.queries.data(), n_q, r.prep.data());
+    r.weights = gaussian(size_t(n_q) * kRows, 3);
+    for (float& w : r.weights) w = w * w / kRows;
+    return r;
+}
+
+// One pass over every head: scores (keys) or acc += w·v (values), with prepare/finish once per head.
+double pass_seconds(Rows& r, int n_q, bool values, std::vector<float>& out) {
+    const size_t head_bytes = kRows * r.codec.row_bytes();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int h = 0; h < kHeads; ++h) {
+        const uint8_t* rows = r.bytes.data() + h * head_bytes;
+        if (values) {
+            out.assign(size_t(n_q) * kDim, 0.0f);
+            r.codec.accumulate_rows(r.weights.data(), kRows, n_q, rows, kRows, out.data());
+            r.codec.finish_accumulate(out.data(), n_q);
+        } else {
+            out.resize(size_t(n_q) * kRows);
+            r.codec.prepare_queries(r.queries.data(), n_q, r.prep.data());
+            r.codec.score_rows(r.prep.data(), n_q, rows, kRows, out.data(), kRows);
+        }
+        benchmark::DoNotOptimize(out.data());
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Best of a few passes of the baseline (q8_0 keys, q4_0 values), measured once per process.
+double baseline_seconds(int n_q, bool values) {
+    static std::map<std::pair<int, bool>, double> cache;
+    auto it = cache.find({n_q, values});
+    if (it != cache.end()) return it->second;
+    Rows r = make_rows(values ? "q4_0" : "q8_0", n_q);
+    std::vector<float> out;
+    double best = 1e30;
+    for (int i = 0; i < 5; ++i) best = std::min(best, pass_seconds(r, n_q, values, out));
+    return cache[{n_q, values}] = best;
+}
+
+void run(benchmark::State& state, const std::string& spec, bool values) {
+    const int n_q = static_cast<int>(state.range(0));
+    Rows r = make_rows(spec, n_q);
+    std::vector<float> out;
+    double total = 0;
+    for (auto _ : state) {
+        const double s = pass_seconds(r, n_q, values, out);
+        state.SetIterationTime(s);
+        total += s;
+    }
+    const double per_pass = total / state.iterations();
+    const double bytes = double(kHeads) * kRows * r.codec.row_bytes();
+    state.SetBytesProcessed(int64_t(bytes) * state.iterations());
+    state.counters["bits"] = r.codec.bits_per_value();
+    state.counters["ns/row"] = per_pass * 1e9 / (double(kHeads) * kRows);
+    state.counters["x_floor"] = per_pass / (bytes / kvq::bench::read_bandwidth(1));
+    state.counters[values ? "x_q4_0" : "x_q8_0"] = per_pass / baseline_seconds(n_q, values);
+}
+
+void register_all() {
+    for (const char* spec : {"q8_0", "q4_0", "polar", "polar:budget=4.125", "turbo3", "turbo4", "turbo3.5", "turbo4_qjl"}) {
+        const std::string s(spec);
+        benchmark::RegisterBenchmark(("PolarTurbo/score/" + s).c_str(), [s](benchmark::State& st) { run(st, s, false); })
+            ->Arg(1)->Arg(4)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+    for (const char* spec : {"q4_0", "q8_0", "polar", "turbo3", "turbo4"}) {
+        const std::string s(spec);
+        benchmark::RegisterBenchmark(("PolarTurbo/accumulate/" + s).c_str(), [s](benchmark::State& st) { run(st, s, true); })
+            ->Arg(1)->Arg(4)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+}
+
+const int kRegistered = (register_all(), 0);
+
+}  // namespace
