@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), then installs the
-# Python package and runs its tests (pytest).
+# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), builds the
+# out-of-tree consumer against an installed copy, then installs the Python package and runs its tests
+# (pytest).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
 "$root/scripts/build.sh"
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
+"$root/scripts/test_consumer.sh"
 
 # The Python package goes into a virtual environment inside the build directory (it sees the system's
 # numpy and pytest), so testing never changes the user's site-packages. pip compiles it incrementally in
