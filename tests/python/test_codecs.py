@@ -10,6 +10,14 @@ from conftest import DATA
 # (measured: f16 2.1e-4, bf16 1.7e-3, q8_0 0.0054, q4_0 0.087, q4_1 0.079, q5_0 0.043, q5_1 0.038).
 ROUNDTRIP_BOUND = {"f32": 0.0, "f16": 3e-4, "bf16": 2.2e-3, "q8_0": 0.007, "q4_0": 0.11, "q4_1": 0.1,
                    "q5_0": 0.055, "q5_1": 0.05}
+
+
+def generic_bound(bits):
+    """For the other codecs (tested closely in C++): what scalar quantizers reach, 1.5-4.5 x 2^-bits
+    (polar 2.6, turbo ~1.7, turbo*_qjl ~4.4), and always better than storing nothing (error 1)."""
+    return min(5 * 2.0 ** -bits, 0.9)
+
+
 SPECS = [name + suffix for name in kvq.codecs() for suffix in ("", "+rot")]
 
 
@@ -42,7 +50,7 @@ def test_round_trip_error_is_within_the_codec_bound(spec, rng):
     y = kvq.dequantize(codes, spec, 128)
     assert y.dtype == np.float32 and y.shape == x.shape
     base = spec.removesuffix("+rot")
-    assert relative_rmse(y, x) <= ROUNDTRIP_BOUND[base] + (1e-6 if spec.endswith("+rot") else 0)
+    assert relative_rmse(y, x) <= ROUNDTRIP_BOUND.get(base, generic_bound(info["bits_per_value"])) + 1e-6
     # Rows are independent: quantizing one row alone gives the same bytes.
     np.testing.assert_array_equal(kvq.quantize(x[1, 7], spec), codes[1, 7])
 
