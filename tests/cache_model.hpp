@@ -53,11 +53,12 @@ inline void random_tokens(size_t n, int n_kv, int d, uint64_t seed, std::vector<
 
 // Expected decode attention of query vectors q (n_heads × d) over positions [lo, hi) of `tok`, when
 // positions below sealed_end are quantized (block by block from position 0) and the rest exact.
-inline std::vector<float> expected_attention(const CacheConfig& cfg, const LayerTokens& tok, size_t lo, size_t hi,
-                                             size_t sealed_end, const float* q) {
+// kc, vc: the codecs of cfg (the cache's own, which are expensive to make for some codecs).
+inline std::vector<float> expected_attention(const CacheConfig& cfg, const Codec& kc, const Codec& vc,
+                                             const LayerTokens& tok, size_t lo, size_t hi, size_t sealed_end,
+                                             const float* q) {
     const int d = cfg.head_dim, n_kv = cfg.n_kv_heads, g = cfg.n_heads / cfg.n_kv_heads;
     const size_t bt = cfg.block_tokens, n = hi - lo;
-    const Codec kc = Codec::make(cfg.key_codec, d, cfg.seed), vc = Codec::make(cfg.value_codec, d, cfg.seed);
     const float scale = cfg.scale > 0 ? cfg.scale : 1.0f / std::sqrt(static_cast<float>(d));
     std::vector<float> out(static_cast<size_t>(cfg.n_heads) * d);
     std::vector<uint8_t> kb(kc.row_bytes()), vb(vc.row_bytes());
@@ -118,6 +119,11 @@ inline std::vector<float> expected_attention(const CacheConfig& cfg, const Layer
         for (int i = 0; i < g; ++i) std::copy(&o[i * 2 * d], &o[i * 2 * d] + d, &out[(h * g + i) * d]);
     }
     return out;
+}
+
+inline std::vector<float> expected_attention(const KVCache& cache, const LayerTokens& tok, size_t lo, size_t hi,
+                                             size_t sealed_end, const float* q) {
+    return expected_attention(cache.config(), cache.key_codec(), cache.value_codec(), tok, lo, hi, sealed_end, q);
 }
 
 // Positions below this are quantized in a cache that was only appended to (no truncation into a block).

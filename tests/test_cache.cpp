@@ -82,17 +82,17 @@ TEST_CASE("fork shares blocks and a forked sequence diverges without touching it
         parent_tok.add(k.data(), v.data(), 40);
         parent_tok.add(&k[70 * kRow], &v[70 * kRow], 5);
         CHECK(kvq::test::max_rel_diff(attend(cache, child, q),
-                                      kvq::test::expected_attention(c, child_tok, 0, 70, kvq::test::sealed_end(c, 70), q.data())) <
+                                      kvq::test::expected_attention(cache, child_tok, 0, 70, kvq::test::sealed_end(c, 70), q.data())) <
               kvq::test::kFloatRounding);
         CHECK(kvq::test::max_rel_diff(attend(cache, parent, q),
-                                      kvq::test::expected_attention(c, parent_tok, 0, 45, kvq::test::sealed_end(c, 45), q.data())) <
+                                      kvq::test::expected_attention(cache, parent_tok, 0, 45, kvq::test::sealed_end(c, 45), q.data())) <
               kvq::test::kFloatRounding);
         CHECK(cache.pool_stats().blocks_shared == 2);  // the two full blocks
 
         cache.remove(child);
         CHECK(cache.pool_stats().blocks_shared == 0);
         CHECK(kvq::test::max_rel_diff(attend(cache, parent, q),
-                                      kvq::test::expected_attention(c, parent_tok, 0, 45, kvq::test::sealed_end(c, 45), q.data())) <
+                                      kvq::test::expected_attention(cache, parent_tok, 0, 45, kvq::test::sealed_end(c, 45), q.data())) <
               kvq::test::kFloatRounding);
     }
 }
@@ -124,7 +124,7 @@ TEST_CASE("truncate keeps the first n tokens; appending afterwards continues fro
             size_t sealed = kvq::test::sealed_end(c, tok.n());
             if (seal == SealPolicy::on_block_full && keep < 32 && keep % 16) sealed = std::max(sealed, (keep / 16 + 1) * size_t(16));
             const auto q = kvq::test::gaussian(4 * 64, 4);
-            CHECK(kvq::test::max_rel_diff(attend(cache, seq, q), kvq::test::expected_attention(c, tok, 0, tok.n(), sealed, q.data())) <
+            CHECK(kvq::test::max_rel_diff(attend(cache, seq, q), kvq::test::expected_attention(cache, tok, 0, tok.n(), sealed, q.data())) <
                   kvq::test::kFloatRounding);
         }
     }
@@ -211,8 +211,7 @@ TEST_CASE("a windowed layer runs with exactly the blocks its window needs") {
     tok.add(k.data(), v.data(), 200);
     tok.truncate(384);
     tok.add(k.data(), v.data(), 16);
-    const auto& c = cache.config();
-    CHECK(kvq::test::max_rel_diff(attend(cache, seq, q), kvq::test::expected_attention(c, tok, 400 - 32, 400, 400, q.data())) <
+    CHECK(kvq::test::max_rel_diff(attend(cache, seq, q), kvq::test::expected_attention(cache, tok, 400 - 32, 400, 400, q.data())) <
           kvq::test::kFloatRounding);
 }
 
