@@ -56,6 +56,16 @@ static void test_codec_table(void) {
         int32_t found = -1;
         CHECK_OK(kvq_codec_lookup(info.name, &found));
         CHECK(found == id);
+        /* Every codec takes 128 values per head; its rows hold at least its blocks' bits. */
+        size_t row_bytes = 0;
+        CHECK_OK(kvq_codec_spec_row_bytes(info.name, 128, &row_bytes));
+        CHECK(8.0 * row_bytes / 128 >= info.bits_per_value);
+        if (info.block > 1) {
+            kvq_codec* codec = NULL;
+            CHECK_STATUS(kvq_codec_create(info.name, info.block + 1, KVQ_DEFAULT_SEED, &codec), KVQ_ERR_BAD_HEAD_DIM,
+                         info.name);
+            CHECK(codec == NULL);
+        }
     }
     int32_t id = -1;
     kvq_codec_info info = kvq_codec_info_init();
