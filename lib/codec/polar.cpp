@@ -56,6 +56,7 @@ public:
         if (levels_ >= 4) build_batch_factors();
         l_.radius_off = bytes_for_bits(bit);
         row_bytes_ = polar_row_bytes(config, d);
+        l_.row_bytes = row_bytes_;
     }
 
     int head_dim() const override { return d_; }

@@ -56,6 +56,7 @@ struct PolarLayout {
     // gets from its level-ℓ ancestor (cos or sin of the ancestor's angle). Otherwise nullptr.
     const float* batch_factors[3] = {};
     size_t radius_off = 0;               // fp16 radii, one per 2^levels values
+    size_t row_bytes = 0;
 };
 
 // Prepared polar query: q′ = R·q with each 16-value batch stored as its 8 even then its 8 odd values

@@ -16,11 +16,11 @@ namespace kvq::simd {
 namespace {
 namespace avx2 {
 
-// Bits [bit, bit + width) of p, width <= 32. Reads the 8 bytes from byte bit/8, which may run past the
-// end of a row: the kernels below leave the last row of a call to the scalar specification, so those
-// bytes are always the next row's.
-uint32_t bits_at(const uint8_t* p, size_t bit, int width) {
-    const uint64_t v = load_u64(p + (bit >> 3)) >> (bit & 7);
+// Bits [bit, bit + width) of a row of row_bytes >= 8 bytes, width <= 32: one 8-byte load, moved back to
+// end at the row's end when it would run past it.
+uint32_t bits_at(const uint8_t* row, size_t bit, int width, size_t row_bytes) {
+    const size_t byte = bit >> 3, start = std::min(byte, row_bytes - 8);
+    const uint64_t v = load_u64(row + start) >> (8 * (byte - start) + (bit & 7));
     return static_cast<uint32_t>(v & ((uint64_t(1) << width) - 1));
 }
 
@@ -43,7 +43,7 @@ struct PolarPlan {
 // Lane j: the factor leaf j of batch b gets from its level-`level` ancestor (2 <= level <= 4).
 __m256 polar_level(const PolarLayout& l, const PolarPlan& plan, const uint8_t* row, int b, int level) {
     const int bits = l.bits[level - 1], width = bits << (4 - level);
-    const uint32_t packed = bits_at(row, l.bit_off[level - 1] + size_t(b) * width, width);
+    const uint32_t packed = bits_at(row, l.bit_off[level - 1] + size_t(b) * width, width, l.row_bytes);
     if (const float* t = l.batch_factors[level - 2]) return _mm256_loadu_ps(t + size_t(packed) * 8);
     __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)), plan.shift[level - 2]);
     idx = _mm256_and_si256(idx, _mm256_set1_epi32((1 << bits) - 1));
@@ -91,7 +91,7 @@ void polar_tops(const PolarLayout& l, const uint8_t* row, float* top) {
             const int bits = l.bits[level - 1];
             const float* cs = l.cossin[level - 1];
             for (int k = nodes - 1; k >= 0; --k) {
-                const uint32_t c = bits_at(row, l.bit_off[level - 1] + size_t(g * nodes + k) * bits, bits);
+                const uint32_t c = bits_at(row, l.bit_off[level - 1] + size_t(g * nodes + k) * bits, bits, l.row_bytes);
                 const float parent = a[k];
                 a[2 * k] = parent * cs[2 * c];
                 a[2 * k + 1] = parent * cs[2 * c + 1];
@@ -116,9 +116,9 @@ template <int B1, class Fn>
         size_t p2 = l.bit_off[1], p3 = l.bit_off[2], p4 = l.bit_off[3];
         for (int b = 0; b < batches; ++b, p2 += w2, p3 += w3, p4 += w4) {
             const float t = l.levels > 4 ? top[b] : half_at(row + l.radius_off + 2 * b);
-            __m256 f = _mm256_mul_ps(_mm256_set1_ps(t), _mm256_loadu_ps(t4 + size_t(bits_at(row, p4, w4)) * 8));
-            f = _mm256_mul_ps(f, _mm256_loadu_ps(t3 + size_t(bits_at(row, p3, w3)) * 8));
-            f = _mm256_mul_ps(f, _mm256_loadu_ps(t2 + size_t(bits_at(row, p2, w2)) * 8));
+            __m256 f = _mm256_mul_ps(_mm256_set1_ps(t), _mm256_loadu_ps(t4 + size_t(bits_at(row, p4, w4, l.row_bytes)) * 8));
+            f = _mm256_mul_ps(f, _mm256_loadu_ps(t3 + size_t(bits_at(row, p3, w3, l.row_bytes)) * 8));
+            f = _mm256_mul_ps(f, _mm256_loadu_ps(t2 + size_t(bits_at(row, p2, w2, l.row_bytes)) * 8));
             __m256 c, s;
             angles8<B1>(l, codes8_wide<B1>(row + size_t(b) * B1), c, s);
             fn(b, _mm256_mul_ps(f, c), _mm256_mul_ps(f, s));
@@ -168,12 +168,13 @@ void polar_score_group(const PolarLayout& l, const PolarPlan& plan, const float*
 
 void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    const auto& scalar = detail::scalar_rotated_kernels().polar;
-    if (l.levels < 4 || n_rows < 2) return scalar.score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
+    if (l.levels < 4) {
+        return detail::scalar_rotated_kernels().polar.score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores,
+                                                             score_stride);
+    }
     const PolarPlan plan(l);
-    const size_t simd_rows = n_rows - 1;
-    for (size_t r0 = 0; r0 < simd_rows; r0 += kChunk) {
-        const size_t rn = std::min(kChunk, simd_rows - r0);
+    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
+        const size_t rn = std::min(kChunk, n_rows - r0);
         for_groups(n_q, [&]<int G>(int i0) {
             const float* q[G];
             float* out[G];
@@ -184,7 +185,6 @@ void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, i
             with_level1_bits(l.bits[0], [&]<int B1>() { polar_score_group<B1, G>(l, plan, q, rows + r0 * row_stride, row_stride, rn, out); });
         });
     }
-    scalar.score(l, prep, prep_bytes, n_q, rows + simd_rows * row_stride, row_stride, 1, scores + simd_rows, score_stride);
 }
 
 // acc[i] += w[i][r]·row_r over a chunk of rows, one row at a time (a row is decoded once for G queries).
@@ -210,10 +210,10 @@ void polar_accumulate_group(const PolarLayout& l, const PolarPlan& plan, const f
 
 void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc) {
-    const auto& scalar = detail::scalar_rotated_kernels().polar;
-    if (l.levels < 4 || n_rows < 2) return scalar.accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+    if (l.levels < 4) {
+        return detail::scalar_rotated_kernels().polar.accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+    }
     const PolarPlan plan(l);
-    const size_t simd_rows = n_rows - 1;
     for_groups(n_q, [&]<int G>(int i0) {
         const float* wp[G];
         float* ap[G];
@@ -221,9 +221,8 @@ void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int
             wp[i] = w + (i0 + i) * w_stride;
             ap[i] = acc + size_t(i0 + i) * l.d;
         }
-        with_level1_bits(l.bits[0], [&]<int B1>() { polar_accumulate_group<B1, G>(l, plan, wp, rows, row_stride, simd_rows, ap); });
+        with_level1_bits(l.bits[0], [&]<int B1>() { polar_accumulate_group<B1, G>(l, plan, wp, rows, row_stride, n_rows, ap); });
     });
-    scalar.accumulate(l, w + simd_rows, w_stride, n_q, rows + simd_rows * row_stride, row_stride, 1, acc);
 }
 
 }  // namespace avx2
