@@ -124,6 +124,11 @@ struct Ops<xsimd::fma3<xsimd::avx2>> : Avx2Blocks {
         const __m256i r[4] = {v[0], v[1], v[2], v[3]};
         return Avx2Blocks::low_bytes(r);
     }
+    // The same for values known to lie in -128..127: saturating packs are then exact.
+    static Bytes pack_small(const I* v) {
+        const __m256i a = _mm256_packs_epi32(v[0], v[1]), b = _mm256_packs_epi32(v[2], v[3]);
+        return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
     static void widen(Bytes b, F* out) {
         for (int i = 0; i < 4; ++i) out[i] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, i));
     }

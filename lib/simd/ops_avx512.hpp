@@ -24,6 +24,7 @@ struct Ops<xsimd::avx512bw> : Avx2Blocks {
     static Bytes low_bytes(const I* v) {  // vpmovdb truncates: exactly the low byte
         return _mm256_set_m128i(_mm512_cvtepi32_epi8(v[1]), _mm512_cvtepi32_epi8(v[0]));
     }
+    static Bytes pack_small(const I* v) { return low_bytes(v); }
     static void widen(Bytes b, F* out) {
         out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
         out[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));

@@ -72,6 +72,7 @@ struct Ops<xsimd::neon64> {
         return vcombine_s8(vmovn_s16(a), vmovn_s16(b));
     }
     static Bytes low_bytes(const I* v) { return {low_bytes16(v), low_bytes16(v + 4)}; }
+    static Bytes pack_small(const I* v) { return low_bytes(v); }
     static void widen(Bytes b, F* out) {
         const int16x8_t w[4] = {vmovl_s8(vget_low_s8(b.lo)), vmovl_s8(vget_high_s8(b.lo)), vmovl_s8(vget_low_s8(b.hi)),
                                 vmovl_s8(vget_high_s8(b.hi))};

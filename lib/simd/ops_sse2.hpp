@@ -81,6 +81,11 @@ struct Ops<xsimd::sse2> {
         return _mm_packs_epi16(_mm_packs_epi32(s[0], s[1]), _mm_packs_epi32(s[2], s[3]));
     }
     static Bytes low_bytes(const I* v) { return {low_bytes16(v), low_bytes16(v + 4)}; }
+    // For values known to lie in -128..127 the saturating packs alone are exact.
+    static Bytes pack_small(const I* v) {
+        return {_mm_packs_epi16(_mm_packs_epi32(v[0], v[1]), _mm_packs_epi32(v[2], v[3])),
+                _mm_packs_epi16(_mm_packs_epi32(v[4], v[5]), _mm_packs_epi32(v[6], v[7]))};
+    }
     static void widen(Bytes b, F* out) {
         const __m128i w[4] = {widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)};
         for (int k = 0; k < 4; ++k) {
