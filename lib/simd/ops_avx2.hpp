@@ -132,6 +132,10 @@ struct Ops<xsimd::fma3<xsimd::avx2>> : Avx2Blocks {
     static void widen(Bytes b, F* out) {
         for (int i = 0; i < 4; ++i) out[i] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, i));
     }
+    static void widen_pair(Bytes b, int p, F* out) {  // values 16p..16p+15
+        out[0] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, 2 * p));
+        out[1] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, 2 * p + 1));
+    }
     static F load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
     static void store_f16(uint16_t* p, F v) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));

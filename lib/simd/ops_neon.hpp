@@ -82,6 +82,13 @@ struct Ops<xsimd::neon64> {
         }
     }
 
+    static void widen_pair(Bytes b, int p, F* out) {  // values 8p..8p+7
+        const int8x16_t src = p < 2 ? b.lo : b.hi;
+        const int16x8_t w = vmovl_s8(p % 2 ? vget_high_s8(src) : vget_low_s8(src));
+        out[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+        out[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
+    }
+
     static Key key(Bytes b) { return b; }
     static UKey ukey(Bytes b) { return b; }
     static IDot dot_signed(const Key& k, const int8_t* y) {

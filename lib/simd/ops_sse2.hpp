@@ -94,6 +94,13 @@ struct Ops<xsimd::sse2> {
         }
     }
 
+    static void widen_pair(Bytes b, int p, F* out) {  // values 8p..8p+7
+        const __m128i src = p < 2 ? b.lo : b.hi;
+        const __m128i w = p % 2 ? widen_hi(src) : widen_lo(src);
+        out[0] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w, w), 16));
+        out[1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w, w), 16));
+    }
+
     static Key key(Bytes b) { return {{widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)}}; }
     using UKey = Key;  // int16 products do not care about the sign
     static UKey ukey(Bytes b) { return key(b); }
