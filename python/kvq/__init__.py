@@ -7,10 +7,18 @@ attention error can be measured against an FP32 reference:
     >>> x = np.random.randn(4, 128).astype(np.float32)
     >>> codes = kvq.quantize(x, "q8_0")            # (4, 136) uint8: ggml block_q8_0 rows
     >>> y = kvq.dequantize(codes, "q8_0", 128)     # (4, 128) float32
+    >>> cache = kvq.KVCache(n_layers=1, n_kv_heads=2, head_dim=128, n_heads=8)
+    >>> seq = cache.add_sequence()
+    >>> cache.append(0, np.random.randn(16, 2, 128).astype(np.float32),
+    ...              np.random.randn(16, 2, 128).astype(np.float32), seq=seq)
+    >>> cache.attend(0, np.random.randn(8, 128).astype(np.float32), seq=seq).shape
+    (8, 128)
 """
 
 from ._core import (
     DEFAULT_SEED,
+    KVCache,
+    PoolExhausted,
     __version__,
     attention_error,
     codec_info,
@@ -23,6 +31,8 @@ from ._core import (
 
 __all__ = [
     "DEFAULT_SEED",
+    "KVCache",
+    "PoolExhausted",
     "__version__",
     "attention_error",
     "codec_info",
