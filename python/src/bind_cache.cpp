@@ -1,6 +1,7 @@
 // kvq.KVCache: the block-wise quantized KV cache (include/kvq/cache.hpp) with numpy in and out.
 // Every call that touches K/V data releases the GIL; calls on one sequence are serialized by
 // SequenceLocks, calls on different sequences run in parallel.
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -129,6 +130,21 @@ public:
         return out;
     }
 
+    // Seconds per call of `calls` attends made by a C++ loop on this same cache: the in-process baseline
+    // against which bench/python_attend.py measures what the Python call adds.
+    double time_attend(int layer, py::handle q_obj, std::optional<SequenceId> seq, int calls) const {
+        const SequenceId s = resolve(seq);
+        if (calls < 1) raise_value_error("_time_attend: calls must be at least 1");
+        const py::ssize_t heads = n_heads(), d = config().head_dim;
+        const CheckedArray q = float_array(q_obj, "_time_attend: q", {{"n_heads", heads}, {"head_dim", d}});
+        std::vector<float> out(static_cast<size_t>(heads * d));
+        py::gil_scoped_release unlocked;
+        SequenceGuard guard(locks_, s, SequenceGuard::reader);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i) cache_.attend(layer, s, q.floats(), out.data());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+    }
+
     size_t n_tokens(std::optional<SequenceId> seq, int layer) const {
         const SequenceId s = resolve(seq);
         py::gil_scoped_release unlocked;
@@ -252,6 +268,8 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("attend_prefill", &PyKVCache::attend_prefill, "layer"_a, "q"_a, "seq"_a = py::none(),
              "Causal attention for the last n_queries tokens of seq: q of shape (n_queries, n_heads, head_dim);\n"
              "query i sees the tokens up to and including its own. Returns the same shape, float32.")
+        .def("_time_attend", &PyKVCache::time_attend, "layer"_a, "q"_a, "seq"_a = py::none(), "calls"_a = 1,
+             "Benchmark helper: seconds per attend call when a C++ loop makes `calls` calls.")
         .def("n_tokens", &PyKVCache::n_tokens, "seq"_a = py::none(), "layer"_a = 0, "Tokens of seq in a layer.")
         .def("sequences", [](const PyKVCache& c) { return c.cache().sequences(); }, "Ids of the live sequences.")
         .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })
