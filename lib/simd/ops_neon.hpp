@@ -116,8 +116,8 @@ struct Ops<xsimd::neon64> {
 
     static I load_u16(const uint16_t* p) { return vreinterpretq_s32_u32(vmovl_u16(vld1_u16(p))); }
     static void store_u16(uint16_t* p, I v) { vst1_u16(p, vmovn_u32(vreinterpretq_u32_s32(v))); }
-    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(xsimd::bitwise_cast<xsimd::batch<uint32_t, A>>(load_u16(p))); }
-    static void store_f16(uint16_t* p, F v) { store_u16(p, xsimd::bitwise_cast<I>(f32_to_f16_batch<A>(v))); }
+    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(bit_cast<uint32_t>(load_u16(p))); }
+    static void store_f16(uint16_t* p, F v) { store_u16(p, bit_cast<int32_t>(f32_to_f16_batch<A>(v))); }
 };
 
 }  // namespace

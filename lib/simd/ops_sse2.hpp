@@ -143,8 +143,8 @@ struct Ops<xsimd::sse2> {
         const __m128i s = _mm_srai_epi32(_mm_slli_epi32(v, 16), 16);
         _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(s, s));
     }
-    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(xsimd::bitwise_cast<xsimd::batch<uint32_t, A>>(load_u16(p))); }
-    static void store_f16(uint16_t* p, F v) { store_u16(p, xsimd::bitwise_cast<I>(f32_to_f16_batch<A>(v))); }
+    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(bit_cast<uint32_t>(load_u16(p))); }
+    static void store_f16(uint16_t* p, F v) { store_u16(p, bit_cast<int32_t>(f32_to_f16_batch<A>(v))); }
 };
 
 }  // namespace
