@@ -5,4 +5,4 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
 "$root/scripts/build.sh" >&2
-"$build/tools/kvq-accuracy" "$@"
+"$build/tools/kvq-cli" table "$@"

@@ -1,0 +1,231 @@
+// The accuracy-vs-compression sweep: errors against the FP32 reference and decode time vs f16.
+#include "kvq/sweep.hpp"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <stdexcept>
+
+#include "quantized_attention.hpp"
+
+namespace kvq {
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMatrix>;
+using Map = Eigen::Map<RowMatrix>;
+
+// Mean and worst of every metric over many compare_attention results, weighted by their queries.
+struct ErrorAccumulator {
+    double sum[5] = {0, 0, 0, 0, 0};
+    double worst[5] = {-INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY};  // kl, rmse, topk, l2, cosine
+    size_t n = 0;
+
+    void add(const AttentionErrors& e) {
+        const MetricSummary* m[5] = {&e.kl, &e.score_rmse, &e.topk, &e.output_l2, &e.cosine};
+        for (int i = 0; i < 5; ++i) {
+            sum[i] += m[i]->mean * double(e.queries);
+            worst[i] = (i == 2 || i == 4) ? std::min(worst[i], m[i]->worst) : std::max(worst[i], m[i]->worst);
+        }
+        n += e.queries;
+    }
+    AttentionErrors result() const {
+        AttentionErrors e;
+        MetricSummary* m[5] = {&e.kl, &e.score_rmse, &e.topk, &e.output_l2, &e.cosine};
+        for (int i = 0; i < 5; ++i) *m[i] = {n ? sum[i] / double(n) : 0.0, n ? worst[i] : 0.0};
+        e.queries = n;
+        return e;
+    }
+};
+
+struct Reference {
+    std::vector<float> scores, weights, out;
+};
+
+Reference reference(const float* q, int n_q, const float* k, const float* v, size_t n, int d, float scale) {
+    Reference r;
+    r.scores.resize(size_t(n_q) * n);
+    r.out.resize(size_t(n_q) * d);
+    const auto rows = static_cast<Eigen::Index>(n);
+    Map(r.scores.data(), n_q, rows).noalias() = (ConstMap(q, n_q, d) * ConstMap(k, rows, d).transpose()) * scale;
+    r.weights = r.scores;
+    detail::softmax_rows(r.weights.data(), n_q, n, n);
+    Map(r.out.data(), n_q, d).noalias() = Map(r.weights.data(), n_q, rows) * ConstMap(v, rows, d);
+    return r;
+}
+
+struct Prepared {
+    KVFormat format;
+    std::optional<Codec> keys, values;
+    std::string error;
+};
+
+// Codes of every (layer, kv head) of a data set for one format, at the full context.
+struct QuantizedData {
+    std::vector<detail::QuantizedKeys> keys;
+    std::vector<std::vector<uint8_t>> values;
+};
+
+QuantizedData quantize_all(const KVData& data, const Prepared& p, size_t n_rows, int block_tokens) {
+    QuantizedData qd;
+    for (int l = 0; l < data.layers; ++l) {
+        for (int h = 0; h < data.kv_heads; ++h) {
+            const auto k = data.keys(l, h, n_rows), v = data.values(l, h, n_rows);
+            qd.keys.push_back(detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, block_tokens));
+            qd.values.push_back(detail::quantize_values(*p.values, v.data(), n_rows));
+        }
+    }
+    return qd;
+}
+
+// Best-of-`repeats` time of one decode step (last query, full context, all layers and kv heads) per format;
+// formats take turns within each repeat so that drifting machine load affects them alike.
+std::vector<double> time_decode(const KVData& data, const std::vector<const Prepared*>& formats, int repeats,
+                                int block_tokens) {
+    const size_t n_rows = size_t(data.query_positions.back()) + 1;
+    const int g = data.group(), last = data.n_queries() - 1;
+    std::vector<QuantizedData> codes;
+    for (const Prepared* p : formats) codes.push_back(quantize_all(data, *p, n_rows, block_tokens));
+    std::vector<std::vector<float>> queries;
+    for (int l = 0; l < data.layers; ++l)
+        for (int h = 0; h < data.kv_heads; ++h) queries.push_back(data.queries(l, h, last));
+    std::vector<float> scores(size_t(g) * n_rows), weights(scores.size()), out(size_t(g) * data.head_dim);
+    std::vector<uint8_t> prep;
+    std::vector<double> best(formats.size(), std::numeric_limits<double>::infinity());
+    for (int rep = 0; rep < std::max(repeats, 1); ++rep) {
+        for (size_t f = 0; f < formats.size(); ++f) {
+            const auto start = std::chrono::steady_clock::now();
+            for (size_t u = 0; u < queries.size(); ++u) {
+                detail::quantized_attention(*formats[f]->keys, codes[f].keys[u], *formats[f]->values, codes[f].values[u],
+                                            queries[u].data(), g, n_rows, data.softmax_scale(), prep, scores.data(),
+                                            weights.data(), out.data());
+            }
+            const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start;
+            best[f] = std::min(best[f], dt.count());
+        }
+    }
+    return best;
+}
+
+}  // namespace
+
+SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& options) {
+    if (options.block_tokens <= 0 || options.top_k <= 0) throw std::invalid_argument("sweep: block_tokens and top_k must be positive");
+    const std::vector<KVFormat> formats = options.formats.empty() ? default_kv_formats() : options.formats;
+    SweepResult result;
+    result.model = options.model.n_layers > 0 ? options.model : model_preset("llama-3-8b");
+    result.timing_method = options.timing ? "one decode step (codec score + online softmax + accumulate) over all layers and kv heads, "
+                                            "best of " + std::to_string(std::max(options.timing_repeats, 1)) + ", relative to f16/f16"
+                                          : "not timed";
+    const KVFormat f16{"f16", "f16", false};
+    const double fp16_bytes = kv_bytes_per_token(result.model, f16, options.block_tokens);
+
+    size_t total = 0, done = 0;
+    for (const auto& d : data) {
+        d.validate();
+        total += size_t(d.layers) * d.kv_heads + (options.timing ? 1 : 0);
+    }
+    auto step = [&] {
+        ++done;
+        if (options.progress) options.progress(done, total);
+    };
+
+    for (const KVData& d : data) {
+        std::vector<Prepared> prepared;
+        for (const auto& f : formats) {
+            Prepared p{f, {}, {}, {}};
+            try {
+                p.keys = Codec::make(f.key_codec, d.head_dim, options.seed);
+                p.values = Codec::make(f.value_codec, d.head_dim, options.seed);
+            } catch (const std::invalid_argument& e) {
+                p.error = e.what();
+            }
+            prepared.push_back(std::move(p));
+        }
+        std::vector<ErrorAccumulator> acc(prepared.size());
+        const size_t n_rows = size_t(d.query_positions.back()) + 1;
+        const int g = d.group(), dim = d.head_dim;
+        const float scale = d.softmax_scale();
+        std::vector<float> scores, weights, out(size_t(g) * dim);
+        std::vector<uint8_t> prep;
+        for (int l = 0; l < d.layers; ++l) {
+            for (int h = 0; h < d.kv_heads; ++h) {
+                const auto k = d.keys(l, h, n_rows), v = d.values(l, h, n_rows);
+                std::vector<std::vector<float>> q(d.n_queries());
+                std::vector<Reference> ref;
+                for (int i = 0; i < d.n_queries(); ++i) {
+                    q[i] = d.queries(l, h, i);
+                    ref.push_back(reference(q[i].data(), g, k.data(), v.data(), size_t(d.query_positions[i]) + 1, dim, scale));
+                }
+                std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
+                std::map<std::string, std::vector<uint8_t>> value_codes;
+                for (size_t f = 0; f < prepared.size(); ++f) {
+                    const Prepared& p = prepared[f];
+                    if (!p.error.empty()) continue;
+                    auto kc = key_codes.find(p.format.key_label());
+                    if (kc == key_codes.end())
+                        kc = key_codes.emplace(p.format.key_label(), detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens)).first;
+                    auto vc = value_codes.find(p.format.value_codec);
+                    if (vc == value_codes.end()) vc = value_codes.emplace(p.format.value_codec, detail::quantize_values(*p.values, v.data(), n_rows)).first;
+                    for (int i = 0; i < d.n_queries(); ++i) {
+                        const size_t n = size_t(d.query_positions[i]) + 1;
+                        scores.resize(size_t(g) * n);
+                        weights.resize(size_t(g) * n);
+                        detail::quantized_attention(*p.keys, kc->second, *p.values, vc->second, q[i].data(), g, n, scale, prep,
+                                                    scores.data(), weights.data(), out.data());
+                        acc[f].add(compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(), scores.data(),
+                                                     weights.data(), out.data(), g, n, dim, options.top_k));
+                    }
+                }
+                step();
+            }
+        }
+
+        std::vector<double> seconds(prepared.size(), 0.0);
+        double f16_seconds = 0;
+        if (options.timing) {
+            std::vector<const Prepared*> timed;
+            for (const auto& p : prepared) {
+                if (p.error.empty()) timed.push_back(&p);
+            }
+            Prepared baseline{f16, Codec::make("f16", dim, options.seed), Codec::make("f16", dim, options.seed), {}};
+            timed.push_back(&baseline);
+            const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens);
+            f16_seconds = t.back();
+            for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
+                if (prepared[f].error.empty()) seconds[f] = t[j++];
+            }
+            step();
+        }
+
+        for (size_t f = 0; f < prepared.size(); ++f) {
+            const Prepared& p = prepared[f];
+            SweepRow row;
+            row.dataset = d.name;
+            row.format = p.format;
+            row.head_dim = dim;
+            row.error = p.error;
+            if (p.error.empty()) {
+                row.key_bits = p.format.key_bits(dim, options.block_tokens);
+                row.value_bits = p.format.value_bits(dim);
+                row.errors = acc[f].result();
+                row.decode_seconds = seconds[f];
+                row.decode_vs_f16 = f16_seconds > 0 ? seconds[f] / f16_seconds : 0.0;
+            }
+            try {
+                row.bytes_per_token = kv_bytes_per_token(result.model, p.format, options.block_tokens);
+                row.compression = fp16_bytes / row.bytes_per_token;
+            } catch (const std::invalid_argument&) {
+                row.bytes_per_token = row.compression = 0;  // the codec cannot take the model's head size
+            }
+            result.rows.push_back(std::move(row));
+        }
+    }
+    return result;
+}
+
+}  // namespace kvq
