@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../simd/dispatch.hpp"
 #include "rotated.hpp"
 #include "table.hpp"
 
@@ -77,10 +78,12 @@ void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_s
     if (dst_stride == 0) dst_stride = row_bytes();
     require(dst_stride >= row_bytes(), name_, "quantize_rows: dst_stride is smaller than row_bytes()");
     const size_t n = n_rows * head_dim_;
-    for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(x[i])) {
-            fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
-                            std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
+    if (!detail::all_finite(x, n)) {  // vectorized; the scalar pass only runs to name the bad value
+        for (size_t i = 0; i < n; ++i) {
+            if (!std::isfinite(x[i])) {
+                fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
+                                std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
+            }
         }
     }
     impl_->quantize_rows(x, n_rows, static_cast<uint8_t*>(dst), dst_stride);
@@ -98,9 +101,8 @@ void Codec::prepare_queries(const float* q, int n_q, void* prep) const {
     require(n_q >= 0, name_, "prepare_queries: n_q is negative");
     if (n_q == 0) return;
     require(q && prep, name_, "prepare_queries: null pointer");
-    for (size_t i = 0; i < static_cast<size_t>(n_q) * head_dim_; ++i) {
-        require(std::isfinite(q[i]), name_, "prepare_queries: query is not finite (NaN or Inf)");
-    }
+    require(detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_), name_,
+            "prepare_queries: query is not finite (NaN or Inf)");
     impl_->prepare_queries(q, n_q, static_cast<uint8_t*>(prep));
 }
 
