@@ -51,7 +51,7 @@ struct GaussianDataOptions {
 
 // The knobs of the LLM-like generator; docs/datasets.md gives the model and the statistics they produce.
 struct LlmDataOptions {
-    int layers = 4, kv_heads = 8, q_per_kv = 4, head_dim = 128, tokens = 2048, query_positions = 8;
+    int layers = 4, kv_heads = 8, q_per_kv = 4, head_dim = 128, tokens = 2048, query_positions = 4;
     int outlier_channels = 4;        // persistent key outlier channels per kv head (low-frequency RoPE pairs)
     float outlier_magnitude = 12.0f; // RMS of an outlier channel, in units of a typical channel's std
     float key_bias = 1.0f;           // std of the per-channel key mean, same units

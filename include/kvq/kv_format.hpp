@@ -32,7 +32,8 @@ std::vector<KVFormat> parse_kv_formats(std::string_view list);
 // Every key codec crossed with every value codec (each list comma-separated).
 std::vector<KVFormat> cross_kv_formats(std::string_view key_codecs, std::string_view value_codecs);
 // The pairs the table and the planner show by default: f16, the ggml pairs, the 4-bit-key variants
-// (+rot, +center, both) and, for every codec in the table beyond ggml's, that codec for K and V.
+// (+rot, +center, both), polar and turbo pairs at comparable budgets, and any codec registered later
+// as K and V of its own. The rest of the table is one --pairs away.
 std::vector<KVFormat> default_kv_formats();
 
 }  // namespace kvq

@@ -85,11 +85,22 @@ std::vector<KVFormat> default_kv_formats() {
     std::vector<KVFormat> out = parse_kv_formats(
         "f16/f16,q8_0/q8_0,q8_0/q4_0,q8_0/q4_1,q5_0/q4_0,q4_1/q4_0,q4_0/q4_0,q4_0+rot/q4_0,q4_0+center/q4_0,"
         "q4_0+rot+center/q4_0");
-    static const std::string_view ggml[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
-    for (const auto& name : codec_names()) {
-        if (std::find(std::begin(ggml), std::end(ggml), name) == std::end(ggml)) {
-            out.push_back(KVFormat::parse(name + "/" + name));
-        }
+    const auto names = codec_names();
+    auto have = [&](std::string_view n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+    // The rotating families at the budgets that compare with the rows above (each only if registered):
+    // polar and TurboQuant-MSE for K and V, TurboQuant-prod (unbiased q·k) for K with MSE values, and
+    // 8-bit keys with 3-bit values.
+    static const char* const rotating[][2] = {{"polar", "polar"},      {"turbo4", "turbo4"}, {"turbo3", "turbo3"},
+                                              {"turbo4_qjl", "turbo4"}, {"q8_0", "turbo3"}};
+    for (const auto& [k, v] : rotating) {
+        if (have(k) && have(v)) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
+    }
+    // Any other codec registered later shows up as K and V of its own.
+    static const std::string_view listed[] = {"f32",   "f16",    "bf16",   "q8_0",     "q4_0",       "q4_1",
+                                              "q5_0",  "q5_1",   "iq4_nl", "polar",    "turbo2",     "turbo2.5",
+                                              "turbo3", "turbo3.5", "turbo4", "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"};
+    for (const auto& name : names) {
+        if (std::find(std::begin(listed), std::end(listed), name) == std::end(listed)) out.push_back(KVFormat::parse(name + "/" + name));
     }
     return out;
 }
