@@ -1,6 +1,7 @@
 // .npy files: float32 and float16 arrays load; wrong shapes, dtypes and damaged files are clear errors.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -118,6 +119,13 @@ TEST_CASE("npy data sets: (layers, tokens, kv_heads, head_dim) dumps load, anyth
         CHECK(d.group() == 2);
         const int i = d.n_queries() - 1;  // token T-1
         CHECK(d.queries(1, 1, i)[3] == q[((1 * T + (T - 1)) * 2 * H + 2) * D + 3]);
+    }
+    SUBCASE("meta.json sets the softmax scale") {
+        CHECK(kvq::make_dataset("npy:" + dir.path.string()).softmax_scale() == doctest::Approx(1 / std::sqrt(32.0)));
+        dir.write("meta.json", R"({"model": "tiny", "scale": 0.0625})");
+        CHECK(kvq::make_dataset("npy:" + dir.path.string()).softmax_scale() == 0.0625f);
+        dir.write("meta.json", R"({"scale": -1})");
+        CHECK_THROWS_WITH_AS(kvq::make_dataset("npy:" + dir.path.string()), doctest::Contains("positive number"), std::invalid_argument);
     }
     SUBCASE("q.npy must match k.npy") {
         const auto q = kvq::test::gaussian(L * T * 3 * D, 4);

@@ -7,7 +7,8 @@
 //                               attention-sink token, per-token value outliers, sharp and diffuse heads;
 //   "npy:DIR"                   real dumps: DIR/k.npy and DIR/v.npy, shape (layers, tokens, kv_heads,
 //                               head_dim), float32 or float16, and optionally DIR/q.npy, shape (layers,
-//                               tokens, n_heads, head_dim) with n_heads a multiple of kv_heads.
+//                               tokens, n_heads, head_dim) with n_heads a multiple of kv_heads, and
+//                               optionally DIR/meta.json with the softmax "scale" (scripts/dump_hf_kv.py).
 // Every data set is decode attention: query i sits at token query_positions[i] and attends to tokens
 // 0..query_positions[i] of its layer and kv head (its GQA group shares the kv head).
 #pragma once
@@ -72,7 +73,8 @@ struct NpyDataOptions {
     int query_positions = 4;  // the last tokens act as decode queries
     uint64_t seed = 0;        // for synthetic queries when DIR/q.npy is absent
 };
-// Loads DIR/k.npy, DIR/v.npy and DIR/q.npy if present. Without q.npy the queries are synthetic: per
+// Loads DIR/k.npy, DIR/v.npy and DIR/q.npy if present, and the softmax scale from DIR/meta.json's "scale"
+// if present (else 1/sqrt(head_dim)). Without q.npy the queries are synthetic: per
 // (layer, kv head), channel c is N(0, 1) scaled by the keys' RMS in channel c over their mean RMS (so
 // queries weigh channels as the keys do); results are then indicative only.
 KVData load_npy_data(const std::string& dir, const NpyDataOptions& options = {});

@@ -3,8 +3,11 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 
+#include "json_reader.hpp"
 #include "kvq/npy.hpp"
 #include "random.hpp"
 #include "spec_params.hpp"
@@ -163,6 +166,21 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
                     for (int c = 0; c < d.head_dim; ++c) dst[c] = static_cast<float>(rng.normal() * (mean_rms > 0 ? rms[c] / mean_rms : 1.0));
                 }
             }
+        }
+    }
+    // The softmax scale, when the dump states it (scripts/dump_hf_kv.py writes the model's own).
+    if (const fs::path meta = root / "meta.json"; fs::exists(meta)) {
+        std::ifstream f(meta);
+        const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+        detail::JsonValue json;
+        try {
+            json = detail::parse_json(text);
+        } catch (const std::invalid_argument& e) {
+            bad(meta.string() + ": " + e.what());
+        }
+        if (const detail::JsonValue* scale = json.find("scale"); scale && !scale->is_null()) {
+            if (!scale->as_number() || !(*scale->as_number() > 0)) bad(meta.string() + ": 'scale' must be a positive number");
+            d.scale = static_cast<float>(*scale->as_number());
         }
     }
     d.validate();

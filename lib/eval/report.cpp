@@ -22,7 +22,12 @@ std::string fmt(const char* f, ...) {
     return buf;
 }
 
-std::string num(double x) { return std::isfinite(x) ? fmt("%.9g", x) : "null"; }
+// Whole numbers (byte counts) exactly, others to 9 significant digits.
+std::string num(double x) {
+    if (!std::isfinite(x)) return "null";
+    if (x == std::floor(x) && std::fabs(x) < 0x1p53) return fmt("%.0f", x);
+    return fmt("%.9g", x);
+}
 
 std::string json_string(std::string_view s) {
     std::string out = "\"";
@@ -166,7 +171,7 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
             s += "  {\"key\": " + json_string(r.format.key_codec) + ", \"value\": " + json_string(r.format.value_codec) +
                  ", \"key_centered\": " + (r.format.center_keys ? "true" : "false") + ", \"supported\": " +
                  (r.supported ? "true" : "false") + ", \"key_bits\": " + num(r.key_bits) + ", \"value_bits\": " +
-                 num(r.value_bits) + ", \"bytes_per_token\": " + num(r.bytes_per_token) + ", \"bytes_total\": " +
+                 (m.is_mla() ? std::string("null") : num(r.value_bits)) + ", \"bytes_per_token\": " + num(r.bytes_per_token) + ", \"bytes_total\": " +
                  num(r.bytes_total) + ", \"fp16_bytes_per_token\": " + num(r.fp16_bytes_per_token) +
                  ", \"fp16_bytes_total\": " + num(r.fp16_bytes_total) + ", \"compression_vs_f16\": " + num(r.compression) +
                  ", \"error\": " + json_string(r.error) + (i + 1 < rows.size() ? "},\n" : "}\n");
@@ -178,7 +183,7 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
             "fp16_bytes_total,compression_vs_f16,context,batch,error\n";
         for (const auto& r : rows) {
             s += join({csv_field(m.name), r.format.key_codec, r.format.value_codec, r.format.center_keys ? "true" : "false",
-                       r.supported ? "true" : "false", num(r.key_bits), num(r.value_bits), num(r.bytes_per_token),
+                       r.supported ? "true" : "false", num(r.key_bits), m.is_mla() ? "" : num(r.value_bits), num(r.bytes_per_token),
                        num(r.bytes_total), num(r.fp16_bytes_per_token), num(r.fp16_bytes_total), num(r.compression),
                        std::to_string(o.context), std::to_string(o.batch), csv_field(r.error)},
                       ",") + "\n";

@@ -52,10 +52,10 @@ py::dict sweep_row_dict(const SweepRow& r) {
                     "decode_vs_f16"_a = or_none(r.decode_vs_f16 > 0, r.decode_vs_f16), "error"_a = r.error);
 }
 
-py::dict plan_row_dict(const MemoryPlan& r) {
+py::dict plan_row_dict(const MemoryPlan& r, bool mla) {
     return py::dict("pair"_a = r.format.label(), "key"_a = r.format.key_codec, "value"_a = r.format.value_codec,
                     "key_centered"_a = r.format.center_keys, "supported"_a = r.supported,
-                    "key_bits"_a = or_none(r.supported, r.key_bits), "value_bits"_a = or_none(r.supported, r.value_bits),
+                    "key_bits"_a = or_none(r.supported, r.key_bits), "value_bits"_a = or_none(r.supported && !mla, r.value_bits),
                     "bytes_per_token"_a = or_none(r.supported, r.bytes_per_token),
                     "bytes_total"_a = or_none(r.supported, r.bytes_total), "fp16_bytes_per_token"_a = r.fp16_bytes_per_token,
                     "fp16_bytes_total"_a = r.fp16_bytes_total, "compression_vs_f16"_a = or_none(r.supported, r.compression),
@@ -170,7 +170,7 @@ void bind_eval(py::module_& m) {
     py::class_<Plan>(m, "Plan", "KV-cache bytes of a model for each K/V pair (kvq.plan).")
         .def_property_readonly("rows", [](const Plan& p) {
             py::list rows;
-            for (const auto& row : p.rows) rows.append(plan_row_dict(row));
+            for (const auto& row : p.rows) rows.append(plan_row_dict(row, p.model.is_mla()));
             return rows;
         })
         .def_property_readonly("model", [](const Plan& p) { return model_dict(p.model); })
