@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), then builds the
-# out-of-tree consumer against an installed copy.
+# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), builds the
+# out-of-tree consumer against an installed copy, then installs the Python package and runs its tests
+# (pytest).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
 "$root/scripts/build.sh"
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
 "$root/scripts/test_consumer.sh"
+
+# The Python package goes into a virtual environment inside the build directory (it sees the system's
+# numpy and pytest), so testing never changes the user's site-packages. pip compiles it incrementally in
+# $build/py-<wheel tag>.
+venv=$build/venv
+[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
+"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
+  --config-settings=build-dir="$build/py-{wheel_tag}" "$root"
+cd "$root" && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest tests/python

@@ -1,5 +1,5 @@
 /* The C API from C (compiled as C11, linked against libkvq.so): version, codec table, codecs on rows,
- * kvq_attend_rows, the cache's whole life, and every error status with its message. */
+ * kvq_attend_rows and the thread-local error message. The cache is in test_capi_cache.c. */
 #include <kvq/kvq.h>
 
 #include <math.h>
@@ -9,32 +9,7 @@
 #include <string.h>
 
 #include "check.h"
-
-enum { D = 64 };
-
-static float next_gaussian(uint32_t* state) {
-    float u[2];
-    for (int i = 0; i < 2; ++i) {
-        *state ^= *state << 13;
-        *state ^= *state >> 17;
-        *state ^= *state << 5;
-        u[i] = ((float)(*state >> 8) + 0.5f) / 16777216.0f;
-    }
-    return sqrtf(-2.0f * logf(u[0])) * cosf(6.2831853f * u[1]);
-}
-
-static void fill_gaussian(float* x, size_t n, uint32_t seed) {
-    for (size_t i = 0; i < n; ++i) x[i] = next_gaussian(&seed);
-}
-
-static double relative_l2(const float* a, const float* ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; ++i) {
-        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num / den);
-}
+#include "helpers.h"
 
 static void test_version(void) {
     CHECK(kvq_version() == KVQ_VERSION);
@@ -56,6 +31,16 @@ static void test_codec_table(void) {
         int32_t found = -1;
         CHECK_OK(kvq_codec_lookup(info.name, &found));
         CHECK(found == id);
+        /* Every codec takes 128 values per head; its rows hold at least its blocks' bits. */
+        size_t row_bytes = 0;
+        CHECK_OK(kvq_codec_spec_row_bytes(info.name, 128, &row_bytes));
+        CHECK(8.0 * row_bytes / 128 >= info.bits_per_value);
+        if (info.block > 1) {
+            kvq_codec* codec = NULL;
+            CHECK_STATUS(kvq_codec_create(info.name, info.block + 1, KVQ_DEFAULT_SEED, &codec), KVQ_ERR_BAD_HEAD_DIM,
+                         info.name);
+            CHECK(codec == NULL);
+        }
     }
     int32_t id = -1;
     kvq_codec_info info = kvq_codec_info_init();
