@@ -2,10 +2,13 @@
 // what they are for on the data they are for, and the CSV and JSON forms parse.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 
 #include "eval/json_reader.hpp"
+#include "eval/quantized_attention.hpp"
+#include "kvq/cache.hpp"
 #include "kvq/report.hpp"
 #include "kvq/sweep.hpp"
 
@@ -145,4 +148,44 @@ TEST_CASE("plan and info output parse as JSON") {
     const auto info = kvq::detail::parse_json(kvq::format_codec_info(kvq::TableFormat::json));
     CHECK(info.find("codecs")->as_array()->size() == kvq::codec_names().size());
     CHECK(info.find("simd_level")->as_string());
+}
+
+TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center and +rot included") {
+    const auto d = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=256,query_positions=1");
+    const size_t n = 256;
+    const int dim = d.head_dim, g = d.group();
+    for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3"}) {
+        CAPTURE(pair);
+        const auto f = kvq::KVFormat::parse(pair);
+        kvq::CacheConfig c;
+        c.n_kv_heads = d.kv_heads;
+        c.n_heads = d.q_heads;
+        c.head_dim = dim;
+        c.key_codec = f.key_codec;
+        c.value_codec = f.value_codec;
+        c.center_keys = f.center_keys;
+        kvq::KVCache cache(c);
+        const auto seq = cache.add_sequence();
+        cache.append(0, seq, d.k.data(), d.v.data(), n);
+        std::vector<float> from_cache(size_t(d.q_heads) * dim);
+        cache.attend(0, seq, d.q.data(), from_cache.data());
+
+        const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
+        for (int h = 0; h < d.kv_heads; ++h) {
+            const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
+            const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
+            const auto vc = kvq::detail::quantize_values(values, v.data(), n);
+            std::vector<float> scores(g * n), weights(g * n), out(g * dim);
+            std::vector<uint8_t> prep;
+            kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, n, d.softmax_scale(), prep, scores.data(),
+                                             weights.data(), out.data());
+            double diff = 0, norm = 0;
+            for (int i = 0; i < g * dim; ++i) {
+                const double x = from_cache[size_t(h) * g * dim + i];
+                diff += (out[i] - x) * (out[i] - x);
+                norm += x * x;
+            }
+            CHECK(std::sqrt(diff / norm) < 1e-4);
+        }
+    }
 }

@@ -4,8 +4,8 @@
 // attention for the data set's queries on the codes (key codec scores, value codec accumulates; +center
 // keys get q·mean added back per block) and compare with the FP32 reference on the original rows.
 // Errors are the metrics of kvq/eval.hpp over all queries (mean and worst). Decode time is one decode
-// step over all layers and heads at the full context, best of a few repeats, divided by f16/f16's time
-// measured in the same run.
+// step — KVCache::attend of the last query in every layer, one thread, at the full context — best of a
+// few repeats, divided by f16/f16's time measured in the same run.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +28,7 @@ struct SweepOptions {
     int block_tokens = 32;          // block size for key centering (as the cache seals blocks)
     int top_k = 8;
     bool timing = true;
-    int timing_repeats = 5;
+    int timing_repeats = 10;
     uint64_t seed = kDefaultSeed;   // rotation seed of +rot codecs
     // Called after each (data set, layer, kv head) with steps done and the total; may throw to cancel.
     std::function<void(size_t done, size_t total)> progress;

@@ -161,7 +161,7 @@ void bind_eval(py::module_& m) {
             return text(format, [&](TableFormat f) { return format_sweep(r, f); });
         }, "format"_a = "markdown", "The table as 'markdown', 'csv' or 'json' text.");
 
-    m.def("sweep", &sweep, "datasets"_a, "pairs"_a = py::none(), "model"_a = "llama-3-8b", "timing"_a = true, "repeats"_a = 5,
+    m.def("sweep", &sweep, "datasets"_a, "pairs"_a = py::none(), "model"_a = "llama-3-8b", "timing"_a = true, "repeats"_a = 10,
           "data_seed"_a = 0, "seed"_a = kDefaultSeed, "block_tokens"_a = 32, "top_k"_a = 8, "progress"_a = py::none(),
           "Errors against the FP32 reference and decode time vs f16 for each data set (spec or kvq.Dataset) and K/V "
           "pair ('q8_0/q4_0', 'q4_0+rot+center/q4_0'; None: the default list). model: a preset or config.json for "
