@@ -72,6 +72,7 @@ struct Ops<xsimd::neon64> {
         return vcombine_s8(vmovn_s16(a), vmovn_s16(b));
     }
     static Bytes low_bytes(const I* v) { return {low_bytes16(v), low_bytes16(v + 4)}; }
+    static Bytes pack_small(const I* v) { return low_bytes(v); }
     static void widen(Bytes b, F* out) {
         const int16x8_t w[4] = {vmovl_s8(vget_low_s8(b.lo)), vmovl_s8(vget_high_s8(b.lo)), vmovl_s8(vget_low_s8(b.hi)),
                                 vmovl_s8(vget_high_s8(b.hi))};
@@ -79,6 +80,13 @@ struct Ops<xsimd::neon64> {
             out[2 * k] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w[k])));
             out[2 * k + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w[k])));
         }
+    }
+
+    static void widen_pair(Bytes b, int p, F* out) {  // values 8p..8p+7
+        const int8x16_t src = p < 2 ? b.lo : b.hi;
+        const int16x8_t w = vmovl_s8(p % 2 ? vget_high_s8(src) : vget_low_s8(src));
+        out[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+        out[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
     }
 
     static Key key(Bytes b) { return b; }
@@ -104,12 +112,21 @@ struct Ops<xsimd::neon64> {
     static I to_i32(F v) { return vcvtq_s32_f32(v); }  // truncates toward zero
     static F to_f32(I v) { return vcvtq_f32_s32(v); }
     static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
-    static float f16_value(uint16_t h) { return detail::f16_to_f32(h); }
+    // Normal values (all scales in practice) by moving the bits; zeros, subnormals, Inf and NaN through
+    // half.hpp. Both are exact, so the bits are the same.
+    static float f16_value(uint16_t h) {
+        const uint32_t exponent = h & 0x7C00u;
+        if (exponent == 0 || exponent == 0x7C00u) return detail::f16_to_f32(h);
+        const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | (((h & 0x7FFFu) << 13) + 0x38000000u);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+    }
 
     static I load_u16(const uint16_t* p) { return vreinterpretq_s32_u32(vmovl_u16(vld1_u16(p))); }
     static void store_u16(uint16_t* p, I v) { vst1_u16(p, vmovn_u32(vreinterpretq_u32_s32(v))); }
-    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(xsimd::bitwise_cast<xsimd::batch<uint32_t, A>>(load_u16(p))); }
-    static void store_f16(uint16_t* p, F v) { store_u16(p, xsimd::bitwise_cast<I>(f32_to_f16_batch<A>(v))); }
+    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(bit_cast<uint32_t>(load_u16(p))); }
+    static void store_f16(uint16_t* p, F v) { store_u16(p, bit_cast<int32_t>(f32_to_f16_batch<A>(v))); }
 };
 
 }  // namespace

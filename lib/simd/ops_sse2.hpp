@@ -7,6 +7,7 @@
 #include <emmintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "../codec/half.hpp"
 #include "half_batch.hpp"
@@ -81,12 +82,24 @@ struct Ops<xsimd::sse2> {
         return _mm_packs_epi16(_mm_packs_epi32(s[0], s[1]), _mm_packs_epi32(s[2], s[3]));
     }
     static Bytes low_bytes(const I* v) { return {low_bytes16(v), low_bytes16(v + 4)}; }
+    // For values known to lie in -128..127 the saturating packs alone are exact.
+    static Bytes pack_small(const I* v) {
+        return {_mm_packs_epi16(_mm_packs_epi32(v[0], v[1]), _mm_packs_epi32(v[2], v[3])),
+                _mm_packs_epi16(_mm_packs_epi32(v[4], v[5]), _mm_packs_epi32(v[6], v[7]))};
+    }
     static void widen(Bytes b, F* out) {
         const __m128i w[4] = {widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)};
         for (int k = 0; k < 4; ++k) {
             out[2 * k] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w[k], w[k]), 16));
             out[2 * k + 1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w[k], w[k]), 16));
         }
+    }
+
+    static void widen_pair(Bytes b, int p, F* out) {  // values 8p..8p+7
+        const __m128i src = p < 2 ? b.lo : b.hi;
+        const __m128i w = p % 2 ? widen_hi(src) : widen_lo(src);
+        out[0] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w, w), 16));
+        out[1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w, w), 16));
     }
 
     static Key key(Bytes b) { return {{widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)}}; }
@@ -122,7 +135,16 @@ struct Ops<xsimd::sse2> {
     static I to_i32(F v) { return _mm_cvttps_epi32(v); }
     static F to_f32(I v) { return _mm_cvtepi32_ps(v); }
     static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
-    static float f16_value(uint16_t h) { return detail::f16_to_f32(h); }
+    // Normal values (all scales in practice) by moving the bits; zeros, subnormals, Inf and NaN through
+    // half.hpp. Both are exact, so the bits are the same.
+    static float f16_value(uint16_t h) {
+        const uint32_t exponent = h & 0x7C00u;
+        if (exponent == 0 || exponent == 0x7C00u) return detail::f16_to_f32(h);
+        const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | (((h & 0x7FFFu) << 13) + 0x38000000u);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+    }
 
     static I load_u16(const uint16_t* p) {
         return _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
@@ -131,8 +153,8 @@ struct Ops<xsimd::sse2> {
         const __m128i s = _mm_srai_epi32(_mm_slli_epi32(v, 16), 16);
         _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(s, s));
     }
-    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(xsimd::bitwise_cast<xsimd::batch<uint32_t, A>>(load_u16(p))); }
-    static void store_f16(uint16_t* p, F v) { store_u16(p, xsimd::bitwise_cast<I>(f32_to_f16_batch<A>(v))); }
+    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(bit_cast<uint32_t>(load_u16(p))); }
+    static void store_f16(uint16_t* p, F v) { store_u16(p, bit_cast<int32_t>(f32_to_f16_batch<A>(v))); }
 };
 
 }  // namespace
