@@ -19,7 +19,7 @@ fi
 
 PY=${PYTHON:-python3}
 pymissing=()
-for spec in "cmake:cmake>=3.25" "ninja:ninja" "numpy:numpy" "pytest:pytest" "scikit_build_core:scikit-build-core" "pybind11:pybind11"; do
+for spec in "cmake:cmake>=3.25" "ninja:ninja" "numpy:numpy" "pytest:pytest" "scikit_build_core:scikit-build-core" "pybind11:pybind11" "matplotlib:matplotlib"; do
   mod=${spec%%:*}; pkg=${spec#*:}
   "$PY" -c "import $mod" 2>/dev/null || pymissing+=("$pkg")
 done

@@ -1,6 +1,6 @@
 """Types of kvq._core, the compiled module (re-exported by kvq)."""
 
-from typing import Literal, TypedDict, overload
+from typing import Callable, Literal, TypedDict, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -124,3 +124,91 @@ class KVCache:
     def pool_stats(self) -> PoolStats: ...
     def dump(self) -> str: ...
     def _time_attend(self, layer: int, q: FloatArray, seq: int | None = None, calls: int = 1) -> float: ...
+
+# Data sets, the accuracy sweep and the memory planner (python/src/bind_eval.cpp, lib/eval).
+
+TableFormat = Literal["markdown", "csv", "json"]
+
+class DataStats(TypedDict):
+    outlier_channel_ratio: float
+    key_bias_ratio: float
+    sink_weight: float
+    entropy_min: float
+    entropy_median: float
+    entropy_max: float
+    entropy_log_context: float
+    sharp_fraction: float
+    diffuse_fraction: float
+    value_outlier_fraction: float
+
+class Dataset:
+    name: str
+    layers: int
+    tokens: int
+    kv_heads: int
+    q_heads: int
+    head_dim: int
+    query_positions: list[int]
+    @property
+    def k(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def v(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def q(self) -> npt.NDArray[np.float32]: ...
+    def stats(self) -> DataStats: ...
+
+def dataset(spec: str, seed: int = 0) -> Dataset: ...
+def dataset_kinds() -> list[tuple[str, str]]: ...
+
+class ModelShape(TypedDict):
+    name: str
+    source: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    mla_latent_dim: int
+    mla_rope_dim: int
+    sliding_window: list[int]
+    description: str
+
+class SweepResult:
+    @property
+    def rows(self) -> list[dict[str, object]]: ...
+    @property
+    def model(self) -> ModelShape: ...
+    timing: str
+    def format(self, format: TableFormat = "markdown") -> str: ...
+
+def sweep(
+    datasets: list[str | Dataset],
+    pairs: list[str] | None = None,
+    model: str = "llama-3-8b",
+    timing: bool = True,
+    repeats: int = 10,
+    data_seed: int = 0,
+    seed: int = ...,
+    block_tokens: int = 32,
+    top_k: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+) -> SweepResult: ...
+
+class Plan:
+    @property
+    def rows(self) -> list[dict[str, object]]: ...
+    @property
+    def model(self) -> ModelShape: ...
+    @property
+    def context(self) -> int: ...
+    @property
+    def batch(self) -> int: ...
+    def format(self, format: TableFormat = "markdown") -> str: ...
+
+def plan(
+    model: str = "llama-3-8b", pairs: list[str] | None = None, context: int = 8192, batch: int = 1, block_tokens: int = 32
+) -> Plan: ...
+def model_presets() -> list[ModelShape]: ...
+def model_shape(name_or_path: str) -> ModelShape: ...
+def default_pairs() -> list[str]: ...
+def codec_table(format: TableFormat = "markdown", head_dim: int = 128) -> str: ...

@@ -1,0 +1,39 @@
+// kvq — how one cache stores keys and values: a key codec, a value codec, and whether keys are centered.
+//
+// Written "K/V", for example "q8_0/q4_0" or "q4_0+rot+center/q4_0". The key part may end in "+center":
+// each sealed block of `block_tokens` keys has its per-channel mean subtracted before quantizing and the
+// mean kept in fp16 beside the block (CacheConfig::center_keys); the score adds q·mean back. The means
+// count in the bits per value: 16 / block_tokens bits per key value (0.5 at 32 tokens per block).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvq {
+
+struct KVFormat {
+    std::string key_codec;    // a kvq::Codec spec, e.g. "q4_0+rot"
+    std::string value_codec;  // a kvq::Codec spec
+    bool center_keys = false;
+
+    std::string key_label() const;  // the key part as written, e.g. "q4_0+rot+center"
+    std::string label() const;      // "K/V"
+    // Bits per stored value, everything counted, for rows of head_dim values.
+    double key_bits(int head_dim, int block_tokens = 32) const;
+    double value_bits(int head_dim) const;
+
+    // Parses "K/V"; throws std::invalid_argument for a malformed pair or an unknown codec name.
+    static KVFormat parse(std::string_view spec);
+};
+
+// A comma-separated list of "K/V" pairs.
+std::vector<KVFormat> parse_kv_formats(std::string_view list);
+// Every key codec crossed with every value codec (each list comma-separated).
+std::vector<KVFormat> cross_kv_formats(std::string_view key_codecs, std::string_view value_codecs);
+// The pairs the table and the planner show by default: f16, the ggml pairs, the 4-bit-key variants
+// (+rot, +center, both), polar and turbo pairs at comparable budgets, and any codec registered later
+// as K and V of its own. The rest of the table is one --pairs away.
+std::vector<KVFormat> default_kv_formats();
+
+}  // namespace kvq

@@ -1,0 +1,58 @@
+// kvq — the accuracy-vs-compression sweep behind `kvq table`.
+//
+// For every data set and every K/V format: quantize each (layer, kv head)'s keys and values, run decode
+// attention for the data set's queries on the codes (key codec scores, value codec accumulates; +center
+// keys get q·mean added back per block) and compare with the FP32 reference on the original rows.
+// Errors are the metrics of kvq/eval.hpp over all queries (mean and worst). Decode time is one decode
+// step — KVCache::attend of the last query in every layer, one thread, at the full context — best of a
+// few repeats, divided by f16/f16's time measured in the same run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvq/codec.hpp"
+#include "kvq/datasets.hpp"
+#include "kvq/eval.hpp"
+#include "kvq/kv_format.hpp"
+#include "kvq/planner.hpp"
+
+namespace kvq {
+
+struct SweepOptions {
+    std::vector<KVFormat> formats;  // empty means default_kv_formats()
+    ModelShape model;               // shape for bytes per token; empty (n_layers == 0) means llama-3-8b
+    int block_tokens = 32;          // block size for key centering (as the cache seals blocks)
+    int top_k = 8;
+    bool timing = true;
+    int timing_repeats = 10;
+    uint64_t seed = kDefaultSeed;   // rotation seed of +rot codecs
+    // Called after each (data set, layer, kv head) with steps done and the total; may throw to cancel.
+    std::function<void(size_t done, size_t total)> progress;
+};
+
+struct SweepRow {
+    std::string dataset;
+    KVFormat format;
+    std::string error;            // non-empty if a codec cannot take this data set (the row has no figures)
+    int head_dim = 0;
+    double key_bits = 0, value_bits = 0;  // bits per value at the data set's head_dim, everything counted
+    double bytes_per_token = 0;   // KV bytes per token for SweepOptions::model (0 if it cannot take the model)
+    double compression = 0;       // f16/f16 bytes per token / bytes_per_token for that model
+    AttentionErrors errors;
+    double decode_seconds = 0;    // one decode step over all layers and kv heads (0 if not timed)
+    double decode_vs_f16 = 0;     // decode_seconds / f16/f16's decode_seconds, same run (0 if not timed)
+};
+
+struct SweepResult {
+    std::vector<SweepRow> rows;
+    ModelShape model;
+    std::string timing_method;  // how decode time was measured
+};
+
+SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& options = {});
+
+}  // namespace kvq

@@ -1,0 +1,258 @@
+// Data sets for the accuracy tables: the KVData accessors, the Gaussian set, .npy dumps, and specs.
+#include "kvq/datasets.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include "json_reader.hpp"
+#include "kvq/npy.hpp"
+#include "random.hpp"
+#include "spec_params.hpp"
+
+namespace kvq {
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw std::invalid_argument(what); }
+
+void fill_normal(std::vector<float>& x, detail::Rng& rng) {
+    for (float& v : x) v = static_cast<float>(rng.normal());
+}
+
+std::vector<int> last_positions(int tokens, int n) {
+    if (n <= 0 || n > tokens) bad("data set: query_positions must be in 1.." + std::to_string(tokens) + ", got " + std::to_string(n));
+    std::vector<int> pos(n);
+    for (int i = 0; i < n; ++i) pos[i] = tokens - n + i;
+    return pos;
+}
+
+void check_positive(const char* what, int x) {
+    if (x <= 0) bad(std::string("data set: ") + what + " must be positive, got " + std::to_string(x));
+}
+
+}  // namespace
+
+float KVData::softmax_scale() const { return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+
+std::vector<float> KVData::keys(int layer, int kv_head, size_t n_tokens) const {
+    std::vector<float> out(n_tokens * head_dim);
+    for (size_t t = 0; t < n_tokens; ++t) {
+        const float* src = k.data() + ((size_t(layer) * tokens + t) * kv_heads + kv_head) * head_dim;
+        std::copy(src, src + head_dim, out.data() + t * head_dim);
+    }
+    return out;
+}
+
+std::vector<float> KVData::values(int layer, int kv_head, size_t n_tokens) const {
+    std::vector<float> out(n_tokens * head_dim);
+    for (size_t t = 0; t < n_tokens; ++t) {
+        const float* src = v.data() + ((size_t(layer) * tokens + t) * kv_heads + kv_head) * head_dim;
+        std::copy(src, src + head_dim, out.data() + t * head_dim);
+    }
+    return out;
+}
+
+std::vector<float> KVData::queries(int layer, int kv_head, int i) const {
+    const int g = group();
+    const float* src = q.data() + ((size_t(layer) * n_queries() + i) * q_heads + size_t(kv_head) * g) * head_dim;
+    return {src, src + size_t(g) * head_dim};
+}
+
+void KVData::validate() const {
+    check_positive("layers", layers);
+    check_positive("tokens", tokens);
+    check_positive("kv_heads", kv_heads);
+    check_positive("head_dim", head_dim);
+    if (q_heads <= 0 || q_heads % kv_heads != 0) {
+        bad("data set '" + name + "': query heads (" + std::to_string(q_heads) + ") must be a positive multiple of kv heads (" +
+            std::to_string(kv_heads) + ")");
+    }
+    const size_t kv_size = size_t(layers) * tokens * kv_heads * head_dim;
+    if (k.size() != kv_size || v.size() != kv_size) bad("data set '" + name + "': keys or values do not match the shape");
+    if (query_positions.empty()) bad("data set '" + name + "': no query positions");
+    for (size_t i = 0; i < query_positions.size(); ++i) {
+        if (query_positions[i] < 0 || query_positions[i] >= tokens || (i && query_positions[i] <= query_positions[i - 1])) {
+            bad("data set '" + name + "': query positions must increase within 0.." + std::to_string(tokens - 1));
+        }
+    }
+    if (q.size() != size_t(layers) * query_positions.size() * q_heads * head_dim) {
+        bad("data set '" + name + "': queries do not match the shape");
+    }
+}
+
+KVData make_gaussian_data(const GaussianDataOptions& o) {
+    for (auto [what, x] : {std::pair{"layers", o.layers}, {"kv_heads", o.kv_heads}, {"q_per_kv", o.q_per_kv},
+                           {"head_dim", o.head_dim}, {"tokens", o.tokens}}) {
+        check_positive(what, x);
+    }
+    KVData d;
+    d.name = "gaussian";
+    d.layers = o.layers;
+    d.tokens = o.tokens;
+    d.kv_heads = o.kv_heads;
+    d.q_heads = o.kv_heads * o.q_per_kv;
+    d.head_dim = o.head_dim;
+    d.query_positions = last_positions(o.tokens, o.query_positions);
+    d.k.resize(size_t(o.layers) * o.tokens * o.kv_heads * o.head_dim);
+    d.v.resize(d.k.size());
+    d.q.resize(size_t(o.layers) * d.query_positions.size() * d.q_heads * o.head_dim);
+    detail::Rng rk(detail::derive_seed(o.seed, 1)), rv(detail::derive_seed(o.seed, 2)), rq(detail::derive_seed(o.seed, 3));
+    fill_normal(d.k, rk);
+    fill_normal(d.v, rv);
+    fill_normal(d.q, rq);
+    return d;
+}
+
+KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
+    namespace fs = std::filesystem;
+    const fs::path root(dir);
+    if (!fs::is_directory(root)) bad("npy data: '" + dir + "' is not a directory (expected k.npy, v.npy and optionally q.npy in it)");
+    auto load = [&](const char* file) {
+        const fs::path path = root / file;
+        if (!fs::exists(path)) bad("npy data: missing " + path.string());
+        NpyArray a = read_npy(path.string());
+        if (a.shape.size() != 4 || a.size() == 0) {
+            bad(path.string() + ": expected shape (layers, tokens, " + (file[0] == 'q' ? "n_heads" : "kv_heads") +
+                ", head_dim), got " + shape_string(a.shape));
+        }
+        return a;
+    };
+    NpyArray k = load("k.npy"), v = load("v.npy");
+    if (k.shape != v.shape) bad("npy data: k.npy has shape " + shape_string(k.shape) + " but v.npy has " + shape_string(v.shape));
+    KVData d;
+    d.name = "npy:" + dir;
+    d.layers = static_cast<int>(k.shape[0]);
+    d.tokens = static_cast<int>(k.shape[1]);
+    d.kv_heads = static_cast<int>(k.shape[2]);
+    d.head_dim = static_cast<int>(k.shape[3]);
+    d.query_positions = last_positions(d.tokens, options.query_positions);
+    d.k = std::move(k.data);
+    d.v = std::move(v.data);
+    const int nq = d.n_queries();
+    if (fs::exists(root / "q.npy")) {
+        NpyArray q = load("q.npy");
+        if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || q.shape[3] != k.shape[3] || q.shape[2] % k.shape[2] != 0) {
+            bad((root / "q.npy").string() + ": expected shape (" + std::to_string(d.layers) + ", " + std::to_string(d.tokens) +
+                ", a multiple of " + std::to_string(d.kv_heads) + ", " + std::to_string(d.head_dim) + ") to match k.npy, got " +
+                shape_string(q.shape));
+        }
+        d.q_heads = static_cast<int>(q.shape[2]);
+        const size_t row = size_t(d.q_heads) * d.head_dim;
+        d.q.resize(size_t(d.layers) * nq * row);
+        for (int l = 0; l < d.layers; ++l) {
+            for (int i = 0; i < nq; ++i) {
+                const float* src = q.data.data() + (size_t(l) * d.tokens + d.query_positions[i]) * row;
+                std::copy(src, src + row, d.q.data() + (size_t(l) * nq + i) * row);
+            }
+        }
+    } else {
+        // Synthetic queries: each channel weighted by the keys' RMS in that channel.
+        d.q_heads = d.kv_heads;
+        d.q.resize(size_t(d.layers) * nq * d.q_heads * d.head_dim);
+        detail::Rng rng(detail::derive_seed(options.seed, 7));
+        for (int l = 0; l < d.layers; ++l) {
+            for (int h = 0; h < d.kv_heads; ++h) {
+                std::vector<double> rms(d.head_dim);
+                const auto keys = d.keys(l, h, d.tokens);
+                for (size_t t = 0; t < size_t(d.tokens); ++t)
+                    for (int c = 0; c < d.head_dim; ++c) rms[c] += double(keys[t * d.head_dim + c]) * keys[t * d.head_dim + c];
+                double mean_rms = 0;
+                for (double& r : rms) mean_rms += (r = std::sqrt(r / d.tokens));
+                mean_rms /= d.head_dim;
+                for (int i = 0; i < nq; ++i) {
+                    float* dst = d.q.data() + ((size_t(l) * nq + i) * d.q_heads + h) * d.head_dim;
+                    for (int c = 0; c < d.head_dim; ++c) dst[c] = static_cast<float>(rng.normal() * (mean_rms > 0 ? rms[c] / mean_rms : 1.0));
+                }
+            }
+        }
+    }
+    // The softmax scale, when the dump states it (scripts/dump_hf_kv.py writes the model's own).
+    if (const fs::path meta = root / "meta.json"; fs::exists(meta)) {
+        std::ifstream f(meta);
+        const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+        detail::JsonValue json;
+        try {
+            json = detail::parse_json(text);
+        } catch (const std::invalid_argument& e) {
+            bad(meta.string() + ": " + e.what());
+        }
+        if (const detail::JsonValue* scale = json.find("scale"); scale && !scale->is_null()) {
+            if (!scale->as_number() || !(*scale->as_number() > 0)) bad(meta.string() + ": 'scale' must be a positive number");
+            d.scale = static_cast<float>(*scale->as_number());
+        }
+    }
+    d.validate();
+    return d;
+}
+
+KVData make_dataset(std::string_view spec, uint64_t seed) {
+    const size_t colon = spec.find(':');
+    const std::string_view kind = spec.substr(0, colon);
+    const std::string_view params = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
+    const std::string context = "data set '" + std::string(spec) + "'";
+    if (kind == "gaussian") {
+        using O = GaussianDataOptions;
+        static const detail::Param<O> fields[] = {{"layers", &O::layers},     {"kv_heads", &O::kv_heads},
+                                                  {"q_per_kv", &O::q_per_kv}, {"head_dim", &O::head_dim},
+                                                  {"tokens", &O::tokens},     {"query_positions", &O::query_positions},
+                                                  {"seed", &O::seed}};
+        O o;
+        o.seed = seed;
+        detail::set_params<O>(o, params, fields, context);
+        KVData d = make_gaussian_data(o);
+        d.name = std::string(spec);
+        return d;
+    }
+    if (kind == "llm") {
+        using O = LlmDataOptions;
+        static const detail::Param<O> fields[] = {
+            {"layers", &O::layers},
+            {"kv_heads", &O::kv_heads},
+            {"q_per_kv", &O::q_per_kv},
+            {"head_dim", &O::head_dim},
+            {"tokens", &O::tokens},
+            {"query_positions", &O::query_positions},
+            {"outlier_channels", &O::outlier_channels},
+            {"outlier_magnitude", &O::outlier_magnitude},
+            {"key_bias", &O::key_bias},
+            {"rope", &O::rope},
+            {"rope_base", &O::rope_base},
+            {"sink", &O::sink},
+            {"sink_logit", &O::sink_logit},
+            {"value_outlier_fraction", &O::value_outlier_fraction},
+            {"value_outlier_magnitude", &O::value_outlier_magnitude},
+            {"sharpness_max", &O::sharpness_max},
+            {"seed", &O::seed},
+        };
+        O o;
+        o.seed = seed;
+        detail::set_params<O>(o, params, fields, context);
+        KVData d = make_llm_data(o);
+        d.name = std::string(spec);
+        return d;
+    }
+    if (kind == "npy") {
+        if (params.empty()) bad(context + ": give a directory, as in npy:DIR");
+        const size_t comma = params.find(',');
+        NpyDataOptions o;
+        o.seed = seed;
+        static const detail::Param<NpyDataOptions> fields[] = {{"query_positions", &NpyDataOptions::query_positions},
+                                                               {"seed", &NpyDataOptions::seed}};
+        if (comma != std::string_view::npos) detail::set_params<NpyDataOptions>(o, params.substr(comma + 1), fields, context);
+        return load_npy_data(std::string(params.substr(0, comma)), o);
+    }
+    std::string known;
+    for (const auto& [name, what] : dataset_kinds()) known += (known.empty() ? "" : ", ") + name;
+    bad("unknown data set '" + std::string(spec) + "' (known: " + known + ")");
+}
+
+std::vector<std::pair<std::string, std::string>> dataset_kinds() {
+    return {{"gaussian", "i.i.d. N(0,1) keys, values and queries"},
+            {"llm", "synthetic LLM-like attention: key outlier channels and bias, RoPE, a sink token, value outliers, "
+                    "sharp and diffuse heads (docs/datasets.md)"},
+            {"npy:DIR", "real dumps DIR/k.npy, DIR/v.npy [, DIR/q.npy], shape (layers, tokens, heads, head_dim)"}};
+}
+
+}  // namespace kvq

@@ -1,0 +1,108 @@
+// KVFormat: parsing "K/V" pairs and counting their bits.
+#include "kvq/kv_format.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "kvq/codec.hpp"
+#include "spec_params.hpp"
+
+namespace kvq {
+namespace {
+
+constexpr std::string_view kCenter = "+center";
+
+// Checks the base name against the codec table, so a typo fails before any work starts.
+void check_codec_name(std::string_view spec, std::string_view pair) {
+    std::string_view base = spec;
+    if (base.ends_with("+rot")) base.remove_suffix(4);
+    base = base.substr(0, base.find(':'));
+    try {
+        codec_info(base);
+    } catch (const std::invalid_argument&) {
+        std::string known;
+        for (const auto& n : codec_names()) known += (known.empty() ? "" : ", ") + n;
+        throw std::invalid_argument("K/V pair '" + std::string(pair) + "': unknown codec '" + std::string(spec) +
+                                    "' (known: " + known + "; any may take +rot, keys also +center)");
+    }
+}
+
+}  // namespace
+
+std::string KVFormat::key_label() const { return key_codec + (center_keys ? std::string(kCenter) : ""); }
+std::string KVFormat::label() const { return key_label() + "/" + value_codec; }
+
+double KVFormat::key_bits(int head_dim, int block_tokens) const {
+    const double bits = Codec::make(key_codec, head_dim).bits_per_value();
+    return center_keys ? bits + 16.0 / block_tokens : bits;
+}
+
+double KVFormat::value_bits(int head_dim) const { return Codec::make(value_codec, head_dim).bits_per_value(); }
+
+KVFormat KVFormat::parse(std::string_view spec) {
+    const size_t slash = spec.find('/');
+    if (slash == std::string_view::npos || spec.find('/', slash + 1) != std::string_view::npos || slash == 0 ||
+        slash + 1 == spec.size()) {
+        throw std::invalid_argument("K/V pair '" + std::string(spec) + "': expected KEY_CODEC/VALUE_CODEC, e.g. q8_0/q4_0");
+    }
+    KVFormat f;
+    std::string_view key = spec.substr(0, slash);
+    if (key.ends_with(kCenter)) {
+        f.center_keys = true;
+        key.remove_suffix(kCenter.size());
+    }
+    f.key_codec = std::string(key);
+    f.value_codec = std::string(spec.substr(slash + 1));
+    if (f.value_codec.ends_with(kCenter)) {
+        throw std::invalid_argument("K/V pair '" + std::string(spec) + "': +center applies to keys only");
+    }
+    check_codec_name(f.key_codec, spec);
+    check_codec_name(f.value_codec, spec);
+    return f;
+}
+
+std::vector<KVFormat> parse_kv_formats(std::string_view list) {
+    std::vector<KVFormat> out;
+    for (auto item : detail::split(list, ',')) {
+        if (!item.empty()) out.push_back(KVFormat::parse(item));
+    }
+    if (out.empty()) throw std::invalid_argument("no K/V pairs given");
+    return out;
+}
+
+std::vector<KVFormat> cross_kv_formats(std::string_view key_codecs, std::string_view value_codecs) {
+    std::vector<KVFormat> out;
+    for (auto k : detail::split(key_codecs, ',')) {
+        for (auto v : detail::split(value_codecs, ',')) {
+            if (!k.empty() && !v.empty()) out.push_back(KVFormat::parse(std::string(k) + "/" + std::string(v)));
+        }
+    }
+    if (out.empty()) throw std::invalid_argument("no key or value codecs given");
+    return out;
+}
+
+std::vector<KVFormat> default_kv_formats() {
+    std::vector<KVFormat> out = parse_kv_formats(
+        "f16/f16,q8_0/q8_0,q8_0/q4_0,q8_0/q4_1,q5_0/q4_0,q4_1/q4_0,q4_0/q4_0,q4_0+rot/q4_0,q4_0+center/q4_0,"
+        "q4_0+rot+center/q4_0");
+    const auto names = codec_names();
+    auto have = [&](std::string_view n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+    // The rotating families at the budgets that compare with the rows above (each only if registered):
+    // polar and TurboQuant-MSE for K and V, TurboQuant-prod (unbiased q·k) for K with MSE values, and
+    // 8-bit keys with 3-bit values.
+    static const char* const rotating[][2] = {{"polar", "polar"},      {"turbo4", "turbo4"}, {"turbo3", "turbo3"},
+                                              {"turbo4_qjl", "turbo4"}, {"q8_0", "turbo3"}};
+    for (const auto& [k, v] : rotating) {
+        if (have(k) && have(v)) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
+    }
+    // Any other codec registered later shows up as K and V of its own.
+    static const std::string_view listed[] = {"f32",   "f16",    "bf16",   "q8_0",     "q4_0",       "q4_1",
+                                              "q5_0",  "q5_1",   "iq4_nl", "polar",    "turbo2",     "turbo2.5",
+                                              "turbo3", "turbo3.5", "turbo4", "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"};
+    for (const auto& name : names) {
+        if (std::find(std::begin(listed), std::end(listed), name) == std::end(listed)) out.push_back(KVFormat::parse(name + "/" + name));
+    }
+    return out;
+}
+
+}  // namespace kvq

@@ -1,0 +1,188 @@
+// The memory planner: presets, bytes per token and per context for each K/V format.
+#include "kvq/planner.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include "kvq/codec.hpp"
+
+namespace kvq {
+namespace {
+
+// Gemma 3: five local layers, then one global layer (transformers: layer i is global when (i+1) % 6 == 0).
+std::vector<int> every_sixth_global(int layers, int window) {
+    std::vector<int> w(layers);
+    for (int i = 0; i < layers; ++i) w[i] = (i + 1) % 6 == 0 ? 0 : window;
+    return w;
+}
+
+ModelShape shape(std::string name, int layers, int heads, int kv_heads, int head_dim, std::vector<int> window = {}) {
+    ModelShape m;
+    m.name = std::move(name);
+    m.source = "preset";
+    m.n_layers = layers;
+    m.n_heads = heads;
+    m.n_kv_heads = kv_heads;
+    m.head_dim = head_dim;
+    m.sliding_window = std::move(window);
+    return m;
+}
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+// Bytes per token of one layer (all its kv heads).
+double layer_bytes_per_token(const ModelShape& m, const KVFormat& f, int block_tokens) {
+    const int kd = m.key_row_dim();
+    const Codec key = Codec::make(f.key_codec, kd);
+    double bytes = static_cast<double>(key.row_bytes());
+    if (f.center_keys) bytes += 2.0 * kd / block_tokens;  // one fp16 mean per channel per block
+    if (!m.is_mla()) bytes += static_cast<double>(Codec::make(f.value_codec, m.value_row_dim()).row_bytes());
+    return bytes * (m.is_mla() ? 1 : m.n_kv_heads);
+}
+
+}  // namespace
+
+int ModelShape::window(int layer) const {
+    return sliding_window.empty() ? 0 : sliding_window.at(static_cast<size_t>(layer));
+}
+
+int ModelShape::local_layers() const {
+    return static_cast<int>(std::count_if(sliding_window.begin(), sliding_window.end(), [](int w) { return w > 0; }));
+}
+
+std::string ModelShape::describe() const {
+    std::string s = std::to_string(n_layers) + " layers";
+    if (is_mla()) {
+        s += ", MLA latent " + std::to_string(mla_latent_dim) + " + rope " + std::to_string(mla_rope_dim);
+    } else {
+        s += ", " + std::to_string(n_kv_heads) + " kv heads × " + std::to_string(head_dim);
+        if (value_dim && value_dim != head_dim) s += " (values × " + std::to_string(value_dim) + ")";
+    }
+    if (n_heads) s += " (" + std::to_string(n_heads) + " query heads)";
+    if (const int local = local_layers()) {
+        int w = 0;
+        for (int x : sliding_window) w = std::max(w, x);
+        s += local == n_layers ? ", every layer" : ", " + std::to_string(local) + " layers";
+        s += " in a sliding window of " + std::to_string(w);
+        if (std::any_of(sliding_window.begin(), sliding_window.end(), [&](int x) { return x > 0 && x != w; })) s += " (or less)";
+    }
+    return s;
+}
+
+void ModelShape::validate() const {
+    auto bad = [&](const std::string& what) { throw std::invalid_argument("model '" + name + "': " + what); };
+    if (n_layers <= 0) bad("needs a positive layer count");
+    if (is_mla()) {
+        if (mla_rope_dim < 0) bad("MLA rope dims must be >= 0");
+    } else {
+        if (n_kv_heads <= 0 || head_dim <= 0) bad("needs positive kv heads and head_dim");
+        if (value_dim < 0) bad("value_dim must be >= 0");
+    }
+    if (!sliding_window.empty() && sliding_window.size() != size_t(n_layers)) bad("needs one sliding-window entry per layer");
+    for (int w : sliding_window) {
+        if (w < 0) bad("sliding windows must be >= 0");
+    }
+}
+
+std::vector<ModelShape> model_presets() {
+    std::vector<ModelShape> p;
+    p.push_back(shape("gpt2-xl", 48, 25, 25, 64));
+    p.push_back(shape("llama-3-8b", 32, 32, 8, 128));
+    p.push_back(shape("llama-3-70b", 80, 64, 8, 128));
+    // Mistral 7B v0.1: every layer in a 4096-token window (v0.2 and v0.3 dropped it: use their config.json).
+    p.push_back(shape("mistral-7b", 32, 32, 8, 128, std::vector<int>(32, 4096)));
+    p.push_back(shape("qwen2.5-7b", 28, 28, 4, 128));
+    p.push_back(shape("gemma-3-1b", 26, 4, 1, 256, every_sixth_global(26, 512)));
+    p.push_back(shape("gemma-3-4b", 34, 8, 4, 256, every_sixth_global(34, 1024)));
+    p.push_back(shape("gemma-3-12b", 48, 16, 8, 256, every_sixth_global(48, 1024)));
+    p.push_back(shape("gemma-3-27b", 62, 32, 16, 128, every_sixth_global(62, 1024)));
+    ModelShape ds = shape("deepseek-v3", 61, 128, 128, 0);
+    ds.n_kv_heads = 0;
+    ds.mla_latent_dim = 512;
+    ds.mla_rope_dim = 64;
+    p.push_back(ds);
+    return p;
+}
+
+ModelShape model_preset(std::string_view name) {
+    const std::string wanted = lower(name);
+    std::string known;
+    for (auto& m : model_presets()) {
+        if (m.name == wanted) return m;
+        known += (known.empty() ? "" : ", ") + m.name;
+    }
+    throw std::invalid_argument("unknown model '" + std::string(name) + "' (presets: " + known +
+                                "; or give a path to a Hugging Face config.json)");
+}
+
+ModelShape load_model(std::string_view name_or_path) {
+    namespace fs = std::filesystem;
+    fs::path path(name_or_path);
+    if (fs::is_directory(path)) path /= "config.json";
+    if (fs::is_regular_file(path)) {
+        std::ifstream f(path);
+        if (!f) throw std::invalid_argument(path.string() + ": cannot open");
+        const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+        ModelShape m = model_from_hf_config(text, path.parent_path().filename().string());
+        m.source = path.string();
+        if (m.name.empty()) m.name = path.string();
+        return m;
+    }
+    if (name_or_path.ends_with(".json")) throw std::invalid_argument(std::string(name_or_path) + ": no such file");
+    return model_preset(name_or_path);
+}
+
+double kv_bytes_per_token(const ModelShape& model, const KVFormat& format, int block_tokens) {
+    model.validate();
+    return layer_bytes_per_token(model, format, block_tokens) * model.n_layers;
+}
+
+double kv_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch, int block_tokens) {
+    model.validate();
+    const double per_layer = layer_bytes_per_token(model, format, block_tokens);
+    double tokens = 0;
+    for (int l = 0; l < model.n_layers; ++l) {
+        const int w = model.window(l);
+        tokens += static_cast<double>(w > 0 ? std::min(context, size_t(w)) : context);
+    }
+    return per_layer * tokens * static_cast<double>(batch);
+}
+
+std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<KVFormat>& formats, const PlanOptions& o) {
+    model.validate();
+    if (o.block_tokens <= 0 || o.context == 0 || o.batch == 0) {
+        throw std::invalid_argument("plan: context, batch and block_tokens must be positive");
+    }
+    const KVFormat fp16{"f16", "f16", false};
+    const double fp16_token = kv_bytes_per_token(model, fp16, o.block_tokens);
+    const double fp16_total = kv_bytes(model, fp16, o.context, o.batch, o.block_tokens);
+    std::vector<MemoryPlan> rows;
+    for (const auto& f : formats) {
+        MemoryPlan r;
+        r.format = f;
+        r.fp16_bytes_per_token = fp16_token;
+        r.fp16_bytes_total = fp16_total;
+        try {
+            r.key_bits = f.key_bits(model.key_row_dim(), o.block_tokens);
+            r.value_bits = model.is_mla() ? 0.0 : f.value_bits(model.value_row_dim());
+            r.bytes_per_token = kv_bytes_per_token(model, f, o.block_tokens);
+            r.bytes_total = kv_bytes(model, f, o.context, o.batch, o.block_tokens);
+            r.compression = r.bytes_total > 0 ? fp16_total / r.bytes_total : 0.0;
+        } catch (const std::invalid_argument& e) {
+            r.supported = false;
+            r.error = e.what();
+        }
+        rows.push_back(std::move(r));
+    }
+    return rows;
+}
+
+}  // namespace kvq

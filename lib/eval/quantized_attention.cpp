@@ -1,0 +1,81 @@
+#include "quantized_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "codec/half.hpp"
+
+namespace kvq::detail {
+
+QuantizedKeys quantize_keys(const Codec& codec, const float* k, size_t n_rows, bool center, int block_tokens) {
+    const size_t d = codec.head_dim();
+    QuantizedKeys out;
+    out.rows.resize(n_rows * codec.row_bytes());
+    if (!center) {
+        codec.quantize_rows(k, n_rows, out.rows.data());
+        return out;
+    }
+    out.block_tokens = block_tokens;
+    const size_t n_blocks = (n_rows + block_tokens - 1) / block_tokens;
+    out.means.assign(n_blocks * d, 0.0f);
+    std::vector<float> residual(size_t(block_tokens) * d);
+    for (size_t b = 0; b < n_blocks; ++b) {
+        const size_t first = b * block_tokens, n = std::min<size_t>(block_tokens, n_rows - first);
+        float* mean = out.means.data() + b * d;
+        for (size_t j = 0; j < d; ++j) {
+            double s = 0;
+            for (size_t r = 0; r < n; ++r) s += k[(first + r) * d + j];
+            mean[j] = f16_to_f32(f32_to_f16(static_cast<float>(s / n)));  // stored as fp16 with the block
+        }
+        for (size_t r = 0; r < n; ++r)
+            for (size_t j = 0; j < d; ++j) residual[r * d + j] = k[(first + r) * d + j] - mean[j];
+        codec.quantize_rows(residual.data(), n, out.rows.data() + first * codec.row_bytes());
+    }
+    return out;
+}
+
+std::vector<uint8_t> quantize_values(const Codec& codec, const float* v, size_t n_rows) {
+    std::vector<uint8_t> rows(n_rows * codec.row_bytes());
+    codec.quantize_rows(v, n_rows, rows.data());
+    return rows;
+}
+
+void softmax_rows(float* s, int n_q, size_t n, size_t stride) {
+    for (int i = 0; i < n_q; ++i) {
+        float* row = s + i * stride;
+        const float m = *std::max_element(row, row + n);
+        double sum = 0;
+        for (size_t r = 0; r < n; ++r) sum += (row[r] = std::exp(row[r] - m));
+        const float inv = static_cast<float>(1.0 / sum);
+        for (size_t r = 0; r < n; ++r) row[r] *= inv;
+    }
+}
+
+void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values, const std::vector<uint8_t>& v,
+                         const float* q, int n_q, size_t n_rows, float scale, std::vector<uint8_t>& prep,
+                         float* scores, float* weights, float* out) {
+    const size_t d = keys.head_dim();
+    prep.resize(size_t(n_q) * keys.query_bytes());
+    keys.prepare_queries(q, n_q, prep.data());
+    keys.score_rows(prep.data(), n_q, k.rows.data(), n_rows, scores, n_rows);
+    if (!k.means.empty()) {
+        // The score of a centered key adds q·mean of its block back (one dot product per block).
+        for (int i = 0; i < n_q; ++i) {
+            for (size_t first = 0; first < n_rows; first += k.block_tokens) {
+                const float* mean = k.means.data() + (first / k.block_tokens) * d;
+                float dot = 0;
+                for (size_t j = 0; j < d; ++j) dot += q[i * d + j] * mean[j];
+                const size_t end = std::min(n_rows, first + k.block_tokens);
+                for (size_t r = first; r < end; ++r) scores[i * n_rows + r] += dot;
+            }
+        }
+    }
+    const size_t n = size_t(n_q) * n_rows;
+    for (size_t i = 0; i < n; ++i) weights[i] = scores[i] *= scale;
+    softmax_rows(weights, n_q, n_rows, n_rows);
+    std::fill(out, out + size_t(n_q) * d, 0.0f);
+    values.accumulate_rows(weights, n_rows, n_q, v.data(), n_rows, out);
+    values.finish_accumulate(out, n_q);
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,33 @@
+// Decode attention on quantized rows, shared by the sweep's error measurement and its timing: keys
+// (optionally centered per block, as the cache's center_keys does) scored by the key codec, values
+// accumulated by the value codec.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvq/codec.hpp"
+
+namespace kvq::detail {
+
+struct QuantizedKeys {
+    std::vector<uint8_t> rows;
+    std::vector<float> means;  // n_blocks × head_dim fp16-rounded block means; empty when not centered
+    int block_tokens = 0;
+};
+
+// k: n_rows × head_dim floats.
+QuantizedKeys quantize_keys(const Codec& codec, const float* k, size_t n_rows, bool center, int block_tokens);
+std::vector<uint8_t> quantize_values(const Codec& codec, const float* v, size_t n_rows);
+
+// Row-wise softmax in place over n columns of rows `stride` floats apart.
+void softmax_rows(float* s, int n_q, size_t n, size_t stride);
+
+// Decode attention of n_q queries (q: n_q × head_dim) over the first n_rows rows; writes the scaled
+// scores and weights (n_q × n_rows) and out (n_q × head_dim). prep: scratch of n_q × query_bytes().
+void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values,
+                         const std::vector<uint8_t>& v, const float* q, int n_q, size_t n_rows, float scale,
+                         std::vector<uint8_t>& prep, float* scores, float* weights, float* out);
+
+}  // namespace kvq::detail

@@ -1,0 +1,253 @@
+// The accuracy-vs-compression sweep: errors against the FP32 reference and decode time vs f16.
+#include "kvq/sweep.hpp"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+#include "kvq/cache.hpp"
+#include "quantized_attention.hpp"
+
+namespace kvq {
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMatrix>;
+using Map = Eigen::Map<RowMatrix>;
+
+// Mean and worst of every metric over many compare_attention results, weighted by their queries.
+struct ErrorAccumulator {
+    double sum[5] = {0, 0, 0, 0, 0};
+    double worst[5] = {-INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY};  // kl, rmse, topk, l2, cosine
+    size_t n = 0;
+
+    void add(const AttentionErrors& e) {
+        const MetricSummary* m[5] = {&e.kl, &e.score_rmse, &e.topk, &e.output_l2, &e.cosine};
+        for (int i = 0; i < 5; ++i) {
+            sum[i] += m[i]->mean * double(e.queries);
+            worst[i] = (i == 2 || i == 4) ? std::min(worst[i], m[i]->worst) : std::max(worst[i], m[i]->worst);
+        }
+        n += e.queries;
+    }
+    AttentionErrors result() const {
+        AttentionErrors e;
+        MetricSummary* m[5] = {&e.kl, &e.score_rmse, &e.topk, &e.output_l2, &e.cosine};
+        for (int i = 0; i < 5; ++i) *m[i] = {n ? sum[i] / double(n) : 0.0, n ? worst[i] : 0.0};
+        e.queries = n;
+        return e;
+    }
+};
+
+struct Reference {
+    std::vector<float> scores, weights, out;
+};
+
+Reference reference(const float* q, int n_q, const float* k, const float* v, size_t n, int d, float scale) {
+    Reference r;
+    r.scores.resize(size_t(n_q) * n);
+    r.out.resize(size_t(n_q) * d);
+    const auto rows = static_cast<Eigen::Index>(n);
+    Map(r.scores.data(), n_q, rows).noalias() = (ConstMap(q, n_q, d) * ConstMap(k, rows, d).transpose()) * scale;
+    r.weights = r.scores;
+    detail::softmax_rows(r.weights.data(), n_q, n, n);
+    Map(r.out.data(), n_q, d).noalias() = Map(r.weights.data(), n_q, rows) * ConstMap(v, rows, d);
+    return r;
+}
+
+struct Prepared {
+    KVFormat format;
+    std::optional<Codec> keys, values;
+    std::string error;
+};
+
+// The data set in a KVCache of one format: every layer, the tokens up to the last query.
+std::unique_ptr<KVCache> fill_cache(const KVData& data, const Prepared& p, size_t n_rows, int block_tokens, uint64_t seed) {
+    CacheConfig c;
+    c.n_layers = data.layers;
+    c.n_kv_heads = data.kv_heads;
+    c.n_heads = data.q_heads;
+    c.head_dim = data.head_dim;
+    c.key_codec = p.format.key_codec;
+    c.value_codec = p.format.value_codec;
+    c.center_keys = p.format.center_keys;
+    c.block_tokens = block_tokens;
+    c.scale = data.softmax_scale();
+    c.threads = 1;
+    c.seed = seed;
+    auto cache = std::make_unique<KVCache>(c);
+    const SequenceId seq = cache->add_sequence();
+    const size_t layer_floats = size_t(data.tokens) * data.kv_heads * data.head_dim;
+    for (int l = 0; l < data.layers; ++l) {
+        cache->append(l, seq, data.k.data() + l * layer_floats, data.v.data() + l * layer_floats, n_rows);
+    }
+    return cache;
+}
+
+// Best-of-`repeats` time of one decode step (KVCache::attend of the last query at the full context, every
+// layer) per format; formats take turns within each repeat so that drifting machine load affects them alike.
+std::vector<double> time_decode(const KVData& data, const std::vector<const Prepared*>& formats, int repeats,
+                                int block_tokens, uint64_t seed) {
+    const size_t n_rows = size_t(data.query_positions.back()) + 1;
+    const int last = data.n_queries() - 1;
+    std::vector<std::unique_ptr<KVCache>> caches;
+    for (const Prepared* p : formats) caches.push_back(fill_cache(data, *p, n_rows, block_tokens, seed));
+    const size_t q_floats = size_t(data.q_heads) * data.head_dim;
+    std::vector<float> out(q_floats);
+    auto steps = [&](size_t f, int calls) {
+        const SequenceId seq = caches[f]->sequences().front();
+        const auto start = std::chrono::steady_clock::now();
+        for (int c = 0; c < calls; ++c) {
+            for (int l = 0; l < data.layers; ++l) {
+                caches[f]->attend(l, seq, data.q.data() + (size_t(l) * data.n_queries() + last) * q_floats, out.data());
+            }
+        }
+        const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start;
+        return dt.count() / calls;
+    };
+    // A sample runs enough steps to last about 20 ms, so that timer resolution and a single preemption
+    // weigh little; the best sample of each format is its time.
+    std::vector<int> calls(formats.size());
+    std::vector<double> best(formats.size());
+    for (size_t f = 0; f < formats.size(); ++f) {
+        best[f] = steps(f, 1);  // also warms caches and the thread's page tables
+        calls[f] = static_cast<int>(std::clamp(0.02 / std::max(best[f], 1e-9), 1.0, 1000.0));
+    }
+    for (int rep = 0; rep < std::max(repeats, 1); ++rep) {
+        for (size_t f = 0; f < formats.size(); ++f) best[f] = std::min(best[f], steps(f, calls[f]));
+    }
+    return best;
+}
+
+}  // namespace
+
+SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& options) {
+    if (options.block_tokens <= 0 || options.top_k <= 0) throw std::invalid_argument("sweep: block_tokens and top_k must be positive");
+    const std::vector<KVFormat> formats = options.formats.empty() ? default_kv_formats() : options.formats;
+    SweepResult result;
+    result.model = options.model.n_layers > 0 ? options.model : model_preset("llama-3-8b");
+    result.timing_method = options.timing ? "KVCache::attend of the last query over every layer (one thread, fused score + online "
+                                            "softmax + accumulate on the codes), best of " + std::to_string(std::max(options.timing_repeats, 1)) +
+                                            " samples of about 20 ms, relative to f16/f16 in the same run"
+                                          : "not timed";
+    const KVFormat f16{"f16", "f16", false};
+    const double fp16_bytes = kv_bytes_per_token(result.model, f16, options.block_tokens);
+
+    size_t total = 0, done = 0;
+    for (const auto& d : data) {
+        d.validate();
+        total += size_t(d.layers) * d.kv_heads + (options.timing ? 1 : 0);
+    }
+    auto step = [&] {
+        ++done;
+        if (options.progress) options.progress(done, total);
+    };
+
+    for (const KVData& d : data) {
+        std::vector<Prepared> prepared;
+        for (const auto& f : formats) {
+            Prepared p{f, {}, {}, {}};
+            try {
+                p.keys = Codec::make(f.key_codec, d.head_dim, options.seed);
+                p.values = Codec::make(f.value_codec, d.head_dim, options.seed);
+            } catch (const std::invalid_argument& e) {
+                p.error = e.what();
+            }
+            prepared.push_back(std::move(p));
+        }
+        std::vector<ErrorAccumulator> acc(prepared.size());
+        const size_t n_rows = size_t(d.query_positions.back()) + 1;
+        const int g = d.group(), dim = d.head_dim;
+        const float scale = d.softmax_scale();
+        std::vector<float> scores, weights, out(size_t(g) * dim);
+        std::vector<uint8_t> prep;
+        for (int l = 0; l < d.layers; ++l) {
+            for (int h = 0; h < d.kv_heads; ++h) {
+                const auto k = d.keys(l, h, n_rows), v = d.values(l, h, n_rows);
+                std::vector<std::vector<float>> q(d.n_queries());
+                std::vector<Reference> ref;
+                for (int i = 0; i < d.n_queries(); ++i) {
+                    q[i] = d.queries(l, h, i);
+                    ref.push_back(reference(q[i].data(), g, k.data(), v.data(), size_t(d.query_positions[i]) + 1, dim, scale));
+                }
+                std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
+                std::map<std::string, std::vector<uint8_t>> value_codes;
+                for (size_t f = 0; f < prepared.size(); ++f) {
+                    const Prepared& p = prepared[f];
+                    if (!p.error.empty()) continue;
+                    auto kc = key_codes.find(p.format.key_label());
+                    if (kc == key_codes.end())
+                        kc = key_codes.emplace(p.format.key_label(), detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens)).first;
+                    auto vc = value_codes.find(p.format.value_codec);
+                    if (vc == value_codes.end()) vc = value_codes.emplace(p.format.value_codec, detail::quantize_values(*p.values, v.data(), n_rows)).first;
+                    for (int i = 0; i < d.n_queries(); ++i) {
+                        const size_t n = size_t(d.query_positions[i]) + 1;
+                        scores.resize(size_t(g) * n);
+                        weights.resize(size_t(g) * n);
+                        detail::quantized_attention(*p.keys, kc->second, *p.values, vc->second, q[i].data(), g, n, scale, prep,
+                                                    scores.data(), weights.data(), out.data());
+                        acc[f].add(compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(), scores.data(),
+                                                     weights.data(), out.data(), g, n, dim, options.top_k));
+                    }
+                }
+                step();
+            }
+        }
+
+        std::vector<double> seconds(prepared.size(), 0.0);
+        double f16_seconds = 0;
+        if (options.timing) {
+            // The f16/f16 row is the baseline; it is timed once more only if the sweep does not include it.
+            std::vector<const Prepared*> timed;
+            size_t baseline_index = SIZE_MAX;
+            for (const auto& p : prepared) {
+                if (!p.error.empty()) continue;
+                if (p.format.label() == f16.label()) baseline_index = timed.size();
+                timed.push_back(&p);
+            }
+            Prepared baseline{f16, Codec::make("f16", dim, options.seed), Codec::make("f16", dim, options.seed), {}};
+            if (baseline_index == SIZE_MAX) {
+                baseline_index = timed.size();
+                timed.push_back(&baseline);
+            }
+            const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens, options.seed);
+            f16_seconds = t[baseline_index];
+            for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
+                if (prepared[f].error.empty()) seconds[f] = t[j++];
+            }
+            step();
+        }
+
+        for (size_t f = 0; f < prepared.size(); ++f) {
+            const Prepared& p = prepared[f];
+            SweepRow row;
+            row.dataset = d.name;
+            row.format = p.format;
+            row.head_dim = dim;
+            row.error = p.error;
+            if (p.error.empty()) {
+                row.key_bits = p.format.key_bits(dim, options.block_tokens);
+                row.value_bits = p.format.value_bits(dim);
+                row.errors = acc[f].result();
+                row.decode_seconds = seconds[f];
+                row.decode_vs_f16 = f16_seconds > 0 ? seconds[f] / f16_seconds : 0.0;
+            }
+            try {
+                row.bytes_per_token = kv_bytes_per_token(result.model, p.format, options.block_tokens);
+                row.compression = fp16_bytes / row.bytes_per_token;
+            } catch (const std::invalid_argument&) {
+                row.bytes_per_token = row.compression = 0;  // the codec cannot take the model's head size
+            }
+            result.rows.push_back(std::move(row));
+        }
+    }
+    return result;
+}
+
+}  // namespace kvq

@@ -1,0 +1,207 @@
+"""The ``kvq`` command: accuracy-vs-compression tables, the memory planner, and the codec table.
+
+    kvq table                      # gaussian and llm data, the default K/V pairs, Markdown
+    kvq table --data npy:dump/ --pairs q8_0/q4_0,q4_0+rot+center/q4_0 --format csv
+    kvq table --plot errors.png    # also draw error against bits per value (needs matplotlib)
+    kvq plan --model llama-3-70b --context 131072 --batch 8
+    kvq plan --config path/to/config.json
+    kvq info
+
+The work happens in C++ (lib/eval, through kvq._core); this module parses arguments, shows progress and
+draws the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Sequence
+
+from . import _core
+
+DEFAULT_DATA = ["gaussian", "llm"]
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr with elapsed time and an estimate of the time left."""
+
+    def __init__(self, stream=sys.stderr, width: int = 30):
+        self.stream, self.width, self.start = stream, width, time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        elapsed = time.monotonic() - self.start
+        filled = self.width * done // max(total, 1)
+        left = f", ~{elapsed / done * (total - done):.0f}s left" if 0 < done < total else ""
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}  {elapsed:.0f}s{left}   ")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _pairs(values: list[str] | None) -> list[str] | None:
+    """--pairs may be repeated and each value may hold several comma-separated pairs."""
+    if not values:
+        return None
+    return [p for v in values for p in v.split(",") if p]
+
+
+def _cross(keys: str | None, values: str | None) -> list[str]:
+    ks = [k for k in (keys or "q8_0").split(",") if k]
+    vs = [v for v in (values or "q4_0").split(",") if v]
+    return [f"{k}/{v}" for k in ks for v in vs]
+
+
+def plot_sweep(rows: list[dict], path: str) -> None:
+    """Error against bits per value, one panel per data set and metric, a labelled point per K/V pair:
+    the KL of the attention weights against key bits, the output error against the mean of K and V bits."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SystemExit("kvq table --plot needs matplotlib: pip install matplotlib (or pip install 'kvq[plot]')") from e
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    # The attention weights depend on the keys alone; the output on both.
+    metrics = [
+        ("kl_mean", "KL(ref ‖ quant) of attention weights, mean, nats", "key bits per value, everything stored",
+         lambda r: r["key_bits"]),
+        ("output_err_mean", "output relative L2 error, mean", "bits per value, (K + V) / 2, everything stored",
+         lambda r: (r["key_bits"] + r["value_bits"]) / 2),
+    ]
+    fig, axes = plt.subplots(len(metrics), len(datasets), figsize=(6.5 * len(datasets), 4.5 * len(metrics)), squeeze=False)
+    for col, name in enumerate(datasets):
+        points = [r for r in rows if r["dataset"] == name and not r["error"]]
+        for row_i, (metric, label, x_label, x_of) in enumerate(metrics):
+            ax = axes[row_i][col]
+            for r in points:
+                bits = x_of(r)
+                y = max(r[metric], 1e-9)
+                ax.scatter(bits, y, s=18)
+                ax.annotate(r["pair"], (bits, y), fontsize=7, xytext=(3, 2), textcoords="offset points")
+            ax.set_yscale("log")
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(label)
+            ax.set_title(name if len(name) < 48 else name[:45] + "...")
+            ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    pairs = _pairs(args.pairs)
+    if pairs and (args.keys or args.values):
+        raise ValueError("give --pairs or --keys/--values, not both")
+    if args.keys or args.values:
+        pairs = _cross(args.keys, args.values)
+    show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    result = _core.sweep(
+        args.data or DEFAULT_DATA,
+        pairs,
+        model=args.model,
+        timing=not args.no_timing,
+        repeats=args.repeats,
+        data_seed=args.seed,
+        progress=ProgressBar() if show_progress else None,
+    )
+    text = result.format(args.format)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    if args.plot:
+        plot_sweep(result.rows, args.plot)
+        print(f"kvq table: plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.list:
+        presets = _core.model_presets()
+        if args.format == "json":
+            sys.stdout.write(json.dumps(presets, indent=1) + "\n")
+        else:
+            for m in presets:
+                print(f"{m['name']}: {m['description']}")
+        return 0
+    if args.config and args.model:
+        raise ValueError("give --model or --config, not both")
+    plan = _core.plan(args.config or args.model or "llama-3-8b", _pairs(args.pairs), context=args.context, batch=args.batch)
+    sys.stdout.write(plan.format(args.format))
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    sys.stdout.write(_core.codec_table(args.format, args.head_dim))
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvq", description="Quantized KV cache: accuracy tables, memory planner, codec table.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    formats = ["markdown", "csv", "json"]
+
+    t = sub.add_parser("table", help="error against the FP32 reference and decode time for K/V codec pairs")
+    t.add_argument("--data", nargs="+", action="extend", metavar="SPEC",
+                   help="data sets: gaussian, llm (both take knobs, e.g. llm:tokens=4096,rope=0), npy:DIR "
+                        "(default: gaussian llm)")
+    t.add_argument("--pairs", action="append", metavar="K/V,...",
+                   help="K/V codec pairs, e.g. q8_0/q4_0,q4_0+rot+center/q4_0 (default: kvq.default_pairs())")
+    t.add_argument("--keys", metavar="A,B", help="key codecs, crossed with --values")
+    t.add_argument("--values", metavar="C,D", help="value codecs, crossed with --keys")
+    t.add_argument("--model", default="llama-3-8b", help="model preset or config.json for bytes per token (default llama-3-8b)")
+    t.add_argument("--format", choices=formats, default="markdown")
+    t.add_argument("--output", metavar="FILE", help="write the table to FILE instead of stdout")
+    t.add_argument("--plot", metavar="FILE.png", help="draw error against bits per value (matplotlib)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the synthetic data sets (default 0)")
+    t.add_argument("--no-timing", action="store_true", help="skip the decode timing")
+    t.add_argument("--repeats", type=_positive, default=10, help="decode timing: best of this many samples (default 10)")
+    t.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")
+    t.add_argument("--no-progress", dest="progress", action="store_false")
+    t.set_defaults(func=cmd_table)
+
+    p = sub.add_parser("plan", help="KV-cache memory for a model, context and batch, per K/V pair, next to fp16")
+    p.add_argument("--model", help="preset name (see --list) or path to a config.json (default llama-3-8b)")
+    p.add_argument("--config", metavar="CONFIG", help="a Hugging Face config.json (or a directory holding one)")
+    p.add_argument("--context", type=_positive, default=8192, help="tokens per sequence (default 8192)")
+    p.add_argument("--batch", type=_positive, default=1, help="sequences (default 1)")
+    p.add_argument("--pairs", action="append", metavar="K/V,...", help="K/V codec pairs (default: kvq.default_pairs())")
+    p.add_argument("--format", choices=formats, default="markdown")
+    p.add_argument("--list", action="store_true", help="list the model presets")
+    p.set_defaults(func=cmd_plan)
+
+    i = sub.add_parser("info", help="the codec table and the SIMD level in use")
+    i.add_argument("--format", choices=formats, default="markdown")
+    i.add_argument("--head-dim", type=_positive, default=128, help="head size for bits per value (default 128)")
+    i.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as e:
+        print(f"kvq {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\nkvq {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+// The sweep behind `kvq table`: exact formats give no error, fewer bits give more, +rot and +center do
+// what they are for on the data they are for, and the CSV and JSON forms parse.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "eval/json_reader.hpp"
+#include "eval/quantized_attention.hpp"
+#include "kvq/cache.hpp"
+#include "kvq/report.hpp"
+#include "kvq/sweep.hpp"
+
+namespace {
+
+kvq::SweepResult sweep(const std::string& data, const std::string& pairs, bool timing = false) {
+    kvq::SweepOptions o;
+    o.formats = kvq::parse_kv_formats(pairs);
+    o.timing = timing;
+    o.timing_repeats = 1;
+    return kvq::run_sweep({kvq::make_dataset(data)}, o);
+}
+
+const kvq::SweepRow& row(const kvq::SweepResult& r, const std::string& label) {
+    for (const auto& x : r.rows) {
+        if (x.format.label() == label) return x;
+    }
+    throw std::logic_error("no row " + label);
+}
+
+// RFC 4180 fields of one line (quotes, doubled quotes).
+std::vector<std::string> csv_fields(const std::string& line) {
+    std::vector<std::string> out(1);
+    bool quoted = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+        const char c = line[i];
+        if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') out.back() += '"', ++i;
+        else if (c == '"') quoted = !quoted;
+        else if (c == ',' && !quoted) out.emplace_back();
+        else out.back() += c;
+    }
+    return out;
+}
+
+const char* kSmall = "llm:layers=1,kv_heads=2,tokens=256,query_positions=2";
+
+}  // namespace
+
+TEST_CASE("sweep: f32 is exact, also with centered keys; fewer bits give more error") {
+    const auto r = sweep(kSmall, "f32/f32,f32+center/f32,q8_0/q8_0,q4_0/q4_0");
+    CHECK(row(r, "f32/f32").errors.kl.worst < 1e-6);
+    CHECK(row(r, "f32/f32").errors.output_l2.worst < 1e-5);
+    // Centering subtracts the block mean and adds q·mean back: exact up to float rounding.
+    CHECK(row(r, "f32+center/f32").errors.kl.worst < 1e-5);
+    CHECK(row(r, "f32+center/f32").errors.score_rmse.worst < 1e-4);
+    CHECK(row(r, "q8_0/q8_0").errors.kl.mean > 0);
+    CHECK(row(r, "q8_0/q8_0").errors.kl.mean < row(r, "q4_0/q4_0").errors.kl.mean);
+    CHECK(row(r, "q8_0/q8_0").errors.output_l2.mean < row(r, "q4_0/q4_0").errors.output_l2.mean);
+    CHECK(row(r, "q4_0/q4_0").errors.queries == 2 * 4 * 2);  // kv heads × group × positions
+}
+
+TEST_CASE("sweep: +center rescues 4-bit keys with a large per-channel bias, +rot keys with outlier channels") {
+    const auto biased = sweep("llm:layers=1,kv_heads=4,tokens=512,rope=0,key_bias=6,outlier_channels=0", "q4_0/f32,q4_0+center/f32");
+    CHECK(row(biased, "q4_0+center/f32").errors.kl.mean < 0.5 * row(biased, "q4_0/f32").errors.kl.mean);
+    const auto outliers = sweep("llm:layers=1,kv_heads=4,tokens=512,key_bias=0", "q4_0/f32,q4_0+rot/f32");
+    CHECK(row(outliers, "q4_0+rot/f32").errors.kl.mean < 0.5 * row(outliers, "q4_0/f32").errors.kl.mean);
+}
+
+TEST_CASE("sweep: bits, bytes per token and compression count everything stored") {
+    const auto r = sweep(kSmall, "f16/f16,q8_0/q4_0,q4_0+center/q4_0");
+    CHECK(row(r, "q4_0+center/q4_0").key_bits == 5.0);
+    CHECK(row(r, "q8_0/q4_0").key_bits == 8.5);
+    CHECK(row(r, "q8_0/q4_0").value_bits == 4.5);
+    CHECK(r.model.name == "llama-3-8b");
+    CHECK(row(r, "f16/f16").bytes_per_token == 128 * 1024);
+    CHECK(row(r, "f16/f16").compression == 1.0);
+    CHECK(row(r, "q8_0/q4_0").compression == doctest::Approx(16.0 * 2 / (8.5 + 4.5)));
+}
+
+TEST_CASE("sweep: decode time is measured against f16 in the same run, or not at all") {
+    const auto untimed = sweep(kSmall, "q8_0/q4_0");
+    CHECK(untimed.rows[0].decode_seconds == 0);
+    const auto timed = sweep(kSmall, "f16/f16,q8_0/q4_0", true);
+    CHECK(row(timed, "f16/f16").decode_seconds > 0);
+    CHECK(row(timed, "q8_0/q4_0").decode_vs_f16 > 0);
+}
+
+TEST_CASE("sweep: a codec that cannot take the head size gives an error row; progress reaches the total") {
+    kvq::SweepOptions o;
+    o.formats = kvq::parse_kv_formats("f16/f16,q4_0/q4_0");
+    o.timing = true;
+    o.timing_repeats = 1;
+    size_t calls = 0, last_done = 0, last_total = 0;
+    o.progress = [&](size_t done, size_t total) {
+        ++calls;
+        last_done = done;
+        last_total = total;
+    };
+    const auto r = kvq::run_sweep({kvq::make_dataset("llm:layers=2,kv_heads=2,tokens=128,head_dim=48")}, o);
+    CHECK(row(r, "f16/f16").error.empty());
+    CHECK(row(r, "q4_0/q4_0").error.find("multiple of 32") != std::string::npos);
+    CHECK(calls == 2 * 2 + 1);  // layers × kv heads, then the timing
+    CHECK(last_done == last_total);
+}
+
+TEST_CASE("sweep output: CSV and JSON parse, with one record per row") {
+    kvq::SweepOptions o;
+    o.formats = kvq::parse_kv_formats("f16/f16,q8_0/q4_0,q4_0+rot+center/q4_0");
+    o.timing = false;
+    const auto r = kvq::run_sweep({kvq::make_dataset(kSmall), kvq::make_dataset("llm:layers=1,kv_heads=1,tokens=64,head_dim=48")}, o);
+    REQUIRE(r.rows.size() == 6);
+
+    std::istringstream csv(kvq::format_sweep(r, kvq::TableFormat::csv));
+    std::string line;
+    std::getline(csv, line);
+    const auto header = csv_fields(line);
+    CHECK(header.front() == "dataset");
+    CHECK(header.back() == "error");
+    size_t n = 0;
+    while (std::getline(csv, line)) {
+        const auto fields = csv_fields(line);
+        CHECK(fields.size() == header.size());
+        ++n;
+    }
+    CHECK(n == r.rows.size());
+
+    const auto json = kvq::detail::parse_json(kvq::format_sweep(r, kvq::TableFormat::json));
+    const auto* rows = json.find("rows")->as_array();
+    REQUIRE(rows);
+    REQUIRE(rows->size() == r.rows.size());
+    CHECK(*(*rows)[2].find("key")->as_string() == "q4_0+rot");
+    CHECK(*(*rows)[2].find("key_centered")->as_bool());
+    CHECK(*(*rows)[2].find("key_bits")->as_number() == 5.0);
+    CHECK((*rows)[4].find("kl_mean")->is_null());  // q8_0 cannot take head_dim 48
+    CHECK(*json.find("model")->find("name")->as_string() == "llama-3-8b");
+
+    const std::string md = kvq::format_sweep(r, kvq::TableFormat::markdown);
+    CHECK(md.find("| llm:layers=1,kv_heads=2,tokens=256,query_positions=2 | q4_0+rot+center | q4_0 | 5.00 | 4.50 |") != std::string::npos);
+}
+
+TEST_CASE("plan and info output parse as JSON") {
+    const auto m = kvq::model_preset("gemma-3-27b");
+    const auto rows = kvq::plan_memory(m, kvq::default_kv_formats(), {.context = 4096, .batch = 2});
+    const auto plan = kvq::detail::parse_json(kvq::format_plan(m, rows, {.context = 4096, .batch = 2}, kvq::TableFormat::json));
+    CHECK(plan.find("rows")->as_array()->size() == rows.size());
+    CHECK(*plan.find("context")->as_number() == 4096);
+    const auto info = kvq::detail::parse_json(kvq::format_codec_info(kvq::TableFormat::json));
+    CHECK(info.find("codecs")->as_array()->size() == kvq::codec_names().size());
+    CHECK(info.find("simd_level")->as_string());
+}
+
+TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center and +rot included") {
+    const auto d = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=256,query_positions=1");
+    const size_t n = 256;
+    const int dim = d.head_dim, g = d.group();
+    for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3"}) {
+        CAPTURE(pair);
+        const auto f = kvq::KVFormat::parse(pair);
+        kvq::CacheConfig c;
+        c.n_kv_heads = d.kv_heads;
+        c.n_heads = d.q_heads;
+        c.head_dim = dim;
+        c.key_codec = f.key_codec;
+        c.value_codec = f.value_codec;
+        c.center_keys = f.center_keys;
+        kvq::KVCache cache(c);
+        const auto seq = cache.add_sequence();
+        cache.append(0, seq, d.k.data(), d.v.data(), n);
+        std::vector<float> from_cache(size_t(d.q_heads) * dim);
+        cache.attend(0, seq, d.q.data(), from_cache.data());
+
+        const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
+        for (int h = 0; h < d.kv_heads; ++h) {
+            const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
+            const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
+            const auto vc = kvq::detail::quantize_values(values, v.data(), n);
+            std::vector<float> scores(g * n), weights(g * n), out(g * dim);
+            std::vector<uint8_t> prep;
+            kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, n, d.softmax_scale(), prep, scores.data(),
+                                             weights.data(), out.data());
+            double diff = 0, norm = 0;
+            for (int i = 0; i < g * dim; ++i) {
+                const double x = from_cache[size_t(h) * g * dim + i];
+                diff += (out[i] - x) * (out[i] - x);
+                norm += x * x;
+            }
+            CHECK(std::sqrt(diff / norm) < 1e-4);
+        }
+    }
+}
