@@ -3,7 +3,7 @@
 # pybind11) with apt-get, and Python tools with pip. Does nothing when everything is present.
 set -euo pipefail
 
-debs=(g++ make libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev)
+debs=(g++ make pkg-config libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -108,6 +108,8 @@ public:
     const detail::CodecImpl& impl() const { return *impl_; }
 
 private:
+    void check_range(const float* x, size_t n_rows) const;  // throws for a row beyond input_limit()
+
     std::shared_ptr<const detail::CodecImpl> impl_;
     std::string name_;
     int head_dim_ = 0;

@@ -3,10 +3,12 @@
 #include "kvq/codec.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
+#include "../simd/dispatch.hpp"
 #include "rotated.hpp"
 #include "table.hpp"
 
@@ -74,31 +76,42 @@ size_t Codec::query_bytes() const { return impl_->query_bytes(); }
 
 InputLimit Codec::input_limit() const { return impl_->input_limit(); }
 
+void Codec::check_range(const float* x, size_t n_rows) const {
+    const InputLimit limit = input_limit();
+    if (!limit.on_norm && limit.max_abs == FLT_MAX) return;  // every finite value fits
+    for (size_t r = 0; r < n_rows; ++r) {
+        const float* row = x + r * head_dim_;
+        double size = 0.0;
+        if (limit.on_norm) {
+            for (int j = 0; j < head_dim_; ++j) size += double(row[j]) * row[j];
+            size = std::sqrt(size);
+        } else {
+            for (int j = 0; j < head_dim_; ++j) size = std::max(size, double(std::fabs(row[j])));
+        }
+        if (size > limit.max_abs) {
+            fail(name_, "quantize_rows: row " + std::to_string(r) + (limit.on_norm ? " has L2 norm " : " has |x| = ") +
+                            std::to_string(size) + ", beyond the codec's range " + std::to_string(limit.max_abs) +
+                            " (a stored fp16 field would overflow)");
+        }
+    }
+}
+
 void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride, NanPolicy nan) const {
     if (n_rows == 0) return;
     require(x && dst, name_, "quantize_rows: null pointer");
     if (dst_stride == 0) dst_stride = row_bytes();
     require(dst_stride >= row_bytes(), name_, "quantize_rows: dst_stride is smaller than row_bytes()");
     if (nan == NanPolicy::reject) {
-        const InputLimit limit = input_limit();
-        for (size_t r = 0; r < n_rows; ++r) {
-            const float* row = x + r * head_dim_;
-            double amax = 0.0, sum_squares = 0.0;
-            for (int j = 0; j < head_dim_; ++j) {
-                if (!std::isfinite(row[j])) {
-                    fail(name_, "quantize_rows: value " + std::to_string(j) + " of row " + std::to_string(r) +
-                                    " is not finite (NaN or Inf)");
+        const size_t n = n_rows * head_dim_;
+        if (!detail::all_finite(x, n)) {  // vectorized; the scalar pass only runs to name the bad value
+            for (size_t i = 0; i < n; ++i) {
+                if (!std::isfinite(x[i])) {
+                    fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
+                                    std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
                 }
-                amax = std::max(amax, std::fabs(double(row[j])));
-                sum_squares += double(row[j]) * row[j];
-            }
-            const double size = limit.on_norm ? std::sqrt(sum_squares) : amax;
-            if (size > limit.max_abs) {
-                fail(name_, "quantize_rows: row " + std::to_string(r) + (limit.on_norm ? " has L2 norm " : " has |x| = ") +
-                                std::to_string(size) + ", beyond the codec's range " +
-                                std::to_string(limit.max_abs) + " (a stored fp16 field would overflow)");
             }
         }
+        check_range(x, n_rows);
     }
     impl_->quantize_rows(x, n_rows, static_cast<uint8_t*>(dst), dst_stride);
 }
@@ -115,9 +128,8 @@ void Codec::prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan) 
     require(n_q >= 0, name_, "prepare_queries: n_q is negative");
     if (n_q == 0) return;
     require(q && prep, name_, "prepare_queries: null pointer");
-    for (size_t i = 0; nan == NanPolicy::reject && i < static_cast<size_t>(n_q) * head_dim_; ++i) {
-        require(std::isfinite(q[i]), name_, "prepare_queries: query is not finite (NaN or Inf)");
-    }
+    require(nan == NanPolicy::propagate || detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_), name_,
+            "prepare_queries: query is not finite (NaN or Inf)");
     impl_->prepare_queries(q, n_q, static_cast<uint8_t*>(prep));
 }
 

@@ -7,6 +7,7 @@
 
 #include "blocks.hpp"
 #include "half.hpp"
+#include "kernels.hpp"
 
 namespace kvq::detail {
 
@@ -100,8 +101,5 @@ void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* 
         }
     }
 }
-
-// The query side of every quantized-key codec: int8 per block, float scale d = amax/127.
-void prepare_query_q8(const float* q, uint8_t* prep, int64_t n);
 
 }  // namespace kvq::detail

@@ -1,6 +1,8 @@
 #include "dispatch.hpp"
 
+#include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -34,11 +36,69 @@ std::atomic<int>& current_level() {
     return level;
 }
 
+// The kernels compiled for a level in this build (nullptr if none), whether or not this CPU can run them.
+const LevelKernels* compiled_level(SimdLevel level) {
+    switch (level) {
+#if defined(KVQ_SIMD_X86)
+        case SimdLevel::sse2: return &level_sse2();
+        case SimdLevel::avx2: return &level_avx2();
+        case SimdLevel::avx512: return &level_avx512();
+#elif defined(KVQ_SIMD_NEON)
+        case SimdLevel::neon: return &level_neon();
+#endif
+        default: return nullptr;
+    }
+}
+
+bool cpu_runs(SimdLevel level) {
+    switch (level) {
+        case SimdLevel::scalar: return true;
+#if defined(KVQ_SIMD_X86)
+        case SimdLevel::sse2: return __builtin_cpu_supports("sse2");
+        // __builtin_cpu_supports reads cpuid and also checks that the OS saves the wide registers.
+        case SimdLevel::avx2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        case SimdLevel::avx512:
+            return cpu_runs(SimdLevel::avx2) && __builtin_cpu_supports("avx512f") &&
+                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("avx512dq");
+#elif defined(KVQ_SIMD_NEON)
+        case SimdLevel::neon: return true;  // part of every arm64 CPU
+#endif
+        default: return false;
+    }
+}
+
+// Compiled and supported by this CPU, decided once. A level's kernels are not even constructed on a CPU
+// that cannot run them (its file may use the wider instructions anywhere).
+const LevelKernels* runnable_level(SimdLevel level) {
+    static const auto table = [] {
+        std::array<const LevelKernels*, 5> t{};
+#if defined(KVQ_SIMD_X86)
+        __builtin_cpu_init();  // may run before libgcc's own initializer (static initialization order)
+#endif
+        for (SimdLevel l : {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::neon}) {
+            t[static_cast<int>(l)] = cpu_runs(l) ? compiled_level(l) : nullptr;
+        }
+        return t;
+    }();
+    return table[static_cast<int>(level)];
+}
+
 }  // namespace
 
 const BlockKernels* level_kernels(BlockCodec c, SimdLevel level) {
     if (level == SimdLevel::scalar) return &scalar_kernels(c);
-    return nullptr;  // SIMD levels register here (lib/simd/)
+    const LevelKernels* k = runnable_level(level);
+    return k ? &k->codec[static_cast<int>(c)] : nullptr;
+}
+
+bool all_finite(const float* x, size_t n) {
+    if (const LevelKernels* k = runnable_level(simd_level())) return k->all_finite(x, n);
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(x[i])) return false;
+    }
+    return true;
 }
 
 const BlockKernels& active_kernels(BlockCodec c) {
@@ -67,7 +127,13 @@ SimdLevel parse_simd_level(std::string_view name) {
                                 "' (expected scalar, sse2, avx2, avx512 or neon)");
 }
 
-std::vector<SimdLevel> available_simd_levels() { return {SimdLevel::scalar}; }
+std::vector<SimdLevel> available_simd_levels() {
+    std::vector<SimdLevel> levels{SimdLevel::scalar};
+    for (SimdLevel l : {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::neon}) {
+        if (detail::runnable_level(l)) levels.push_back(l);
+    }
+    return levels;
+}
 
 SimdLevel simd_level() { return static_cast<SimdLevel>(detail::current_level().load()); }
 

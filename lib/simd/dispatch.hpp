@@ -8,6 +8,19 @@
 
 namespace kvq::detail {
 
+// The kernels of one SIMD level, made by lib/simd/level_<isa>.cpp (each compiled with its own flags).
+struct LevelKernels {
+    BlockKernels codec[static_cast<int>(BlockCodec::count)];
+    bool (*all_finite)(const float* x, size_t n);  // no NaN or Inf in x[0..n)
+};
+const LevelKernels& level_sse2();
+const LevelKernels& level_avx2();
+const LevelKernels& level_avx512();
+const LevelKernels& level_neon();
+
+// True if x[0..n) holds no NaN or Inf (vectorized at the active level).
+bool all_finite(const float* x, size_t n);
+
 // The kernels of codec c at the active level (falling back to the scalar specification where a level
 // has no kernel for c).
 const BlockKernels& active_kernels(BlockCodec c);

@@ -1,0 +1,32 @@
+# cmake --install: headers, libkvq.a and libkvq.so, a CMake package (find_package(kvq CONFIG), targets
+# kvq::kvq = shared, kvq::kvq_static = static) and a pkg-config file. Both are relocatable, so
+# `cmake --install build --prefix DIR` works for any DIR. Eigen and xsimd are build-time only: the
+# installed package depends on nothing but Threads.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(KVQ_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvq)
+set_target_properties(kvq PROPERTIES EXPORT_NAME kvq_static)
+set_target_properties(kvq_shared PROPERTIES EXPORT_NAME kvq)
+
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/kvq DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS kvq kvq_shared EXPORT kvqTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT kvqTargets NAMESPACE kvq:: DESTINATION ${KVQ_CMAKE_DIR})
+
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/kvqConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/kvqConfig.cmake INSTALL_DESTINATION ${KVQ_CMAKE_DIR})
+# 0.x: the C ABI may change between minor versions, so only the same minor version is compatible.
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/kvqConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvqConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/kvqConfigVersion.cmake
+  DESTINATION ${KVQ_CMAKE_DIR})
+
+# kvq.pc finds its prefix from its own location (${pcfiledir}).
+file(RELATIVE_PATH KVQ_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+string(REGEX REPLACE "/$" "" KVQ_PC_TO_PREFIX "${KVQ_PC_TO_PREFIX}")
+configure_file(${CMAKE_CURRENT_LIST_DIR}/kvq.pc.in ${CMAKE_CURRENT_BINARY_DIR}/kvq.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvq.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

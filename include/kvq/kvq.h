@@ -1,0 +1,294 @@
+/* kvq — C API.
+ *
+ * For engines written in C, or in C++ that want a stable boundary: opaque handles, status codes, no
+ * exceptions across the boundary, a thread-local message for the last error. Everything the C++ headers
+ * offer for embedding is here: the codec table, codecs working on rows (byte buffers in the codecs'
+ * layouts; for q8_0, q4_0, q4_1, q5_0, q5_1 these are ggml's blocks), attention over rows an engine owns,
+ * and the block-wise KV cache.
+ *
+ *   kvq_cache_params p = kvq_cache_params_default();
+ *   p.n_layers = 32; p.n_kv_heads = 8; p.n_heads = 32; p.head_dim = 128;
+ *   kvq_cache* cache;
+ *   if (kvq_cache_create(&p, &cache) != KVQ_OK) fprintf(stderr, "%s\n", kvq_last_error());
+ *   int64_t seq; kvq_cache_add_sequence(cache, &seq);
+ *   kvq_cache_append(cache, layer, seq, k, v, 1);   k, v: n_tokens × n_kv_heads × head_dim floats
+ *   kvq_cache_attend(cache, layer, seq, q, out);    q, out: n_heads × head_dim floats
+ *   kvq_cache_destroy(cache);
+ *
+ * Errors. Every function that can fail returns a kvq_status. On failure nothing was changed (no output
+ * written except the message, no cache state touched) and kvq_last_error() returns a message naming the
+ * problem. The message belongs to the calling thread and stays valid until that thread's next failing kvq
+ * call; successful calls leave it alone.
+ *
+ * Threads. A kvq_codec is immutable: use it from any number of threads. A kvq_cache follows the C++
+ * KVCache rules (kvq/cache.hpp): different sequences may be appended to, attended and truncated from
+ * different threads at once; operations on one sequence must not overlap with a writer of it.
+ *
+ * ABI notes (how engines upgrade safely).
+ *  - Within one major version the C ABI only grows: functions, status codes and enum values are added,
+ *    never changed or removed; an engine built against an older kvq.h runs with a newer library.
+ *    Check kvq_version() >> 16 == KVQ_VERSION_MAJOR at start-up.
+ *  - Structs that cross the boundary start with `size_t size`, which the caller sets to sizeof the struct
+ *    as compiled (kvq_cache_params_default(), kvq_codec_info_init() and kvq_pool_stats_init() do it).
+ *    New fields are only ever appended, and input structs have no implicit padding (explicit reserved
+ *    fields instead), so every byte past an older release's sizeof is a field. The
+ *    library reads and writes only the first `size` bytes: fields an older caller does not know take
+ *    their defaults on input and are not written on output. A size smaller than the first release's
+ *    struct is rejected with KVQ_ERR_INVALID_ARGUMENT, and so is an input struct from a newer header
+ *    whose fields unknown to this library are not all zero.
+ *  - Handles (kvq_codec, kvq_cache) are opaque; their layout may change in any release.
+ *  - Enums are passed as int32_t fields, so adding values never changes a struct's size.
+ *  - The C++ API (the kvq/<name>.hpp headers) is also exported from the shared library for convenience, but has no ABI
+ *    guarantee across releases: C++ users rebuild against the headers of the library they run, or link
+ *    the static library.
+ */
+#ifndef KVQ_KVQ_H
+#define KVQ_KVQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KVQ_VERSION_MAJOR 0
+#define KVQ_VERSION_MINOR 1
+#define KVQ_VERSION_PATCH 0
+/* (major << 16) | (minor << 8) | patch, comparable with kvq_version(). */
+#define KVQ_VERSION ((KVQ_VERSION_MAJOR << 16) | (KVQ_VERSION_MINOR << 8) | KVQ_VERSION_PATCH)
+#define KVQ_VERSION_STRING "0.1.0"
+
+/* The default rotation seed of +rot, polar and turbo codecs (kvq::kDefaultSeed, "kvq_rot!"). */
+#define KVQ_DEFAULT_SEED UINT64_C(0x6b76715f726f7421)
+
+/* Exported from libkvq.so even when an engine compiles the library with -fvisibility=hidden. */
+#if defined(__GNUC__)
+#  define KVQ_API __attribute__((visibility("default")))
+#else
+#  define KVQ_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status, errors, version ------------------------------------------------------------------ */
+
+typedef enum kvq_status {
+    KVQ_OK = 0,
+    KVQ_ERR_INVALID_ARGUMENT = 1, /* null pointer, struct size, shape, stride, n_tokens out of range */
+    KVQ_ERR_BAD_PARAMS = 2,       /* cache parameters inconsistent, or a codec spec's parameters */
+    KVQ_ERR_UNKNOWN_CODEC = 3,    /* codec name not in the codec table */
+    KVQ_ERR_BAD_HEAD_DIM = 4,     /* head_dim the codec cannot take (e.g. not a multiple of its block) */
+    KVQ_ERR_POOL_EXHAUSTED = 5,   /* no free block in a pool with max_blocks set (kvq::PoolExhausted) */
+    KVQ_ERR_BAD_SEQUENCE = 6,     /* sequence id not in the cache */
+    KVQ_ERR_BAD_LAYER = 7,        /* layer outside 0..n_layers-1 */
+    KVQ_ERR_NON_FINITE = 8,       /* NaN or Inf in keys, values or queries (nan_policy = reject) */
+    KVQ_ERR_OUT_OF_MEMORY = 9,    /* an allocation failed */
+    KVQ_ERR_INTERNAL = 10         /* anything else; the message says what */
+} kvq_status;
+
+/* The message of this thread's last failing kvq call ("" if none). Never NULL. */
+KVQ_API const char* kvq_last_error(void);
+/* A short constant name for a status ("KVQ_ERR_POOL_EXHAUSTED"); "unknown status" for other values. */
+KVQ_API const char* kvq_status_name(kvq_status status);
+
+/* The library's version as KVQ_VERSION encodes it, and as a string. Compare with the header's macros to
+ * detect a header/library mismatch. */
+KVQ_API uint32_t kvq_version(void);
+KVQ_API const char* kvq_version_string(void);
+
+/* ---- the codec table -------------------------------------------------------------------------- */
+
+/* One row of the codec table. Grows by appending fields (see the ABI notes). */
+typedef struct kvq_codec_info {
+    size_t size;             /* caller sets sizeof(kvq_codec_info); kvq_codec_info_init() does */
+    const char* name;        /* e.g. "q4_0"; static storage */
+    int32_t block;           /* values per block: head_dim must be a multiple */
+    int32_t bytes_per_block; /* bytes of one block (codecs with a per-row header: see kvq_codec_spec_row_bytes) */
+    double bits_per_value;   /* 8 · bytes_per_block / block, every scale and offset included */
+    int32_t ggml_layout;     /* 1: row bytes are ggml's blocks of the type with the same name */
+    const char* layout;      /* one line describing the bytes; static storage */
+} kvq_codec_info;
+
+static inline kvq_codec_info kvq_codec_info_init(void) {
+    kvq_codec_info info;
+    memset(&info, 0, sizeof info);
+    info.size = sizeof(kvq_codec_info);
+    return info;
+}
+
+/* Number of rows in the codec table; ids are 0..count-1, in table order. */
+KVQ_API int32_t kvq_codec_count(void);
+/* Table row of an id. */
+KVQ_API kvq_status kvq_codec_get_info(int32_t id, kvq_codec_info* info);
+/* Id of a table name (a base name, without ":params" or "+rot"); KVQ_ERR_UNKNOWN_CODEC if absent. */
+KVQ_API kvq_status kvq_codec_lookup(const char* name, int32_t* id);
+/* Bytes of one row of head_dim values for a codec spec ("name[:params][+rot]"). */
+KVQ_API kvq_status kvq_codec_spec_row_bytes(const char* spec, int32_t head_dim, size_t* row_bytes);
+
+/* ---- codecs on rows --------------------------------------------------------------------------- */
+
+/* A codec for one head size: quantizes, dequantizes, scores and accumulates rows of head_dim values.
+ * Rows are byte buffers in the codec's layout, kvq_codec_row_bytes() each; a stride of 0 means packed. */
+typedef struct kvq_codec kvq_codec;
+
+/* spec: "name[:params][+rot]"; seed: the rotation seed (KVQ_DEFAULT_SEED unless you need another). */
+KVQ_API kvq_status kvq_codec_create(const char* spec, int32_t head_dim, uint64_t seed, kvq_codec** codec);
+KVQ_API void kvq_codec_destroy(kvq_codec* codec); /* NULL is a no-op */
+
+/* Accessors; a NULL codec gives 0 or "". */
+KVQ_API const char* kvq_codec_name(const kvq_codec* codec); /* the spec, valid while codec lives */
+KVQ_API int32_t kvq_codec_head_dim(const kvq_codec* codec);
+KVQ_API size_t kvq_codec_row_bytes(const kvq_codec* codec);
+KVQ_API size_t kvq_codec_query_bytes(const kvq_codec* codec); /* bytes of one prepared query */
+KVQ_API double kvq_codec_bits_per_value(const kvq_codec* codec);
+KVQ_API int32_t kvq_codec_rotated(const kvq_codec* codec);
+
+/* x: n_rows × head_dim floats -> n_rows rows at dst, dst_stride bytes apart. Non-finite values are
+ * rejected (KVQ_ERR_NON_FINITE). */
+KVQ_API kvq_status kvq_codec_quantize_rows(const kvq_codec* codec, const float* x, size_t n_rows, void* dst,
+                                           size_t dst_stride);
+/* n_rows rows at src, src_stride bytes apart -> y: n_rows × head_dim floats (rotation undone). */
+KVQ_API kvq_status kvq_codec_dequantize_rows(const kvq_codec* codec, const void* src, size_t n_rows,
+                                             float* y, size_t src_stride);
+/* q: n_q × head_dim floats -> prep: n_q × kvq_codec_query_bytes() bytes; once per decode step. */
+KVQ_API kvq_status kvq_codec_prepare_queries(const kvq_codec* codec, const float* q, int32_t n_q, void* prep);
+/* scores[i * score_stride + r] = (prepared query i) · (row r). */
+KVQ_API kvq_status kvq_codec_score_rows(const kvq_codec* codec, const void* prep, int32_t n_q, const void* rows,
+                                        size_t n_rows, float* scores, size_t score_stride, size_t row_stride);
+/* acc[i * head_dim + j] += w[i * w_stride + r] · row_r[j]; acc stays in the codec's basis until
+ * kvq_codec_finish_accumulate(acc, n_q) is called once after the last accumulate. */
+KVQ_API kvq_status kvq_codec_accumulate_rows(const kvq_codec* codec, const float* w, size_t w_stride,
+                                             int32_t n_q, const void* rows, size_t n_rows, float* acc,
+                                             size_t row_stride);
+KVQ_API kvq_status kvq_codec_finish_accumulate(const kvq_codec* codec, float* acc, int32_t n_q);
+
+/* Decode attention over rows the engine owns (for example the rows of a ggml KV tensor of a ggml-layout
+ * type): out[h] = softmax(scale · q[h] · Kᵀ) V for the n_heads query heads, query head h using kv head
+ * h / (n_heads / n_kv_heads). The key row of token t and kv head j starts at
+ * k + t * k_token_stride + j * k_head_stride (bytes); values likewise. A head stride of 0 means the row
+ * bytes, a token stride of 0 means n_kv_heads row bytes (rows packed as [token][kv head]). For a ggml KV
+ * tensor of shape [head_dim, n_kv_heads, n_ctx] the strides are its nb[2] and nb[1]. q, out: n_heads ×
+ * head_dim floats. scale <= 0 means 1/sqrt(head_dim). With n_tokens = 0 the output is zero. */
+KVQ_API kvq_status kvq_attend_rows(const kvq_codec* key_codec, const kvq_codec* value_codec, int32_t n_heads,
+                                   int32_t n_kv_heads, const float* q, const void* k, size_t k_token_stride,
+                                   size_t k_head_stride, const void* v, size_t v_token_stride,
+                                   size_t v_head_stride, size_t n_tokens, float scale, float* out);
+
+/* ---- the block-wise KV cache ------------------------------------------------------------------ */
+
+typedef struct kvq_cache kvq_cache;
+
+typedef enum kvq_seal_policy {
+    KVQ_SEAL_ON_APPEND = 0,    /* every token is quantized as it is appended */
+    KVQ_SEAL_ON_BLOCK_FULL = 1 /* the open block stays float32 until it fills (default) */
+} kvq_seal_policy;
+
+typedef enum kvq_nan_policy {
+    KVQ_NAN_REJECT = 0,   /* non-finite keys, values or queries fail with KVQ_ERR_NON_FINITE (default) */
+    KVQ_NAN_PROPAGATE = 1 /* stored as the codec maps them; attention returns NaN if it reads one */
+} kvq_nan_policy;
+
+/* Mirrors kvq::CacheConfig (kvq/cache.hpp). Grows by appending fields (see the ABI notes); start from
+ * kvq_cache_params_default(). */
+typedef struct kvq_cache_params {
+    size_t size;                   /* sizeof(kvq_cache_params) */
+    int32_t n_layers;              /* default 1 */
+    int32_t n_kv_heads;            /* default 1 */
+    int32_t n_heads;               /* query heads, a multiple of n_kv_heads; 0 means n_kv_heads */
+    int32_t head_dim;              /* default 128 */
+    const char* key_codec;         /* codec spec, default "q8_0"; copied by kvq_cache_create */
+    const char* value_codec;       /* default "q4_0" */
+    int32_t block_tokens;          /* tokens per block, default 32 */
+    int32_t threads;               /* threads for one attend call, default 1 */
+    size_t max_blocks;             /* pool capacity in blocks (all layers); 0 = no limit */
+    size_t initial_blocks;         /* blocks allocated up front */
+    size_t grow_blocks;            /* blocks added when the pool grows, default 64 */
+    float scale;                   /* softmax scale; 0 means 1/sqrt(head_dim) */
+    float softcap;                 /* logit soft-cap c (s -> c·tanh(s/c)); 0 = off */
+    const int32_t* sliding_window; /* n_sliding_window values (one per layer, 0 = full), or NULL; copied */
+    size_t n_sliding_window;       /* 0 or n_layers */
+    int32_t seal;                  /* kvq_seal_policy */
+    int32_t center_keys;           /* 1: subtract each block's per-channel key mean before quantizing */
+    int32_t nan_policy;            /* kvq_nan_policy */
+    int32_t reserved0;             /* must be 0 (keeps the struct free of padding) */
+    uint64_t seed;                 /* rotation seed, default KVQ_DEFAULT_SEED */
+} kvq_cache_params;
+
+static inline kvq_cache_params kvq_cache_params_default(void) {
+    kvq_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.size = sizeof(kvq_cache_params);
+    p.n_layers = 1;
+    p.n_kv_heads = 1;
+    p.n_heads = 0;
+    p.head_dim = 128;
+    p.key_codec = "q8_0";
+    p.value_codec = "q4_0";
+    p.block_tokens = 32;
+    p.grow_blocks = 64;
+    p.seal = KVQ_SEAL_ON_BLOCK_FULL;
+    p.nan_policy = KVQ_NAN_REJECT;
+    p.threads = 1;
+    p.seed = KVQ_DEFAULT_SEED;
+    return p;
+}
+
+/* Pool occupancy. Grows by appending fields (see the ABI notes). */
+typedef struct kvq_pool_stats {
+    size_t size;          /* sizeof(kvq_pool_stats); kvq_pool_stats_init() sets it */
+    size_t block_bytes;   /* bytes of one block */
+    size_t blocks_total;  /* allocated */
+    size_t blocks_used;   /* referenced by at least one sequence */
+    size_t blocks_shared; /* referenced by more than one sequence */
+    size_t max_blocks;    /* capacity (0 = unlimited) */
+} kvq_pool_stats;
+
+static inline kvq_pool_stats kvq_pool_stats_init(void) {
+    kvq_pool_stats s;
+    memset(&s, 0, sizeof s);
+    s.size = sizeof(kvq_pool_stats);
+    return s;
+}
+
+/* Creates a cache. Fails with KVQ_ERR_BAD_PARAMS, KVQ_ERR_UNKNOWN_CODEC, KVQ_ERR_BAD_HEAD_DIM,
+ * KVQ_ERR_POOL_EXHAUSTED (initial_blocks > max_blocks) or KVQ_ERR_INVALID_ARGUMENT (NULL, size). */
+KVQ_API kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache);
+KVQ_API void kvq_cache_destroy(kvq_cache* cache); /* NULL is a no-op */
+
+/* The cache's codecs (for row sizes and bits); owned by the cache, valid until it is destroyed. */
+KVQ_API const kvq_codec* kvq_cache_key_codec(const kvq_cache* cache);
+KVQ_API const kvq_codec* kvq_cache_value_codec(const kvq_cache* cache);
+
+KVQ_API kvq_status kvq_cache_add_sequence(kvq_cache* cache, int64_t* seq);
+KVQ_API kvq_status kvq_cache_remove_sequence(kvq_cache* cache, int64_t seq);
+/* A new sequence with the same tokens as parent; full blocks are shared, the open block is copied. */
+KVQ_API kvq_status kvq_cache_fork(kvq_cache* cache, int64_t parent, int64_t* child);
+/* Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length). */
+KVQ_API kvq_status kvq_cache_truncate(kvq_cache* cache, int64_t seq, size_t n_tokens);
+
+/* k, v: n_tokens × n_kv_heads × head_dim floats (C order). */
+KVQ_API kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const float* k,
+                                    const float* v, size_t n_tokens);
+/* Decode attention over the sequence's tokens in this layer. q, out: n_heads × head_dim floats. */
+KVQ_API kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q,
+                                    float* out);
+/* Causal attention for the last n_queries tokens (prefill). q, out: n_queries × n_heads × head_dim. */
+KVQ_API kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq,
+                                            const float* q, size_t n_queries, float* out);
+
+KVQ_API kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32_t layer, size_t* n_tokens);
+/* 1 if seq is in the cache, else 0. */
+KVQ_API int32_t kvq_cache_contains(const kvq_cache* cache, int64_t seq);
+/* Writes up to capacity ids to ids (may be NULL when capacity is 0) and the total count to *count. */
+KVQ_API kvq_status kvq_cache_sequences(const kvq_cache* cache, int64_t* ids, size_t capacity, size_t* count);
+
+/* Accounting; a NULL cache gives 0. */
+KVQ_API size_t kvq_cache_bytes_used(const kvq_cache* cache);     /* blocks in use, shared ones once */
+KVQ_API double kvq_cache_bytes_per_token(const kvq_cache* cache); /* K + V, all layers and kv heads */
+KVQ_API kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVQ_KVQ_H */

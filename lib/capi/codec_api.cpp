@@ -1,0 +1,201 @@
+// The C API of the codec table and of codecs working on rows (kvq/codec.hpp behind kvq.h).
+#include <numeric>
+#include <vector>
+
+#include "boundary.hpp"
+
+namespace kvq::capi {
+namespace {
+
+// The table as C sees it: names and layouts need storage that outlives every call.
+const std::vector<CodecInfo>& table() {
+    static const std::vector<CodecInfo> rows = [] {
+        std::vector<CodecInfo> r;
+        for (const auto& name : codec_names()) r.push_back(codec_info(name));
+        return r;
+    }();
+    return rows;
+}
+
+// The table name in a spec "name[:params][+rot]", parsed as Codec::make does.
+std::string_view base_name(std::string_view spec) {
+    if (constexpr std::string_view suffix = "+rot"; spec.size() > suffix.size() && spec.ends_with(suffix)) {
+        spec.remove_suffix(suffix.size());
+    }
+    return spec.substr(0, spec.find(':'));
+}
+
+const CodecInfo* find_row(std::string_view name) {
+    for (const auto& row : table()) {
+        if (row.name == name) return &row;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+kvq_status make_codec(const char* spec, int32_t head_dim, uint64_t seed, Codec& out) {
+    if (!spec) return fail(KVQ_ERR_INVALID_ARGUMENT, "codec spec is NULL");
+    try {
+        out = Codec::make(spec, head_dim, seed);
+        return KVQ_OK;
+    } catch (const std::invalid_argument& e) {
+        const CodecInfo* row = find_row(base_name(spec));
+        if (!row) return fail(KVQ_ERR_UNKNOWN_CODEC, e.what());
+        if (head_dim <= 0 || head_dim % row->block != 0) return fail(KVQ_ERR_BAD_HEAD_DIM, e.what());
+        // The name is known and the size fits its blocks: if the same spec works at a head size every
+        // codec takes, the head size was the problem, otherwise the spec's parameters were.
+        const int probe = std::lcm(row->block, 128);
+        try {
+            (void)Codec::make(spec, probe, seed);
+        } catch (const std::invalid_argument&) {
+            return fail(KVQ_ERR_BAD_PARAMS, e.what());
+        }
+        return fail(KVQ_ERR_BAD_HEAD_DIM, e.what());
+    }
+}
+
+}  // namespace kvq::capi
+
+using kvq::capi::fail;
+using kvq::capi::guarded;
+
+extern "C" {
+
+int32_t kvq_codec_count(void) {
+    try {
+        return static_cast<int32_t>(kvq::capi::table().size());
+    } catch (...) {
+        return 0;  // only if building the table ran out of memory
+    }
+}
+
+kvq_status kvq_codec_get_info(int32_t id, kvq_codec_info* info) {
+    return guarded([&] {
+        const auto& rows = kvq::capi::table();
+        if (id < 0 || static_cast<size_t>(id) >= rows.size()) {
+            return fail(KVQ_ERR_UNKNOWN_CODEC, "kvq_codec_get_info: codec id " + std::to_string(id) +
+                                                   " is outside 0.." + std::to_string(rows.size() - 1));
+        }
+        const auto& row = rows[id];
+        kvq_codec_info from = kvq_codec_info_init();
+        from.name = row.name.c_str();
+        from.block = row.block;
+        from.bytes_per_block = row.bytes_per_block;
+        from.bits_per_value = 8.0 * row.bytes_per_block / row.block;
+        from.ggml_layout = row.ggml_layout ? 1 : 0;
+        from.layout = row.layout.c_str();
+        return kvq::capi::write_versioned(from, sizeof(kvq_codec_info), info);
+    });
+}
+
+kvq_status kvq_codec_lookup(const char* name, int32_t* id) {
+    return guarded([&] {
+        if (!name || !id) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_lookup: NULL argument");
+        const auto& rows = kvq::capi::table();
+        for (size_t i = 0; i < rows.size(); ++i) {
+            if (rows[i].name == name) {
+                *id = static_cast<int32_t>(i);
+                return KVQ_OK;
+            }
+        }
+        std::string known;
+        for (const auto& row : rows) known += (known.empty() ? "" : ", ") + row.name;
+        return fail(KVQ_ERR_UNKNOWN_CODEC,
+                    "kvq_codec_lookup: unknown codec '" + std::string(name) + "' (known: " + known + ")");
+    });
+}
+
+kvq_status kvq_codec_spec_row_bytes(const char* spec, int32_t head_dim, size_t* row_bytes) {
+    return guarded([&] {
+        if (!row_bytes) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_spec_row_bytes: row_bytes is NULL");
+        kvq::Codec codec;
+        if (auto s = kvq::capi::make_codec(spec, head_dim, KVQ_DEFAULT_SEED, codec); s != KVQ_OK) return s;
+        *row_bytes = codec.row_bytes();
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_codec_create(const char* spec, int32_t head_dim, uint64_t seed, kvq_codec** codec) {
+    return guarded([&] {
+        if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_create: codec is NULL");
+        kvq::Codec made;
+        if (auto s = kvq::capi::make_codec(spec, head_dim, seed, made); s != KVQ_OK) return s;
+        *codec = new kvq_codec{std::move(made)};
+        return KVQ_OK;
+    });
+}
+
+void kvq_codec_destroy(kvq_codec* codec) { delete codec; }
+
+const char* kvq_codec_name(const kvq_codec* codec) { return codec ? codec->codec.name().c_str() : ""; }
+int32_t kvq_codec_head_dim(const kvq_codec* codec) { return codec ? codec->codec.head_dim() : 0; }
+size_t kvq_codec_row_bytes(const kvq_codec* codec) { return codec ? codec->codec.row_bytes() : 0; }
+size_t kvq_codec_query_bytes(const kvq_codec* codec) { return codec ? codec->codec.query_bytes() : 0; }
+double kvq_codec_bits_per_value(const kvq_codec* codec) { return codec ? codec->codec.bits_per_value() : 0.0; }
+int32_t kvq_codec_rotated(const kvq_codec* codec) { return codec && codec->codec.rotated() ? 1 : 0; }
+
+kvq_status kvq_codec_quantize_rows(const kvq_codec* codec, const float* x, size_t n_rows, void* dst,
+                                   size_t dst_stride) {
+    return guarded([&] {
+        if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_quantize_rows: codec is NULL");
+        try {
+            codec->codec.quantize_rows(x, n_rows, dst, dst_stride);
+        } catch (const std::invalid_argument& e) {
+            const bool non_finite = x && kvq::capi::any_non_finite(x, n_rows * codec->codec.head_dim());
+            return fail(non_finite ? KVQ_ERR_NON_FINITE : KVQ_ERR_INVALID_ARGUMENT, e.what());
+        }
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_codec_dequantize_rows(const kvq_codec* codec, const void* src, size_t n_rows, float* y,
+                                     size_t src_stride) {
+    return guarded([&] {
+        if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_dequantize_rows: codec is NULL");
+        codec->codec.dequantize_rows(src, n_rows, y, src_stride);
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_codec_prepare_queries(const kvq_codec* codec, const float* q, int32_t n_q, void* prep) {
+    return guarded([&] {
+        if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_prepare_queries: codec is NULL");
+        try {
+            codec->codec.prepare_queries(q, n_q, prep);
+        } catch (const std::invalid_argument& e) {
+            const bool non_finite =
+                q && n_q > 0 && kvq::capi::any_non_finite(q, static_cast<size_t>(n_q) * codec->codec.head_dim());
+            return fail(non_finite ? KVQ_ERR_NON_FINITE : KVQ_ERR_INVALID_ARGUMENT, e.what());
+        }
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_codec_score_rows(const kvq_codec* codec, const void* prep, int32_t n_q, const void* rows,
+                                size_t n_rows, float* scores, size_t score_stride, size_t row_stride) {
+    return guarded([&] {
+        if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_score_rows: codec is NULL");
+        codec->codec.score_rows(prep, n_q, rows, n_rows, scores, score_stride, row_stride);
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_codec_accumulate_rows(const kvq_codec* codec, const float* w, size_t w_stride, int32_t n_q,
+                                     const void* rows, size_t n_rows, float* acc, size_t row_stride) {
+    return guarded([&] {
+        if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_accumulate_rows: codec is NULL");
+        codec->codec.accumulate_rows(w, w_stride, n_q, rows, n_rows, acc, row_stride);
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_codec_finish_accumulate(const kvq_codec* codec, float* acc, int32_t n_q) {
+    return guarded([&] {
+        if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_finish_accumulate: codec is NULL");
+        codec->codec.finish_accumulate(acc, n_q);
+        return KVQ_OK;
+    });
+}
+
+}  // extern "C"

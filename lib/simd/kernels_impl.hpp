@@ -1,0 +1,180 @@
+// The SIMD kernels of every block codec, written once over the xsimd arch A and Ops<A> (ops.hpp); each
+// lib/simd/level_<isa>.cpp includes its ops_<isa>.hpp and this file and calls make_level<A>(), compiled
+// with that instruction set's flags only. Equal to the scalar specification (lib/codec/) in bytes for
+// quantize and dequantize, and to float rounding for score and accumulate (lanes are summed in another
+// order and with fma).
+//
+// score: the g queries of a GQA group go through each key row together; rows are taken in chunks that
+// stay in cache while several query groups pass over them. Quantized keys are scored as ggml does: an
+// integer dot product per 32-value block against the int8 query, then one fma per block in fp32.
+// accumulate: acc += w·row with the accumulators of one 32-column tile and a few queries held in
+// registers over a chunk of rows; rows are dequantized in registers, never into a buffer.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "../codec/kernels.hpp"
+#include "plain_impl.hpp"
+#include "loops.hpp"
+#include "quantize_impl.hpp"
+
+namespace kvq::simd {
+namespace {
+
+using detail::BlockQ8Query;
+
+// Layouts: the block's values as signed int8 Bytes, and its scale and offset.
+struct LayoutQ8_0 {
+    using Block = detail::BlockQ8_0;
+    static constexpr bool has_min = false;
+    template <class O>
+    static auto bytes(const Block& b) { return O::load_q8(b.qs); }
+};
+struct LayoutQ4_0 {
+    using Block = detail::BlockQ4_0;
+    static constexpr bool has_min = false;
+    template <class O>
+    static auto bytes(const Block& b) { return O::sub(O::load_nibbles(b.qs), 8); }
+};
+struct LayoutQ4_1 {
+    using Block = detail::BlockQ4_1;
+    static constexpr bool has_min = true;
+    template <class O>
+    static auto bytes(const Block& b) { return O::load_nibbles(b.qs); }
+};
+struct LayoutQ5_0 {
+    using Block = detail::BlockQ5_0;
+    static constexpr bool has_min = false;
+    template <class O>
+    static auto bytes(const Block& b) { return O::sub(O::add_high_bits(O::load_nibbles(b.qs), b.qh), 16); }
+};
+struct LayoutQ5_1 {
+    using Block = detail::BlockQ5_1;
+    static constexpr bool has_min = true;
+    template <class O>
+    static auto bytes(const Block& b) { return O::add_high_bits(O::load_nibbles(b.qs), b.qh); }
+};
+
+template <class O, class L>
+float offset_of(const typename L::Block& b) {
+    if constexpr (L::has_min) {
+        return O::f16_value(b.m);
+    } else {
+        return 0.0f;
+    }
+}
+
+// The 32 values of a block as floats: q·d (+ m), the specification's operations.
+template <class A, class L>
+void dequantize_block(const typename L::Block& b, xsimd::batch<float, A>* v) {
+    using O = Ops<A>;
+    using F = typename O::F;
+    O::widen(L::template bytes<O>(b), v);
+    const F d(O::f16_value(b.d));
+    for (int k = 0; k < kPerBlock<A>; ++k) {
+        if constexpr (L::has_min) {
+            v[k] = v[k] * d + F(offset_of<O, L>(b));
+        } else {
+            v[k] = v[k] * d;
+        }
+    }
+}
+
+template <class A, class L>
+void dequantize_blocks(const uint8_t* src, float* y, int64_t n) {
+    const auto* b = reinterpret_cast<const typename L::Block*>(src);
+    for (int64_t i = 0; i < n / kQK; ++i) {
+        xsimd::batch<float, A> v[kPerBlock<A>];
+        dequantize_block<A, L>(b[i], v);
+        for (int k = 0; k < kPerBlock<A>; ++k) v[k].store_unaligned(y + i * kQK + k * kLanes<A>);
+    }
+}
+
+template <class A, class L, int G>
+void score_group(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
+                 int64_t nb, float* const* out) {
+    using O = Ops<A>;
+    using FD = xsimd::batch<float, typename O::DotArch>;
+    for (size_t r = 0; r < n_rows; ++r) {
+        const auto* blk = reinterpret_cast<const typename L::Block*>(rows + r * row_stride);
+        FD acc[G];
+        float acc_min[G] = {};
+        for (int i = 0; i < G; ++i) acc[i] = FD(0.0f);
+        for (int64_t b = 0; b < nb; ++b) {
+            const auto key = O::key(L::template bytes<O>(blk[b]));
+            const float dk = O::f16_value(blk[b].d);
+            for (int i = 0; i < G; ++i) {
+                const auto& q = reinterpret_cast<const BlockQ8Query*>(prep[i])[b];
+                acc[i] = xsimd::fma(O::dot(key, q.qs), FD(dk * q.d), acc[i]);
+                if constexpr (L::has_min) acc_min[i] += offset_of<O, L>(blk[b]) * q.s;
+            }
+        }
+        float s[G];
+        reduce_add_rows(acc, G, s);
+        for (int i = 0; i < G; ++i) out[i][r] = s[i] + acc_min[i];
+    }
+}
+
+template <class A, class L>
+struct ScoreBlocks {
+    template <int G>
+    struct Pass {
+        static void run(int i0, const uint8_t* prep, size_t prep_bytes, const uint8_t* rows, size_t row_stride,
+                        size_t n_rows, int64_t nb, float* scores, size_t score_stride) {
+            const uint8_t* p[G];
+            float* out[G];
+            for (int i = 0; i < G; ++i) {
+                p[i] = prep + (i0 + i) * prep_bytes;
+                out[i] = scores + (i0 + i) * score_stride;
+            }
+            score_group<A, L, G>(p, rows, row_stride, n_rows, nb, out);
+        }
+    };
+    static void score(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows, size_t row_stride,
+                      size_t n_rows, int64_t n, float* scores, size_t score_stride) {
+        for (size_t r0 = 0; r0 < n_rows; r0 += kRowChunk) {
+            const size_t rn = std::min(kRowChunk, n_rows - r0);
+            for_query_groups<kScoreGroup, Pass>(n_q, prep, prep_bytes, rows + r0 * row_stride, row_stride, rn,
+                                   n / kQK, scores + r0, score_stride);
+        }
+    }
+};
+
+template <class A, class L>
+struct BlockTile {
+    static void load(const uint8_t* row, int64_t t, xsimd::batch<float, A>* v) {
+        dequantize_block<A, L>(reinterpret_cast<const typename L::Block*>(row)[t], v);
+    }
+};
+
+template <class A, class L>
+void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                       size_t n_rows, int64_t n, float* acc) {
+    AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+}
+
+template <class A, class L>
+detail::BlockKernels block_kernels(void (*quantize)(const float*, uint8_t*, int64_t)) {
+    return {quantize, dequantize_blocks<A, L>, prepare_query_q8<A>, ScoreBlocks<A, L>::score,
+            accumulate_blocks<A, L>};
+}
+
+template <class A>
+detail::LevelKernels make_level() {
+    using detail::BlockCodec;
+    detail::LevelKernels k{};
+    k.codec[int(BlockCodec::f32)] = plain_kernels<A, PlainF32>();
+    k.codec[int(BlockCodec::f16)] = plain_kernels<A, PlainF16>();
+    k.codec[int(BlockCodec::bf16)] = plain_kernels<A, PlainBF16>();
+    k.codec[int(BlockCodec::q8_0)] = block_kernels<A, LayoutQ8_0>(quantize_q8_0<A>);
+    k.codec[int(BlockCodec::q4_0)] = block_kernels<A, LayoutQ4_0>(quantize_sym<A, 4>);
+    k.codec[int(BlockCodec::q4_1)] = block_kernels<A, LayoutQ4_1>(quantize_asym<A, 4>);
+    k.codec[int(BlockCodec::q5_0)] = block_kernels<A, LayoutQ5_0>(quantize_sym<A, 5>);
+    k.codec[int(BlockCodec::q5_1)] = block_kernels<A, LayoutQ5_1>(quantize_asym<A, 5>);
+    k.all_finite = all_finite<A>;
+    return k;
+}
+
+}  // namespace
+}  // namespace kvq::simd

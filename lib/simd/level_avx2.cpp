@@ -1,0 +1,14 @@
+// The avx2 level: AVX2 + FMA + F16C (compiled with -mavx2 -mfma -mf16c only).
+// Every kernel comes from kernels_impl.hpp; this file only picks the instruction set.
+#include "dispatch.hpp"
+#include "ops_avx2.hpp"
+#include "kernels_impl.hpp"
+
+namespace kvq::detail {
+
+const LevelKernels& level_avx2() {
+    static const LevelKernels kernels = simd::make_level<xsimd::fma3<xsimd::avx2>>();
+    return kernels;
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,15 @@
+// The avx512 level: AVX-512 F/BW/VL/DQ (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq, plus the
+// AVX2/FMA/F16C every such CPU has).
+// Every kernel comes from kernels_impl.hpp; this file only picks the instruction set.
+#include "dispatch.hpp"
+#include "ops_avx512.hpp"
+#include "kernels_impl.hpp"
+
+namespace kvq::detail {
+
+const LevelKernels& level_avx512() {
+    static const LevelKernels kernels = simd::make_level<xsimd::avx512bw>();
+    return kernels;
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,29 @@
+// The per-instruction-set primitives the kernels in kernels_impl.hpp are written over. xsimd covers the
+// float arithmetic; what it does not cover (int8 block packing, nibbles, int8 dot products, fp16
+// conversion) each instruction set provides in its own ops_<isa>.hpp as a specialization of Ops<Arch>:
+//
+//   F, I, DotArch        batch<float, Arch>, batch<int32_t, Arch>, the arch of dot()'s int32 result
+//   Bytes                one 32-value block as int8 (registers)
+//   hmax(F)              largest lane
+//   to_i32(F), to_f32(I) C conversions: float -> int truncates, int -> float rounds
+//   low_bytes(I[32/N])   the low byte of each int32 (C's int -> int8_t), as a block
+//   widen(Bytes, F[32/N]) the block's values as floats
+//   load_q8, load_nibbles, add_high_bits, sub, min, store, store_nibbles, bit4_mask   block layouts
+//   key(Bytes), dot(Key, y)   int32 partial sums of an int8 block times 32 int8 query values
+//   f16_bits(float), f16_value(uint16_t)   scalar fp16, bit-identical to lib/codec/half.hpp
+//   load_f16, store_f16, load_u16, store_u16   plain-codec rows
+//
+// Everything here lives in an unnamed namespace: each level's file gets its own copy compiled with its
+// own flags, and no symbol compiled with AVX2 can be picked by the linker for code that must run without.
+#pragma once
+
+#include "xsimd_compat.hpp"
+
+namespace kvq::simd {
+namespace {
+
+template <class Arch>
+struct Ops;
+
+}  // namespace
+}  // namespace kvq::simd

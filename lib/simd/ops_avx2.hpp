@@ -1,0 +1,112 @@
+// AVX2 (+FMA, F16C) primitives for kernels_impl.hpp: the int8 block work that xsimd does not cover
+// (byte packing, nibbles, maddubs dot products) and F16C conversions. Included only by files compiled
+// with -mavx2 -mfma -mf16c (level_avx2.cpp, and level_avx512.cpp, which keeps 256-bit int8 blocks).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "ops.hpp"
+
+namespace kvq::simd {
+namespace {
+
+// One 32-value block as 32 bytes in a ymm register, and the ggml dot product against an int8 query:
+// maddubs needs one unsigned operand, so multiply |k| by y carrying k's sign (sign_epi8), as ggml's
+// mul_sum_i8_pairs does. |k| ≤ 128 and |y| ≤ 127, so the int16 pair sums cannot saturate.
+struct Avx2Blocks {
+    using Bytes = __m256i;
+    struct Key {
+        __m256i k, abs_k;
+    };
+
+    static Bytes load_q8(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+    // qs[j] low nibble -> value j, high nibble -> value j+16 (ggml order).
+    static Bytes load_nibbles(const uint8_t* qs) {
+        const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+        const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+        return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+    }
+    // Sets 0x10 in byte j where bit j of qh is set (ggml's bytes_from_bits_32).
+    static Bytes add_high_bits(Bytes b, const uint8_t* qh_bytes) {
+        uint32_t qh;
+        std::memcpy(&qh, qh_bytes, 4);
+        const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+        __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+        bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
+        return _mm256_or_si256(b, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
+    }
+    static Bytes sub(Bytes b, int8_t v) { return _mm256_sub_epi8(b, _mm256_set1_epi8(v)); }
+    static Bytes min(Bytes b, int8_t v) { return _mm256_min_epi8(b, _mm256_set1_epi8(v)); }
+    static void store(Bytes b, int8_t* p) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), b); }
+    static void store_nibbles(Bytes b, uint8_t* qs) {
+        const __m128i m = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_and_si128(_mm256_castsi256_si128(b), m);
+        const __m128i hi = _mm_and_si128(_mm256_extracti128_si256(b, 1), m);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
+    }
+    // Bit j = bit 4 of byte j.
+    static uint32_t bit4_mask(Bytes b) { return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(b, 3))); }
+    // The low byte of each of 32 int32 values (4 registers of 8), in order: C's int -> int8_t conversion.
+    static Bytes low_bytes(const __m256i v[4]) {
+        const __m256i m = _mm256_set1_epi32(0xFF);
+        const __m256i a = _mm256_packus_epi32(_mm256_and_si256(v[0], m), _mm256_and_si256(v[1], m));
+        const __m256i b = _mm256_packus_epi32(_mm256_and_si256(v[2], m), _mm256_and_si256(v[3], m));
+        return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
+    // Values 8i..8i+7 of the block, sign-extended to int32.
+    static __m256i widen(Bytes b, int i) {
+        const __m128i h = i < 2 ? _mm256_castsi256_si128(b) : _mm256_extracti128_si256(b, 1);
+        return _mm256_cvtepi8_epi32(i % 2 ? _mm_srli_si128(h, 8) : h);
+    }
+
+    static Key key(Bytes k) { return {k, _mm256_abs_epi8(k)}; }
+    // Eight partial sums of k·y (exact integers, as floats).
+    static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> dot(const Key& key, const int8_t* y) {
+        const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)), key.k);
+        return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(key.abs_k, sy), _mm256_set1_epi16(1)));
+    }
+
+    static uint16_t f16_bits(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+    static float f16_value(uint16_t h) { return _cvtsh_ss(h); }
+};
+
+template <>
+struct Ops<xsimd::fma3<xsimd::avx2>> : Avx2Blocks {
+    using A = xsimd::fma3<xsimd::avx2>;
+    using F = xsimd::batch<float, A>;
+    using I = xsimd::batch<int32_t, A>;
+    using DotArch = A;
+
+    static float hmax(F v) {
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+        return _mm_cvtss_f32(m);
+    }
+    static I to_i32(F v) { return _mm256_cvttps_epi32(v); }  // truncation, as C's float -> int
+    static F to_f32(I v) { return _mm256_cvtepi32_ps(v); }
+    static Bytes low_bytes(const I* v) {
+        const __m256i r[4] = {v[0], v[1], v[2], v[3]};
+        return Avx2Blocks::low_bytes(r);
+    }
+    static void widen(Bytes b, F* out) {
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, i));
+    }
+    static F load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+    static void store_f16(uint16_t* p, F v) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    static I load_u16(const uint16_t* p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+    static void store_u16(uint16_t* p, I v) {  // the low 16 bits of each lane
+        const __m256i s = _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16);
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(s, s), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+    }
+};
+
+}  // namespace
+}  // namespace kvq::simd

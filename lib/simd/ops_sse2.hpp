@@ -1,0 +1,124 @@
+// SSE2 primitives for kernels_impl.hpp (the x86-64 baseline: no pshufb, no maddubs, no F16C). A block is
+// two 16-byte registers; int8 products go through int16 and pmaddwd; fp16 is converted lane by lane with
+// the bit manipulations of half.hpp (half_batch.hpp). Included only by level_sse2.cpp, compiled with the
+// default flags, so calling the scalar half.hpp here is safe.
+#pragma once
+
+#include <emmintrin.h>
+
+#include <cstdint>
+
+#include "../codec/half.hpp"
+#include "half_batch.hpp"
+#include "ops.hpp"
+
+namespace kvq::simd {
+namespace {
+
+template <>
+struct Ops<xsimd::sse2> {
+    using A = xsimd::sse2;
+    using F = xsimd::batch<float, A>;
+    using I = xsimd::batch<int32_t, A>;
+    using DotArch = A;
+    struct Bytes {
+        __m128i lo, hi;  // values 0..15 and 16..31
+    };
+    struct Key {
+        __m128i w[4];  // the 32 values as int16
+    };
+
+    static __m128i set_bytes(int8_t v) { return _mm_set1_epi8(v); }
+    static __m128i widen_lo(__m128i b) { return _mm_srai_epi16(_mm_unpacklo_epi8(b, b), 8); }
+    static __m128i widen_hi(__m128i b) { return _mm_srai_epi16(_mm_unpackhi_epi8(b, b), 8); }
+
+    static Bytes load_q8(const int8_t* p) {
+        return {_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)),
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))};
+    }
+    static Bytes load_nibbles(const uint8_t* qs) {
+        const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+        const __m128i m = set_bytes(0x0F);
+        return {_mm_and_si128(t, m), _mm_and_si128(_mm_srli_epi16(t, 4), m)};
+    }
+    // 0x10 in byte j where bit j of qh is set: each byte of qh copied over 8 bytes, tested bit by bit.
+    static __m128i bits16(uint32_t two_bytes) {
+        const uint64_t lo = (two_bytes & 0xFFu) * 0x0101010101010101ull;
+        const uint64_t hi = ((two_bytes >> 8) & 0xFFu) * 0x0101010101010101ull;
+        const __m128i sel = _mm_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+        const __m128i v = _mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo));
+        return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, sel), sel), set_bytes(0x10));
+    }
+    static Bytes add_high_bits(Bytes b, const uint8_t* qh_bytes) {
+        uint32_t qh;
+        std::memcpy(&qh, qh_bytes, 4);
+        return {_mm_or_si128(b.lo, bits16(qh & 0xFFFFu)), _mm_or_si128(b.hi, bits16(qh >> 16))};
+    }
+    static Bytes sub(Bytes b, int8_t v) { return {_mm_sub_epi8(b.lo, set_bytes(v)), _mm_sub_epi8(b.hi, set_bytes(v))}; }
+    static __m128i min8(__m128i b, __m128i v) {  // signed, without SSE4.1's pminsb
+        const __m128i gt = _mm_cmpgt_epi8(b, v);
+        return _mm_or_si128(_mm_andnot_si128(gt, b), _mm_and_si128(gt, v));
+    }
+    static Bytes min(Bytes b, int8_t v) { return {min8(b.lo, set_bytes(v)), min8(b.hi, set_bytes(v))}; }
+    static void store(Bytes b, int8_t* p) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b.lo);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16), b.hi);
+    }
+    static void store_nibbles(Bytes b, uint8_t* qs) {
+        const __m128i m = set_bytes(0x0F);
+        const __m128i r = _mm_or_si128(_mm_and_si128(b.lo, m), _mm_slli_epi16(_mm_and_si128(b.hi, m), 4));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), r);
+    }
+    static uint32_t bit4_mask(Bytes b) {
+        const uint32_t lo = static_cast<uint32_t>(_mm_movemask_epi8(_mm_slli_epi16(b.lo, 3)));
+        const uint32_t hi = static_cast<uint32_t>(_mm_movemask_epi8(_mm_slli_epi16(b.hi, 3)));
+        return lo | hi << 16;
+    }
+    // Low byte of each int32, sign-extended so that the saturating packs keep it exactly.
+    static __m128i low_bytes16(const I* v) {
+        __m128i s[4];
+        for (int k = 0; k < 4; ++k) s[k] = _mm_srai_epi32(_mm_slli_epi32(v[k], 24), 24);
+        return _mm_packs_epi16(_mm_packs_epi32(s[0], s[1]), _mm_packs_epi32(s[2], s[3]));
+    }
+    static Bytes low_bytes(const I* v) { return {low_bytes16(v), low_bytes16(v + 4)}; }
+    static void widen(Bytes b, F* out) {
+        const __m128i w[4] = {widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)};
+        for (int k = 0; k < 4; ++k) {
+            out[2 * k] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w[k], w[k]), 16));
+            out[2 * k + 1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w[k], w[k]), 16));
+        }
+    }
+
+    static Key key(Bytes b) { return {{widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)}}; }
+    static F dot(const Key& k, const int8_t* y) {
+        const Bytes q = load_q8(y);
+        __m128i s = _mm_madd_epi16(k.w[0], widen_lo(q.lo));
+        s = _mm_add_epi32(s, _mm_madd_epi16(k.w[1], widen_hi(q.lo)));
+        s = _mm_add_epi32(s, _mm_madd_epi16(k.w[2], widen_lo(q.hi)));
+        s = _mm_add_epi32(s, _mm_madd_epi16(k.w[3], widen_hi(q.hi)));
+        return _mm_cvtepi32_ps(s);
+    }
+
+    static float hmax(F v) {
+        __m128 m = _mm_max_ps(v, _mm_movehl_ps(v, v));
+        m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+        return _mm_cvtss_f32(m);
+    }
+    static I to_i32(F v) { return _mm_cvttps_epi32(v); }
+    static F to_f32(I v) { return _mm_cvtepi32_ps(v); }
+    static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
+    static float f16_value(uint16_t h) { return detail::f16_to_f32(h); }
+
+    static I load_u16(const uint16_t* p) {
+        return _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
+    }
+    static void store_u16(uint16_t* p, I v) {  // the low 16 bits of each lane
+        const __m128i s = _mm_srai_epi32(_mm_slli_epi32(v, 16), 16);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(s, s));
+    }
+    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(xsimd::bitwise_cast<xsimd::batch<uint32_t, A>>(load_u16(p))); }
+    static void store_f16(uint16_t* p, F v) { store_u16(p, xsimd::bitwise_cast<I>(f32_to_f16_batch<A>(v))); }
+};
+
+}  // namespace
+}  // namespace kvq::simd

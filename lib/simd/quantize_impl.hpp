@@ -1,0 +1,231 @@
+// SIMD quantizers of the ggml-layout codecs, written once over the xsimd arch A and Ops<A> (ops.hpp).
+// They give the same bytes as the scalar specification (lib/codec/ggml_quant.cpp) because they do the
+// same float operations in the same order: multiply by the reciprocal id = 1/d (never divide by d), add
+// the rounding offset as a separate addition (no fma), and convert to int by truncation, keeping the low
+// byte as C's int -> int8_t conversion does. Block maxima are order-independent except for signed zeros
+// and for ties between +a and -a; blocks with those take the scalar loop, so the chosen value is the same.
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "../codec/blocks.hpp"
+#include "../codec/kernels.hpp"
+#include "ops.hpp"
+
+namespace kvq::simd {
+namespace {
+
+using detail::kQK;
+
+template <class A>
+constexpr int kLanes = static_cast<int>(xsimd::batch<float, A>::size);
+template <class A>
+constexpr int kPerBlock = kQK / kLanes<A>;  // registers per 32-value block
+
+// roundf(v): round half away from zero. trunc(v + copysign(0.49999997, v)) equals roundf for every finite
+// float (checked exhaustively); the truncation is done by the int conversion that follows.
+template <class A>
+xsimd::batch<float, A> add_round_half_away(xsimd::batch<float, A> v) {
+    using F = xsimd::batch<float, A>;
+    return v + (xsimd::bitofsign(v) | F(0x1.fffffep-2f));
+}
+
+template <class A>
+void load_block(const float* x, xsimd::batch<float, A>* v) {
+    for (int k = 0; k < kPerBlock<A>; ++k) v[k] = xsimd::batch<float, A>::load_unaligned(x + k * kLanes<A>);
+}
+
+template <class A>
+float block_amax(const xsimd::batch<float, A>* v) {
+    xsimd::batch<float, A> m = xsimd::abs(v[0]);
+    for (int k = 1; k < kPerBlock<A>; ++k) m = xsimd::max(m, xsimd::abs(v[k]));
+    return Ops<A>::hmax(m);
+}
+
+// Blocks the fast path does not treat as the specification does go through the specification itself
+// (lib/codec/ggml_quant.cpp), one block at a time: a block holding NaN or Inf (stored as a NaN block)
+// and a block whose scale is so small that 1/d overflows (divided instead). Both are rare.
+template <class A>
+bool block_finite(const xsimd::batch<float, A>* v) {
+    auto t = v[0] - v[0];  // 0 for finite values, NaN otherwise
+    for (int k = 1; k < kPerBlock<A>; ++k) t += v[k] - v[k];
+    return !xsimd::any(xsimd::isnan(t));
+}
+inline bool inverse_overflows(float d) { return d != 0.0f && !std::isfinite(1.0f / d); }
+
+template <class A>
+void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
+    using O = Ops<A>;
+    using F = typename O::F;
+    auto* y = reinterpret_cast<detail::BlockQ8_0*>(dst);
+    for (int64_t i = 0; i < n / kQK; ++i) {
+        F v[kPerBlock<A>];
+        load_block<A>(x + i * kQK, v);
+        const float d = block_amax<A>(v) / ((1 << 7) - 1);
+        if (!block_finite<A>(v) || inverse_overflows(d)) {
+            detail::kScalarQ8_0.quantize(x + i * kQK, dst + i * sizeof(detail::BlockQ8_0), kQK);
+            continue;
+        }
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = O::f16_bits(d);
+        typename O::I q[kPerBlock<A>];
+        for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(add_round_half_away<A>(v[k] * F(id)));
+        O::store(O::low_bytes(q), y[i].qs);
+    }
+}
+
+// The value of largest magnitude, the first one on ties: the scalar specification's own loop.
+inline float signed_extreme(const float* xb) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK; ++j) {
+        if (amax < std::fabs(xb[j])) {
+            amax = std::fabs(xb[j]);
+            max = xb[j];
+        }
+    }
+    return max;
+}
+
+template <class A, int Bits>
+void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
+    using O = Ops<A>;
+    using F = typename O::F;
+    constexpr int half = 1 << (Bits - 1);
+    constexpr int top = (1 << Bits) - 1;
+    for (int64_t i = 0; i < n / kQK; ++i) {
+        const float* xb = x + i * kQK;
+        F v[kPerBlock<A>];
+        load_block<A>(xb, v);
+        F hi = v[0], lo = v[0];
+        for (int k = 1; k < kPerBlock<A>; ++k) {
+            hi = xsimd::max(hi, v[k]);
+            lo = xsimd::min(lo, v[k]);
+        }
+        const float vmax = O::hmax(hi), vmin = -O::hmax(-lo);
+        const float max = vmax > -vmin ? vmax : -vmin > vmax ? vmin : signed_extreme(xb);
+        const float d = max / -half;
+        if (!block_finite<A>(v) || inverse_overflows(d)) {
+            const auto& spec = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
+            spec.quantize(xb, dst + i * (Bits == 4 ? sizeof(detail::BlockQ4_0) : sizeof(detail::BlockQ5_0)), kQK);
+            continue;
+        }
+        const float id = d ? 1.0f / d : 0.0f;
+        typename O::I q[kPerBlock<A>];
+        for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(v[k] * F(id) + F(half + 0.5f));
+        const auto bytes = O::min(O::low_bytes(q), top);
+        if constexpr (Bits == 4) {
+            auto& b = reinterpret_cast<detail::BlockQ4_0*>(dst)[i];
+            b.d = O::f16_bits(d);
+            O::store_nibbles(bytes, b.qs);
+        } else {
+            auto& b = reinterpret_cast<detail::BlockQ5_0*>(dst)[i];
+            b.d = O::f16_bits(d);
+            const uint32_t qh = O::bit4_mask(bytes);
+            std::memcpy(b.qh, &qh, 4);
+            O::store_nibbles(bytes, b.qs);
+        }
+    }
+}
+
+template <class A, int Bits>
+void quantize_asym(const float* x, uint8_t* dst, int64_t n) {
+    using O = Ops<A>;
+    using F = typename O::F;
+    constexpr int top = (1 << Bits) - 1;
+    for (int64_t i = 0; i < n / kQK; ++i) {
+        const float* xb = x + i * kQK;
+        F v[kPerBlock<A>];
+        load_block<A>(xb, v);
+        F hi = v[0], lo = v[0];
+        for (int k = 1; k < kPerBlock<A>; ++k) {
+            hi = xsimd::max(hi, v[k]);
+            lo = xsimd::min(lo, v[k]);
+        }
+        float min = -O::hmax(-lo), max = O::hmax(hi);
+        if (min == 0.0f || max == 0.0f) {  // the sign of a zero extreme depends on the scan order
+            min = FLT_MAX;
+            max = -FLT_MAX;
+            for (int j = 0; j < kQK; ++j) {
+                min = std::min(min, xb[j]);
+                max = std::max(max, xb[j]);
+            }
+        }
+        const float d = (max - min) / top;
+        if (!block_finite<A>(v) || inverse_overflows(d)) {
+            const auto& spec = Bits == 4 ? detail::kScalarQ4_1 : detail::kScalarQ5_1;
+            spec.quantize(xb, dst + i * (Bits == 4 ? sizeof(detail::BlockQ4_1) : sizeof(detail::BlockQ5_1)), kQK);
+            continue;
+        }
+        const float id = d ? 1.0f / d : 0.0f;
+        typename O::I q[kPerBlock<A>];
+        for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32((v[k] - F(min)) * F(id) + F(0.5f));
+        auto bytes = O::low_bytes(q);
+        if constexpr (Bits == 4) {
+            bytes = O::min(bytes, 15);  // ggml clamps q4_1 through int8 and MIN(15, ·), q5_1 not at all
+            auto& b = reinterpret_cast<detail::BlockQ4_1*>(dst)[i];
+            b.d = O::f16_bits(d);
+            b.m = O::f16_bits(min);
+            O::store_nibbles(bytes, b.qs);
+        } else {
+            auto& b = reinterpret_cast<detail::BlockQ5_1*>(dst)[i];
+            b.d = O::f16_bits(d);
+            b.m = O::f16_bits(min);
+            const uint32_t qh = O::bit4_mask(bytes);
+            std::memcpy(b.qh, &qh, 4);
+            O::store_nibbles(bytes, b.qs);
+        }
+    }
+}
+
+// The query side of the quantized-key codecs (detail::prepare_query_q8): int8 per block, float d.
+template <class A>
+void prepare_query_q8(const float* q, uint8_t* prep, int64_t n) {
+    using O = Ops<A>;
+    using F = typename O::F;
+    auto* y = reinterpret_cast<detail::BlockQ8Query*>(prep);
+    for (int64_t i = 0; i < n / kQK; ++i) {
+        F v[kPerBlock<A>];
+        load_block<A>(q + i * kQK, v);
+        const float d = block_amax<A>(v) / 127.0f;
+        if (!block_finite<A>(v) || inverse_overflows(d)) {
+            detail::prepare_query_q8(q + i * kQK, prep + i * sizeof(detail::BlockQ8Query), kQK);
+            continue;
+        }
+        const float id = d ? 1.0f / d : 0.0f;
+        typename O::I qi[kPerBlock<A>];
+        for (int k = 0; k < kPerBlock<A>; ++k) qi[k] = O::to_i32(add_round_half_away<A>(v[k] * F(id)));
+        const auto bytes = O::low_bytes(qi);
+        O::store(bytes, y[i].qs);
+        F stored[kPerBlock<A>];  // the int8 values as written, summed exactly in float (|sum| <= 4096)
+        O::widen(bytes, stored);
+        F sum = stored[0];
+        for (int k = 1; k < kPerBlock<A>; ++k) sum += stored[k];
+        y[i].d = d;
+        y[i].s = d * reduce_add(sum);
+    }
+}
+
+// True if no value is NaN or Inf: x - x is 0 for finite x and NaN otherwise.
+template <class A>
+bool all_finite(const float* x, size_t n) {
+    using F = xsimd::batch<float, A>;
+    constexpr size_t N = F::size;
+    F a(0.0f), b(0.0f), c(0.0f), d(0.0f);
+    size_t j = 0;
+    for (; j + 4 * N <= n; j += 4 * N) {
+        const F v0 = F::load_unaligned(x + j), v1 = F::load_unaligned(x + j + N);
+        const F v2 = F::load_unaligned(x + j + 2 * N), v3 = F::load_unaligned(x + j + 3 * N);
+        a += v0 - v0;
+        b += v1 - v1;
+        c += v2 - v2;
+        d += v3 - v3;
+    }
+    float tail = 0.0f;
+    for (; j < n; ++j) tail += x[j] - x[j];
+    return !xsimd::any(xsimd::isnan((a + b) + (c + d))) && tail == 0.0f;
+}
+
+}  // namespace
+}  // namespace kvq::simd

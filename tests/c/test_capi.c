@@ -1,0 +1,269 @@
+/* The C API from C (compiled as C11, linked against libkvq.so): version, codec table, codecs on rows,
+ * kvq_attend_rows, the cache's whole life, and every error status with its message. */
+#include <kvq/kvq.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+enum { D = 64 };
+
+static float next_gaussian(uint32_t* state) {
+    float u[2];
+    for (int i = 0; i < 2; ++i) {
+        *state ^= *state << 13;
+        *state ^= *state >> 17;
+        *state ^= *state << 5;
+        u[i] = ((float)(*state >> 8) + 0.5f) / 16777216.0f;
+    }
+    return sqrtf(-2.0f * logf(u[0])) * cosf(6.2831853f * u[1]);
+}
+
+static void fill_gaussian(float* x, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; ++i) x[i] = next_gaussian(&seed);
+}
+
+static double relative_l2(const float* a, const float* ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+
+static void test_version(void) {
+    CHECK(kvq_version() == KVQ_VERSION);
+    CHECK(kvq_version() >> 16 == KVQ_VERSION_MAJOR);
+    CHECK_STR_EQ(kvq_version_string(), KVQ_VERSION_STRING);
+    CHECK_STR_EQ(kvq_status_name(KVQ_ERR_POOL_EXHAUSTED), "KVQ_ERR_POOL_EXHAUSTED");
+    CHECK_STR_EQ(kvq_status_name((kvq_status)999), "unknown status");
+}
+
+static void test_codec_table(void) {
+    const int32_t count = kvq_codec_count();
+    CHECK(count >= 8);
+    for (int32_t id = 0; id < count; ++id) {
+        kvq_codec_info info = kvq_codec_info_init();
+        CHECK_OK(kvq_codec_get_info(id, &info));
+        CHECK(info.size == sizeof info);
+        CHECK(info.name != NULL && info.layout != NULL && info.block > 0 && info.bytes_per_block > 0);
+        CHECK(fabs(info.bits_per_value - 8.0 * info.bytes_per_block / info.block) < 1e-12);
+        int32_t found = -1;
+        CHECK_OK(kvq_codec_lookup(info.name, &found));
+        CHECK(found == id);
+    }
+    int32_t id = -1;
+    kvq_codec_info info = kvq_codec_info_init();
+    CHECK_OK(kvq_codec_lookup("q8_0", &id));
+    CHECK_OK(kvq_codec_get_info(id, &info));
+    CHECK(info.block == 32 && info.bytes_per_block == 34 && info.ggml_layout == 1 && info.bits_per_value == 8.5);
+    CHECK_OK(kvq_codec_lookup("q4_0", &id));
+    CHECK_OK(kvq_codec_get_info(id, &info));
+    CHECK(info.bytes_per_block == 18 && info.bits_per_value == 4.5 && info.ggml_layout == 1);
+
+    CHECK_STATUS(kvq_codec_lookup("q3_xs", &id), KVQ_ERR_UNKNOWN_CODEC, "q3_xs");
+    CHECK_STATUS(kvq_codec_get_info(count, &info), KVQ_ERR_UNKNOWN_CODEC, "outside");
+    CHECK_STATUS(kvq_codec_get_info(-1, &info), KVQ_ERR_UNKNOWN_CODEC, "outside");
+    CHECK_STATUS(kvq_codec_get_info(0, NULL), KVQ_ERR_INVALID_ARGUMENT, "NULL");
+    info.size = 8; /* not set to sizeof */
+    CHECK_STATUS(kvq_codec_get_info(0, &info), KVQ_ERR_INVALID_ARGUMENT, "sizeof");
+
+    size_t bytes = 0;
+    CHECK_OK(kvq_codec_spec_row_bytes("q4_0", 128, &bytes));
+    CHECK(bytes == 4 * 18);
+    CHECK_OK(kvq_codec_spec_row_bytes("q8_0+rot", 128, &bytes));
+    CHECK(bytes == 4 * 34);
+    CHECK_STATUS(kvq_codec_spec_row_bytes("nope", 128, &bytes), KVQ_ERR_UNKNOWN_CODEC, "nope");
+    CHECK_STATUS(kvq_codec_spec_row_bytes("q4_0", 100, &bytes), KVQ_ERR_BAD_HEAD_DIM, "100");
+    CHECK_STATUS(kvq_codec_spec_row_bytes("q4_0", 0, &bytes), KVQ_ERR_BAD_HEAD_DIM, "head_dim");
+    CHECK_STATUS(kvq_codec_spec_row_bytes("q4_0:x=1", 128, &bytes), KVQ_ERR_BAD_PARAMS, "x=1");
+    CHECK_STATUS(kvq_codec_spec_row_bytes(NULL, 128, &bytes), KVQ_ERR_INVALID_ARGUMENT, "NULL");
+    CHECK(bytes == 4 * 34); /* unchanged by the failures */
+}
+
+static void test_codec_rows(void) {
+    enum { N = 40, NQ = 3 };
+    kvq_codec* keys = NULL;
+    kvq_codec* values = NULL;
+    CHECK_STATUS(kvq_codec_create("q4_0", 48, KVQ_DEFAULT_SEED, &keys), KVQ_ERR_BAD_HEAD_DIM, "48");
+    CHECK(keys == NULL);
+    CHECK_OK(kvq_codec_create("q8_0", D, KVQ_DEFAULT_SEED, &keys));
+    CHECK_OK(kvq_codec_create("q4_0+rot", D, KVQ_DEFAULT_SEED, &values));
+    CHECK_STR_EQ(kvq_codec_name(values), "q4_0+rot");
+    CHECK(kvq_codec_head_dim(keys) == D && kvq_codec_rotated(values) == 1 && kvq_codec_rotated(keys) == 0);
+    CHECK(kvq_codec_row_bytes(keys) == 2 * 34 && kvq_codec_bits_per_value(values) == 4.5);
+    CHECK(kvq_codec_row_bytes(NULL) == 0 && strcmp(kvq_codec_name(NULL), "") == 0);
+
+    static float x[N * D], y[N * D], q[NQ * D];
+    fill_gaussian(x, N * D, 1);
+    fill_gaussian(q, NQ * D, 2);
+    uint8_t* rows = malloc(N * kvq_codec_row_bytes(keys));
+    CHECK_OK(kvq_codec_quantize_rows(keys, x, N, rows, 0));
+    CHECK_OK(kvq_codec_dequantize_rows(keys, rows, N, y, 0));
+    CHECK(relative_l2(y, x, N * D) < 0.01); /* 8-bit round trip */
+
+    /* Scores of the prepared queries equal dot products with the dequantized rows, up to the query's
+     * own 8-bit rounding. */
+    uint8_t* prep = malloc(NQ * kvq_codec_query_bytes(keys));
+    static float scores[NQ * N], dots[NQ * N];
+    CHECK_OK(kvq_codec_prepare_queries(keys, q, NQ, prep));
+    CHECK_OK(kvq_codec_score_rows(keys, prep, NQ, rows, N, scores, N, 0));
+    for (int i = 0; i < NQ; ++i) {
+        for (int r = 0; r < N; ++r) {
+            float s = 0;
+            for (int j = 0; j < D; ++j) s += q[i * D + j] * y[r * D + j];
+            dots[i * N + r] = s;
+        }
+    }
+    CHECK(relative_l2(scores, dots, NQ * N) < 0.01);
+
+    /* accumulate + finish equals the weighted sum of dequantized value rows (rotation undone). */
+    uint8_t* vrows = malloc(N * kvq_codec_row_bytes(values));
+    static float vy[N * D], acc[NQ * D], expect[NQ * D], w[NQ * N];
+    CHECK_OK(kvq_codec_quantize_rows(values, x, N, vrows, 0));
+    CHECK_OK(kvq_codec_dequantize_rows(values, vrows, N, vy, 0));
+    fill_gaussian(w, NQ * N, 3);
+    memset(acc, 0, sizeof acc);
+    CHECK_OK(kvq_codec_accumulate_rows(values, w, N, NQ, vrows, N, acc, 0));
+    CHECK_OK(kvq_codec_finish_accumulate(values, acc, NQ));
+    for (int i = 0; i < NQ; ++i) {
+        for (int j = 0; j < D; ++j) {
+            float s = 0;
+            for (int r = 0; r < N; ++r) s += w[i * N + r] * vy[r * D + j];
+            expect[i * D + j] = s;
+        }
+    }
+    CHECK(relative_l2(acc, expect, NQ * D) < 1e-5);
+
+    /* Errors change nothing: the destination keeps its bytes. */
+    const size_t row_bytes = kvq_codec_row_bytes(keys);
+    uint8_t* before = malloc(N * row_bytes);
+    memcpy(before, rows, N * row_bytes);
+    x[5 * D + 7] = NAN;
+    CHECK_STATUS(kvq_codec_quantize_rows(keys, x, N, rows, 0), KVQ_ERR_NON_FINITE, "not finite");
+    x[5 * D + 7] = INFINITY;
+    CHECK_STATUS(kvq_codec_quantize_rows(keys, x, N, rows, 0), KVQ_ERR_NON_FINITE, "not finite");
+    x[5 * D + 7] = 0.0f;
+    CHECK_STATUS(kvq_codec_quantize_rows(keys, x, N, rows, row_bytes - 1), KVQ_ERR_INVALID_ARGUMENT, "stride");
+    CHECK(memcmp(before, rows, N * row_bytes) == 0);
+    q[3] = NAN;
+    CHECK_STATUS(kvq_codec_prepare_queries(keys, q, NQ, prep), KVQ_ERR_NON_FINITE, "not finite");
+    q[3] = 0.5f;
+    CHECK_STATUS(kvq_codec_score_rows(keys, prep, NQ, rows, N, scores, N - 1, 0), KVQ_ERR_INVALID_ARGUMENT,
+                 "score_stride");
+    CHECK_STATUS(kvq_codec_quantize_rows(NULL, x, N, rows, 0), KVQ_ERR_INVALID_ARGUMENT, "NULL");
+    CHECK_STATUS(kvq_codec_dequantize_rows(keys, NULL, N, y, 0), KVQ_ERR_INVALID_ARGUMENT, "null pointer");
+
+    free(before);
+    free(vrows);
+    free(prep);
+    free(rows);
+    kvq_codec_destroy(keys);
+    kvq_codec_destroy(values);
+    kvq_codec_destroy(NULL);
+}
+
+/* Float attention of n_heads query heads over rows laid out [token][kv head][D]. */
+static void float_attention(const float* q, int n_heads, int n_kv_heads, const float* k, const float* v,
+                            size_t n_tokens, float* out) {
+    const int g = n_heads / n_kv_heads;
+    float* w = malloc(n_tokens * sizeof(float));
+    for (int h = 0; h < n_heads; ++h) {
+        const int j = h / g;
+        float m = -INFINITY, sum = 0;
+        for (size_t t = 0; t < n_tokens; ++t) {
+            float s = 0;
+            for (int i = 0; i < D; ++i) s += q[h * D + i] * k[(t * n_kv_heads + j) * D + i];
+            w[t] = s / sqrtf((float)D);
+            m = fmaxf(m, w[t]);
+        }
+        for (size_t t = 0; t < n_tokens; ++t) sum += (w[t] = expf(w[t] - m));
+        for (int i = 0; i < D; ++i) {
+            float o = 0;
+            for (size_t t = 0; t < n_tokens; ++t) o += w[t] * v[(t * n_kv_heads + j) * D + i];
+            out[h * D + i] = o / sum;
+        }
+    }
+    free(w);
+}
+
+static void test_attend_rows(void) {
+    enum { T = 600, KV = 2, H = 6 }; /* more tokens than one chunk of the online softmax */
+    kvq_codec *keys, *values;
+    CHECK_OK(kvq_codec_create("f32", D, KVQ_DEFAULT_SEED, &keys));
+    CHECK_OK(kvq_codec_create("q4_1+rot", D, KVQ_DEFAULT_SEED, &values));
+    float* k = malloc(sizeof(float) * T * KV * D);
+    float* v = malloc(sizeof(float) * T * KV * D);
+    float* v_deq = malloc(sizeof(float) * T * KV * D);
+    static float q[H * D], out[H * D], ref[H * D];
+    fill_gaussian(k, (size_t)T * KV * D, 4);
+    fill_gaussian(v, (size_t)T * KV * D, 5);
+    fill_gaussian(q, H * D, 6);
+    uint8_t* krows = malloc((size_t)T * KV * kvq_codec_row_bytes(keys));
+    uint8_t* vrows = malloc((size_t)T * KV * kvq_codec_row_bytes(values));
+    CHECK_OK(kvq_codec_quantize_rows(keys, k, (size_t)T * KV, krows, 0));
+    CHECK_OK(kvq_codec_quantize_rows(values, v, (size_t)T * KV, vrows, 0));
+    CHECK_OK(kvq_codec_dequantize_rows(values, vrows, (size_t)T * KV, v_deq, 0));
+    CHECK_OK(kvq_attend_rows(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, 0.0f, out));
+    float_attention(q, H, KV, k, v_deq, T, ref);
+    CHECK(relative_l2(out, ref, H * D) < 1e-4); /* f32 keys: the same softmax, the same value rows */
+
+    for (int i = 0; i < H * D; ++i) out[i] = 7.0f;
+    CHECK_STATUS(kvq_attend_rows(keys, values, 5, KV, q, krows, 0, 0, vrows, 0, 0, T, 0.0f, out),
+                 KVQ_ERR_INVALID_ARGUMENT, "multiple of n_kv_heads");
+    q[1] = NAN;
+    CHECK_STATUS(kvq_attend_rows(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, 0.0f, out),
+                 KVQ_ERR_NON_FINITE, "not finite");
+    CHECK(out[0] == 7.0f && out[H * D - 1] == 7.0f);
+    q[1] = 0.0f;
+    CHECK_OK(kvq_attend_rows(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, 0, 0.0f, out));
+    CHECK(out[0] == 0.0f && out[H * D - 1] == 0.0f);
+
+    kvq_codec* wide;
+    CHECK_OK(kvq_codec_create("q8_0", 2 * D, KVQ_DEFAULT_SEED, &wide));
+    CHECK_STATUS(kvq_attend_rows(wide, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, 0.0f, out),
+                 KVQ_ERR_BAD_HEAD_DIM, "head_dim");
+    kvq_codec_destroy(wide);
+    free(k);
+    free(v);
+    free(v_deq);
+    free(krows);
+    free(vrows);
+    kvq_codec_destroy(keys);
+    kvq_codec_destroy(values);
+}
+
+/* The message is per thread: another thread's failure does not replace this thread's. */
+static void* fail_in_other_thread(void* arg) {
+    (void)arg;
+    int32_t id;
+    kvq_codec_lookup("other-thread-codec", &id);
+    return (void*)(strstr(kvq_last_error(), "other-thread-codec") != NULL ? (void*)1 : NULL);
+}
+
+static void test_last_error(void) {
+    int32_t id;
+    CHECK_STATUS(kvq_codec_lookup("main-thread-codec", &id), KVQ_ERR_UNKNOWN_CODEC, "main-thread-codec");
+    CHECK_OK(kvq_codec_lookup("q8_0", &id)); /* success leaves the message alone */
+    CHECK(strstr(kvq_last_error(), "main-thread-codec") != NULL);
+    pthread_t thread;
+    void* other_saw_its_own = NULL;
+    CHECK(pthread_create(&thread, NULL, fail_in_other_thread, NULL) == 0);
+    CHECK(pthread_join(thread, &other_saw_its_own) == 0);
+    CHECK(other_saw_its_own != NULL);
+    CHECK(strstr(kvq_last_error(), "main-thread-codec") != NULL);
+}
+
+int main(void) {
+    test_version();
+    test_codec_table();
+    test_codec_rows();
+    test_attend_rows();
+    test_last_error();
+    return check_report("test_capi");
+}
