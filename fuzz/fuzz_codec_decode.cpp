@@ -81,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // The buffer ends exactly where the last row ends, so any read past a row is past the allocation.
     std::vector<uint8_t> buf(offset + (n_rows - 1) * stride + c.row_bytes(), 0);
     const auto bytes = in.ConsumeRemainingBytes<uint8_t>();
-    std::memcpy(buf.data(), bytes.data(), std::min(bytes.size(), buf.size()));
+    if (!bytes.empty()) std::memcpy(buf.data(), bytes.data(), std::min(bytes.size(), buf.size()));
     const uint8_t* rows = buf.data() + offset;
 
     std::vector<float> reference;  // dequantized at the first level

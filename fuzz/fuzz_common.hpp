@@ -57,7 +57,7 @@ inline std::optional<Codec> pick_codec(FuzzedDataProvider& in) {
 inline std::vector<float> raw_floats(FuzzedDataProvider& in, size_t n) {
     std::vector<float> x(n, 0.0f);
     const auto bytes = in.ConsumeBytes<uint8_t>(n * sizeof(float));
-    std::memcpy(x.data(), bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(x.data(), bytes.data(), bytes.size());
     return x;
 }
 

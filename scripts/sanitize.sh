@@ -15,12 +15,11 @@ what=${1:-all}
 
 "$root/scripts/setup.sh"
 
-# Debug keeps Eigen's and the standard library's assertions on; -O1 keeps the run fast (and makes GCC 12 warn
-# about its own AVX-512 intrinsics headers, hence -Wno-uninitialized here only).
+# Debug keeps Eigen's and the standard library's assertions on; -O1 keeps the run fast.
 build() {
   local dir=$1 sanitize=$2
   if [ ! -f "$dir/CMakeCache.txt" ]; then
-    cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-O1 -Wno-uninitialized" \
+    cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 \
       -DKVQ_SANITIZE="$sanitize" -DKVQ_BUILD_BENCH=OFF -DKVQ_BUILD_TOOLS=OFF >/dev/null
   fi
   cmake --build "$dir" -j "$jobs" --target "${@:3}"

@@ -42,7 +42,7 @@ xsimd::batch<uint32_t, A> f32_to_f16_batch(xsimd::batch<float, A> f) {
     base = xsimd::bitwise_cast<F>(xsimd::bitwise_cast<U>(half_bias) + U(0x07800000u)) + base;
     const U bits = xsimd::bitwise_cast<U>(base);
     const U nonsign = ((bits >> 13) & U(0x00007C00u)) + (bits & U(0x00000FFFu));
-    const U nan = U(0x7E00u);
+    const U nan = U(0x7E00u) | ((w >> 13) & U(0x03FFu));  // quiet, payload kept (as F16C does)
     const U magnitude = xsimd::bitwise_cast<U>(xsimd::select(xsimd::isnan(f), xsimd::bitwise_cast<F>(nan),
                                                              xsimd::bitwise_cast<F>(nonsign)));
     return (sign >> 16) | magnitude;
