@@ -19,9 +19,9 @@ install(EXPORT kvqTargets NAMESPACE kvq:: DESTINATION ${KVQ_CMAKE_DIR})
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/kvqConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/kvqConfig.cmake INSTALL_DESTINATION ${KVQ_CMAKE_DIR})
-# 0.x: the C ABI may change between minor versions, so only the same minor version is compatible.
+# The C ABI only grows within a major version (kvq.h, ABI notes), as the SONAME libkvq.so.<major> says.
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/kvqConfigVersion.cmake
-  COMPATIBILITY SameMinorVersion)
+  COMPATIBILITY SameMajorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvqConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/kvqConfigVersion.cmake
   DESTINATION ${KVQ_CMAKE_DIR})
 

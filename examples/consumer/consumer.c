@@ -1,5 +1,5 @@
 /* A C program built against an installed kvq (see CMakeLists.txt here): checks the header and library
- * versions agree, lists the codec table, and attends over rows it quantized itself. */
+ * versions agree, lists the codec table, attends over rows it quantized itself and through a cache. */
 #include <kvq/kvq.h>
 
 #include <math.h>
@@ -38,5 +38,22 @@ int main(void) {
     printf("attention over %d q8_0/q4_0 rows: out[0..2] = %.4f %.4f %.4f\n", T, out[0], out[1], out[2]);
     kvq_codec_destroy(keys);
     kvq_codec_destroy(values);
+
+    /* The same rows through a cache (one layer, one head). Its open block stays float32 until it fills
+     * (seal = KVQ_SEAL_ON_BLOCK_FULL), so the output differs slightly from the all-quantized one above. */
+    kvq_cache_params p = kvq_cache_params_default();
+    p.head_dim = D;
+    kvq_cache* cache = NULL;
+    int64_t seq;
+    float cached[D];
+    if (kvq_cache_create(&p, &cache) != KVQ_OK || kvq_cache_add_sequence(cache, &seq) != KVQ_OK ||
+        kvq_cache_append(cache, 0, seq, k, v, T) != KVQ_OK || kvq_cache_attend(cache, 0, seq, q, cached) != KVQ_OK) {
+        fprintf(stderr, "kvq: %s\n", kvq_last_error());
+        kvq_cache_destroy(cache);
+        return 1;
+    }
+    printf("cache: %.0f bytes per token, out[0..2] = %.4f %.4f %.4f\n", kvq_cache_bytes_per_token(cache), cached[0],
+           cached[1], cached[2]);
+    kvq_cache_destroy(cache);
     return 0;
 }

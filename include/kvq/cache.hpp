@@ -59,7 +59,9 @@ struct CacheConfig {
     size_t grow_blocks = 64;    // blocks added when the pool grows
     float scale = 0.0f;         // softmax scale; 0 means 1/sqrt(head_dim)
     float softcap = 0.0f;       // logit soft-cap c: s -> c·tanh(s/c); 0 = off (Gemma 2 uses 50)
-    std::vector<int> sliding_window;  // per layer, in tokens; empty, or 0 for a layer, = full attention
+    // Per layer, in tokens; empty, or 0 for a layer, = full attention. A block returns to the pool once it
+    // lies more than one block before the window (the slack lets truncate go back block_tokens tokens).
+    std::vector<int> sliding_window;
     SealPolicy seal = SealPolicy::on_block_full;
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)

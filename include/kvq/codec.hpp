@@ -2,7 +2,8 @@
 //
 // A codec is chosen by name from the codec table (`codec_names()`), optionally with the `+rot`
 // modifier, which multiplies rows and queries by a seeded randomized Hadamard matrix first
-// (q·k is unchanged; outlier channels are spread over all channels).
+// (q·k is unchanged; outlier channels are spread over all channels). The polar and turbo codecs always
+// rotate (with the seed given to make); on them "+rot" is accepted and builds the same codec.
 //
 //   auto k = kvq::Codec::make("q8_0", 128);          // keys: ggml block_q8_0 rows
 //   auto v = kvq::Codec::make("q4_0+rot", 128);      // values: rotated ggml block_q4_0 rows
@@ -59,6 +60,7 @@ struct CodecInfo {
     int bytes_per_block = 0;  // bytes per block (for codecs with a per-row header, see row_bytes)
     bool ggml_layout = false; // row bytes are ggml's blocks for the type of the same name
     std::string layout;       // one-line description of the bytes
+    bool rotates = false;     // always rotates (polar, turbo*): "+rot" is accepted and changes nothing
 };
 
 // Names in the codec table, in table order.

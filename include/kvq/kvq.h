@@ -104,7 +104,9 @@ typedef struct kvq_codec_info {
     const char* name;        /* e.g. "q4_0"; static storage */
     int32_t block;           /* values per block: head_dim must be a multiple */
     int32_t bytes_per_block; /* bytes of one block (codecs with a per-row header: see kvq_codec_spec_row_bytes) */
-    double bits_per_value;   /* 8 · bytes_per_block / block, every scale and offset included */
+    double bits_per_value;   /* 8 · bytes_per_block / block, the blocks' scales and offsets included; a
+                                per-row header (turbo*: fp16 norm) adds its bits / head_dim, which
+                                kvq_codec_bits_per_value() of a codec for a head size counts */
     int32_t ggml_layout;     /* 1: row bytes are ggml's blocks of the type with the same name */
     const char* layout;      /* one line describing the bytes; static storage */
 } kvq_codec_info;

@@ -34,7 +34,7 @@ std::vector<std::string> codec_names() {
 CodecInfo codec_info(std::string_view name) {
     const auto* row = detail::find_codec(name);
     if (!row) throw std::invalid_argument("unknown codec '" + std::string(name) + "'");
-    return {row->name, row->block, row->bytes_per_block, row->ggml_layout, row->layout};
+    return {row->name, row->block, row->bytes_per_block, row->ggml_layout, row->layout, row->rotates};
 }
 
 Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
@@ -61,12 +61,12 @@ Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
                                     std::to_string(head_dim));
     }
     std::unique_ptr<detail::CodecImpl> impl = row->make(params, head_dim, seed);
-    if (rotated) impl = detail::make_rotated(std::move(impl), seed);
+    if (rotated && !row->rotates) impl = detail::make_rotated(std::move(impl), seed);
     Codec c;
     c.impl_ = std::move(impl);
     c.name_ = std::string(spec);
     c.head_dim_ = head_dim;
-    c.rotated_ = rotated;
+    c.rotated_ = rotated || row->rotates;
     c.seed_ = seed;
     return c;
 }

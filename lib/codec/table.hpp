@@ -19,6 +19,7 @@ struct CodecTableRow {
     // Builds the codec for a head size; params is what follows "name:" in a spec (empty if none).
     // Throws std::invalid_argument for head sizes or parameters the codec cannot take.
     std::unique_ptr<CodecImpl> (*make)(std::string_view params, int head_dim, uint64_t seed);
+    bool rotates = false;  // the codec rotates rows itself (polar, turbo): "+rot" adds nothing
 };
 
 std::span<const CodecTableRow> codec_table();

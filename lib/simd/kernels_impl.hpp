@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 
 #include "../codec/kernels.hpp"
@@ -25,35 +26,61 @@ namespace {
 using detail::BlockQ8Query;
 
 // Layouts: the block's values as signed int8 Bytes, and its scale and offset.
+// The nibble layouts also give their codes before the offset (raw, 0..31) and the per-block term that
+// the offset or the minimum adds to a dot product: x = d·(raw − off) or x = d·raw + m, so
+// q·x = d·dq·Σ raw·y + bias·kBiasScale·s with bias·kBiasScale = −off·d or m and s = dq·Σy
+// (BlockQ8Query::s).
 struct LayoutQ8_0 {
     using Block = detail::BlockQ8_0;
-    static constexpr bool has_min = false;
+    static constexpr bool has_min = false, unsigned_raw = false;
     template <class O>
     static auto bytes(const Block& b) { return O::load_q8(b.qs); }
+    template <class O>
+    static auto raw(const Block& b) { return bytes<O>(b); }
 };
 struct LayoutQ4_0 {
     using Block = detail::BlockQ4_0;
-    static constexpr bool has_min = false;
+    static constexpr bool has_min = false, unsigned_raw = true;
     template <class O>
-    static auto bytes(const Block& b) { return O::sub(O::load_nibbles(b.qs), 8); }
+    static auto raw(const Block& b) { return O::load_nibbles(b.qs); }
+    template <class O>
+    static auto bytes(const Block& b) { return O::sub(raw<O>(b), 8); }
+    static constexpr float kBiasScale = -8.0f;
+    template <class O>
+    static float bias(const Block&, float d) { return d; }
 };
 struct LayoutQ4_1 {
     using Block = detail::BlockQ4_1;
-    static constexpr bool has_min = true;
+    static constexpr bool has_min = true, unsigned_raw = true;
     template <class O>
-    static auto bytes(const Block& b) { return O::load_nibbles(b.qs); }
+    static auto raw(const Block& b) { return O::load_nibbles(b.qs); }
+    template <class O>
+    static auto bytes(const Block& b) { return raw<O>(b); }
+    static constexpr float kBiasScale = 1.0f;
+    template <class O>
+    static float bias(const Block& b, float) { return O::f16_value(b.m); }
 };
 struct LayoutQ5_0 {
     using Block = detail::BlockQ5_0;
-    static constexpr bool has_min = false;
+    static constexpr bool has_min = false, unsigned_raw = true;
     template <class O>
-    static auto bytes(const Block& b) { return O::sub(O::add_high_bits(O::load_nibbles(b.qs), b.qh), 16); }
+    static auto raw(const Block& b) { return O::add_high_bits(O::load_nibbles(b.qs), b.qh); }
+    template <class O>
+    static auto bytes(const Block& b) { return O::sub(raw<O>(b), 16); }
+    static constexpr float kBiasScale = -16.0f;
+    template <class O>
+    static float bias(const Block&, float d) { return d; }
 };
 struct LayoutQ5_1 {
     using Block = detail::BlockQ5_1;
-    static constexpr bool has_min = true;
+    static constexpr bool has_min = true, unsigned_raw = true;
     template <class O>
-    static auto bytes(const Block& b) { return O::add_high_bits(O::load_nibbles(b.qs), b.qh); }
+    static auto raw(const Block& b) { return O::add_high_bits(O::load_nibbles(b.qs), b.qh); }
+    template <class O>
+    static auto bytes(const Block& b) { return raw<O>(b); }
+    static constexpr float kBiasScale = 1.0f;
+    template <class O>
+    static float bias(const Block& b, float) { return O::f16_value(b.m); }
 };
 
 template <class O, class L>
@@ -116,6 +143,57 @@ void score_group(const uint8_t* const* prep, const uint8_t* rows, size_t row_str
     }
 }
 
+inline constexpr int64_t kMaxGroupBlocks = 64;  // head_dim <= 2048: the group's block scales fit on the stack
+
+// Four queries at once, in one register: per key block, the four integer dot products are transposed into
+// one vector (lane i of each 128-bit half holds query i), converted once and scaled by dk·[dq of each
+// query]; nibble codes are taken unsigned (maddubs needs no sign trick) and their offset or minimum comes
+// back per block as bias·[s of each query].
+template <class A, class L>
+void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
+                  int64_t nb, float* const* out) {
+    using O = Ops<A>;
+    using FD = xsimd::batch<float, typename O::DotArch>;
+    constexpr int N = static_cast<int>(FD::size);
+    static_assert(N % 4 == 0);
+    const BlockQ8Query* q[4];
+    for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep[i]);
+    alignas(64) float dq[kMaxGroupBlocks][N], sq[kMaxGroupBlocks][N];
+    assert(n_rows <= kRowChunk);
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int l = 0; l < N; ++l) {
+            dq[b][l] = q[l % 4][b].d;
+            // the halves of acc each hold part of a dot; the bias goes in once
+            if constexpr (L::unsigned_raw) sq[b][l] = l < 4 ? q[l][b].s * L::kBiasScale : 0.0f;
+        }
+    }
+    alignas(64) float result[kRowChunk][N];
+    for (size_t r = 0; r < n_rows; ++r) {
+        const auto* blk = reinterpret_cast<const typename L::Block*>(rows + r * row_stride);
+        FD acc(0.0f), bias(0.0f);
+        for (int64_t b = 0; b < nb; ++b) {
+            const float dk = O::f16_value(blk[b].d);
+            const int8_t* y[4] = {q[0][b].qs, q[1][b].qs, q[2][b].qs, q[3][b].qs};
+            typename O::IDot p;
+            if constexpr (L::unsigned_raw) {
+                p = O::dot4_unsigned(O::ukey(L::template raw<O>(blk[b])), y);
+                bias = xsimd::fma(FD(L::template bias<O>(blk[b], dk)), FD::load_aligned(sq[b]), bias);
+            } else {
+                p = O::dot4_signed(O::key(L::template raw<O>(blk[b])), y);
+            }
+            acc = xsimd::fma(O::dot_to_f32(p), FD(dk) * FD::load_aligned(dq[b]), acc);
+        }
+        (acc + bias).store_aligned(result[r]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        for (size_t r = 0; r < n_rows; ++r) {
+            float total = result[r][i];
+            for (int l = i + 4; l < N; l += 4) total += result[r][l];
+            out[i][r] = total;
+        }
+    }
+}
+
 template <class A, class L>
 struct ScoreBlocks {
     template <int G>
@@ -127,6 +205,9 @@ struct ScoreBlocks {
             for (int i = 0; i < G; ++i) {
                 p[i] = prep + (i0 + i) * prep_bytes;
                 out[i] = scores + (i0 + i) * score_stride;
+            }
+            if constexpr (G == 4) {
+                if (nb <= kMaxGroupBlocks) return score_group4<A, L>(p, rows, row_stride, n_rows, nb, out);
             }
             score_group<A, L, G>(p, rows, row_stride, n_rows, nb, out);
         }

@@ -64,10 +64,41 @@ struct Avx2Blocks {
     }
 
     static Key key(Bytes k) { return {k, _mm256_abs_epi8(k)}; }
+    // Keys with values in 0..31 (unsigned nibbles, before their offset): maddubs takes them as they are.
+    using UKey = __m256i;
+    static UKey ukey(Bytes k) { return k; }
+    using IDot = __m256i;  // eight int32 partial sums of one block's dot product
+    static IDot dot_signed(const Key& key, const int8_t* y) {
+        const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)), key.k);
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(key.abs_k, sy), _mm256_set1_epi16(1));
+    }
+    static IDot dot_unsigned(UKey k, const int8_t* y) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(k, q), _mm256_set1_epi16(1));
+    }
+    // Four dot products' partial sums transposed and added: lane i (of each 128-bit half) sums p[i].
+    static IDot reduce4(const IDot* p) {
+        const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
+        const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
+        return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+    }
+    static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> dot_to_f32(IDot v) { return _mm256_cvtepi32_ps(v); }
+    // reduce4 of four queries' dot products with one key block. Unsigned codes are at most 31 and
+    // |y| <= 128, so eight products fit in int16 (31·128·8 < 2^15): sum them with hadd before widening.
+    static IDot dot4_unsigned(UKey k, const int8_t* const* y) {
+        __m256i m[4];
+        for (int i = 0; i < 4; ++i) m[i] = _mm256_maddubs_epi16(k, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i])));
+        const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3]));
+        return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+    }
+    static IDot dot4_signed(const Key& k, const int8_t* const* y) {
+        IDot p[4];
+        for (int i = 0; i < 4; ++i) p[i] = dot_signed(k, y[i]);
+        return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    }
     // Eight partial sums of k·y (exact integers, as floats).
     static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> dot(const Key& key, const int8_t* y) {
-        const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)), key.k);
-        return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(key.abs_k, sy), _mm256_set1_epi16(1)));
+        return _mm256_cvtepi32_ps(dot_signed(key, y));
     }
 
     static uint16_t f16_bits(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }

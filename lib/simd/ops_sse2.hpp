@@ -90,14 +90,29 @@ struct Ops<xsimd::sse2> {
     }
 
     static Key key(Bytes b) { return {{widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)}}; }
-    static F dot(const Key& k, const int8_t* y) {
+    using UKey = Key;  // int16 products do not care about the sign
+    static UKey ukey(Bytes b) { return key(b); }
+    using IDot = __m128i;
+    static IDot dot_signed(const Key& k, const int8_t* y) {
         const Bytes q = load_q8(y);
         __m128i s = _mm_madd_epi16(k.w[0], widen_lo(q.lo));
         s = _mm_add_epi32(s, _mm_madd_epi16(k.w[1], widen_hi(q.lo)));
         s = _mm_add_epi32(s, _mm_madd_epi16(k.w[2], widen_lo(q.hi)));
-        s = _mm_add_epi32(s, _mm_madd_epi16(k.w[3], widen_hi(q.hi)));
-        return _mm_cvtepi32_ps(s);
+        return _mm_add_epi32(s, _mm_madd_epi16(k.w[3], widen_hi(q.hi)));
     }
+    static IDot dot_unsigned(const UKey& k, const int8_t* y) { return dot_signed(k, y); }
+    static IDot reduce4(const IDot* p) {
+        const __m128i t0 = _mm_add_epi32(_mm_unpacklo_epi32(p[0], p[1]), _mm_unpackhi_epi32(p[0], p[1]));
+        const __m128i t1 = _mm_add_epi32(_mm_unpacklo_epi32(p[2], p[3]), _mm_unpackhi_epi32(p[2], p[3]));
+        return _mm_add_epi32(_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1));
+    }
+    static F dot_to_f32(IDot v) { return _mm_cvtepi32_ps(v); }
+    static IDot dot4_signed(const Key& k, const int8_t* const* y) {
+        const IDot p[4] = {dot_signed(k, y[0]), dot_signed(k, y[1]), dot_signed(k, y[2]), dot_signed(k, y[3])};
+        return reduce4(p);
+    }
+    static IDot dot4_unsigned(const UKey& k, const int8_t* const* y) { return dot4_signed(k, y); }
+    static F dot(const Key& k, const int8_t* y) { return _mm_cvtepi32_ps(dot_signed(k, y)); }
 
     static float hmax(F v) {
         __m128 m = _mm_max_ps(v, _mm_movehl_ps(v, v));

@@ -1,0 +1,172 @@
+// Codec kernels per codec and per SIMD level, from memory, one thread: quantize (16 M floats), dequantize,
+// score (head_dim 128, a GQA group of 4 queries prepared once, keys streamed from a buffer far larger than
+// the caches, scores written to a small reused buffer as decode attention does) and accumulate.
+// Counters (from the fastest pass): values/s, bytes/s (bytes the kernel reads) and x_floor, the time as a
+// multiple of the time the machine needs just to read those bytes (kvq::bench::read_bandwidth, measured
+// in the same run): 1.0 is the physical floor, 1.67 is 60% of the read bandwidth.
+//
+//   ./build/bench/kvq_bench --benchmark_filter='codec/score/(q8_0|q4_0|f16)/'
+//   ./build/bench/kvq_bench --benchmark_filter='codec/' --benchmark_format=json > codecs.json
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bandwidth.hpp"
+#include "kvq/codec.hpp"
+#include "kvq/simd.hpp"
+#include "simd/dispatch.hpp"
+
+namespace kvq::bench {
+namespace {
+
+using detail::BlockCodec;
+using detail::BlockKernels;
+
+constexpr int kDim = 128;
+constexpr size_t kQuantizeValues = size_t(16) << 20;  // 16 M floats = 64 MiB
+constexpr size_t kStreamBytes = size_t(256) << 20;    // key/value rows streamed by score and accumulate
+constexpr size_t kChunkRows = 512;                     // rows per kernel call in score/accumulate
+constexpr int kGroup = 4;                              // queries of one GQA group
+
+struct CodecShape {
+    BlockCodec codec;
+    std::string name;
+    size_t row_bytes, query_bytes;
+};
+
+CodecShape shape(BlockCodec c) {
+    const auto info = kvq::codec_info(kvq::codec_names().at(static_cast<int>(c)));
+    const auto codec = kvq::Codec::make(info.name, kDim);
+    return {c, info.name, codec.row_bytes(), codec.query_bytes()};
+}
+
+std::vector<float> gaussian(size_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> x(n);
+    for (float& v : x) v = dist(rng);
+    return x;
+}
+
+// Times each pass of the body (wall clock) and sets the counters from the fastest pass, as the bandwidth
+// probe keeps its fastest pass: on a shared machine, noise only ever makes a pass slower.
+template <class Body>
+void run(benchmark::State& state, size_t values, size_t bytes_read, Body&& body) {
+    const double floor_s = double(bytes_read) / read_bandwidth(1);
+    double best = 1e300;
+    for (auto _ : state) {
+        const auto t0 = std::chrono::steady_clock::now();
+        body();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    state.counters["values/s"] = benchmark::Counter(double(values) / best);
+    state.counters["bytes/s"] = benchmark::Counter(double(bytes_read) / best);
+    state.counters["x_floor"] = benchmark::Counter(best / floor_s);
+}
+
+void quantize(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    const size_t rows = kQuantizeValues / kDim;
+    const auto x = gaussian(kQuantizeValues, 1);
+    std::vector<uint8_t> out(rows * s.row_bytes, 1);
+    run(state, kQuantizeValues, kQuantizeValues * sizeof(float), [&] {
+        for (size_t r = 0; r < rows; ++r) k->quantize(x.data() + r * kDim, out.data() + r * s.row_bytes, kDim);
+        benchmark::DoNotOptimize(out.data());
+    });
+}
+
+// The public path: Codec::quantize_rows at the active level, with its finiteness check (a second read of
+// the input when it is larger than the caches).
+void quantize_api(benchmark::State& state, CodecShape s, SimdLevel level) {
+    const SimdLevel before = simd_level();
+    force_simd_level(level);
+    const auto codec = kvq::Codec::make(s.name, kDim);
+    const size_t rows = kQuantizeValues / kDim;
+    const auto x = gaussian(kQuantizeValues, 1);
+    std::vector<uint8_t> out(rows * s.row_bytes, 1);
+    run(state, kQuantizeValues, kQuantizeValues * sizeof(float), [&] {
+        codec.quantize_rows(x.data(), rows, out.data());
+        benchmark::DoNotOptimize(out.data());
+    });
+    force_simd_level(before);
+}
+
+std::vector<uint8_t> quantized_rows(const CodecShape& s, size_t rows) {
+    std::vector<uint8_t> bytes(rows * s.row_bytes);
+    const auto& spec = detail::scalar_kernels(s.codec);
+    const auto x = gaussian(size_t(4096) * kDim, 2);  // repeat 4096 distinct rows (quantizing 256 MiB is slow)
+    for (size_t r = 0; r < rows; ++r) spec.quantize(x.data() + (r % 4096) * kDim, bytes.data() + r * s.row_bytes, kDim);
+    return bytes;
+}
+
+void dequantize(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    const size_t rows = kQuantizeValues / kDim;
+    const auto bytes = quantized_rows(s, rows);
+    std::vector<float> y(kQuantizeValues, 1.0f);
+    run(state, kQuantizeValues, bytes.size(), [&] {
+        for (size_t r = 0; r < rows; ++r) k->dequantize(bytes.data() + r * s.row_bytes, y.data() + r * kDim, kDim);
+        benchmark::DoNotOptimize(y.data());
+    });
+}
+
+void score(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    const size_t rows = kStreamBytes / s.row_bytes / kChunkRows * kChunkRows;
+    const auto keys = quantized_rows(s, rows);
+    const auto q = gaussian(size_t(kGroup) * kDim, 3);
+    std::vector<uint8_t> prep(kGroup * s.query_bytes);
+    for (int i = 0; i < kGroup; ++i) k->prepare_query(q.data() + i * kDim, prep.data() + i * s.query_bytes, kDim);
+    std::vector<float> scores(kGroup * kChunkRows);
+    run(state, rows * kDim, rows * s.row_bytes, [&] {
+        for (size_t r0 = 0; r0 < rows; r0 += kChunkRows) {
+            k->score(prep.data(), s.query_bytes, kGroup, keys.data() + r0 * s.row_bytes, s.row_bytes, kChunkRows,
+                     kDim, scores.data(), kChunkRows);
+            benchmark::DoNotOptimize(scores.data());
+        }
+    });
+}
+
+void accumulate(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    const size_t rows = kStreamBytes / s.row_bytes / kChunkRows * kChunkRows;
+    const auto values = quantized_rows(s, rows);
+    auto w = gaussian(size_t(kGroup) * kChunkRows, 4);
+    for (float& v : w) v = std::fabs(v) * 1e-3f;
+    std::vector<float> acc(kGroup * kDim, 0.0f);
+    run(state, rows * kDim, rows * s.row_bytes, [&] {
+        for (size_t r0 = 0; r0 < rows; r0 += kChunkRows) {
+            k->accumulate(w.data(), kChunkRows, kGroup, values.data() + r0 * s.row_bytes, s.row_bytes, kChunkRows,
+                          kDim, acc.data());
+        }
+        benchmark::DoNotOptimize(acc.data());
+    });
+}
+
+// codec/<op>/<codec>/<level>, for every block codec and every level this CPU runs.
+const bool registered = [] {
+    for (const char* op : {"quantize", "quantize_api", "dequantize", "score", "accumulate"}) {
+        for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
+            const CodecShape s = shape(static_cast<BlockCodec>(c));
+            for (SimdLevel level : available_simd_levels()) {
+                const BlockKernels* k = detail::level_kernels(s.codec, level);
+                const std::string name = std::string("codec/") + op + "/" + s.name + "/" +
+                                         std::string(simd_level_name(level));
+                const std::string o = op;
+                benchmark::internal::Benchmark* b = nullptr;
+                if (o == "quantize") b = benchmark::RegisterBenchmark(name.c_str(), quantize, s, k);
+                if (o == "quantize_api") b = benchmark::RegisterBenchmark(name.c_str(), quantize_api, s, level);
+                if (o == "dequantize") b = benchmark::RegisterBenchmark(name.c_str(), dequantize, s, k);
+                if (o == "score") b = benchmark::RegisterBenchmark(name.c_str(), score, s, k);
+                if (o == "accumulate") b = benchmark::RegisterBenchmark(name.c_str(), accumulate, s, k);
+                b->Unit(benchmark::kMillisecond)->MinTime(0.3);
+            }
+        }
+    }
+    return true;
+}();
+
+}  // namespace
+}  // namespace kvq::bench

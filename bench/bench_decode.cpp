@@ -1,0 +1,130 @@
+// One decode step of one layer through KVCache::attend, with the Llama-3-8B layer shape (32 query heads,
+// 8 kv heads, head_dim 128), at 4k, 32k and 128k tokens, on 1 and 2 threads, for several K/V codec pairs.
+//
+// Counters, all measured in this run:
+//   x_floor  time ÷ (bytes the step reads ÷ read bandwidth of that many threads): 1.0 is the physical floor
+//   vs_f16   time of the f16/f16 cache at the same length and threads ÷ this time (> 1: faster than f16)
+//   GB/s     bytes read per second
+// At 4k tokens the quantized caches fit in the last-level cache, so they can beat the DRAM floor.
+//
+//   ./build/bench/kvq_bench --benchmark_filter=decode
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bandwidth.hpp"
+#include "kvq/cache.hpp"
+
+namespace {
+
+struct CodecPair {
+    const char* key;
+    const char* value;
+};
+// f16 first: every other pair is compared with it.
+constexpr CodecPair kPairs[] = {{"f16", "f16"},   {"f32", "f32"},      {"q8_0", "q4_0"},
+                                {"q8_0", "q8_0"}, {"q4_0+rot", "q4_0"}, {"q8_0", "q4_0+rot"}};
+constexpr size_t kContexts[] = {size_t(128) << 10, size_t(32) << 10, size_t(4) << 10};  // longest first
+constexpr int kThreads[] = {1, 2};
+constexpr int kKvHeads = 8, kHeads = 32, kHeadDim = 128;
+
+kvq::CacheConfig llama3_layer(const CodecPair& pair, int threads) {
+    kvq::CacheConfig cfg;
+    cfg.n_layers = 1;
+    cfg.n_kv_heads = kKvHeads;
+    cfg.n_heads = kHeads;
+    cfg.head_dim = kHeadDim;
+    cfg.key_codec = pair.key;
+    cfg.value_codec = pair.value;
+    cfg.threads = threads;
+    return cfg;
+}
+
+// One cache at a time (128k tokens of f32 K and V are 1 GiB): kept between benchmarks of the same pair and
+// thread count, which run longest context first, so a shorter one only truncates.
+struct BuiltCache {
+    int pair = -1, threads = 0;
+    std::unique_ptr<kvq::KVCache> cache;
+    kvq::SequenceId seq = 0;
+};
+
+kvq::KVCache& cache_for(int pair, int threads, size_t ctx, kvq::SequenceId& seq) {
+    static BuiltCache built;
+    if (built.pair != pair || built.threads != threads || built.cache->n_tokens(built.seq) < ctx) {
+        built.cache.reset();
+        built.cache = std::make_unique<kvq::KVCache>(llama3_layer(kPairs[pair], threads));
+        built.pair = pair;
+        built.threads = threads;
+        built.seq = built.cache->add_sequence();
+        // A few thousand random tokens, appended over and over: content does not change the speed.
+        constexpr size_t kChunk = 4096;
+        std::mt19937 rng(42);
+        std::normal_distribution<float> normal;
+        std::vector<float> k(kChunk * kKvHeads * kHeadDim), v(k.size());
+        for (auto& x : k) x = normal(rng);
+        for (auto& x : v) x = normal(rng);
+        for (size_t n = 0; n < ctx; n += kChunk) {
+            built.cache->append(0, built.seq, k.data(), v.data(), std::min(kChunk, ctx - n));
+        }
+    }
+    if (built.cache->n_tokens(built.seq) > ctx) built.cache->truncate(built.seq, ctx);
+    seq = built.seq;
+    return *built.cache;
+}
+
+std::map<std::pair<size_t, int>, double>& f16_seconds() {
+    static std::map<std::pair<size_t, int>, double> t;
+    return t;
+}
+
+void BM_Decode(benchmark::State& state, int pair, size_t ctx, int threads) {
+    kvq::SequenceId seq;
+    const kvq::KVCache& cache = cache_for(pair, threads, ctx, seq);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal;
+    std::vector<float> q(kHeads * kHeadDim), out(q.size());
+    for (auto& x : q) x = normal(rng);
+    cache.attend(0, seq, q.data(), out.data());  // warm-up
+
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto _ : state) {
+        cache.attend(0, seq, q.data(), out.data());
+        benchmark::DoNotOptimize(out.data());
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(state.iterations());
+
+    const double bytes = cache.bytes_per_token() * static_cast<double>(ctx);  // one layer: every row once
+    const double floor = bytes / kvq::bench::read_bandwidth(threads);
+    state.counters["x_floor"] = seconds / floor;
+    state.counters["GB/s"] = bytes / seconds / 1e9;
+    if (pair == 0) f16_seconds()[{ctx, threads}] = seconds;
+    if (const auto it = f16_seconds().find({ctx, threads}); it != f16_seconds().end()) {
+        state.counters["vs_f16"] = it->second / seconds;
+    }
+}
+
+std::string context_name(size_t ctx) { return std::to_string(ctx >> 10) + "k"; }
+
+const bool registered = [] {
+    for (int p = 0; p < static_cast<int>(std::size(kPairs)); ++p) {
+        for (int threads : kThreads) {
+            for (size_t ctx : kContexts) {
+                const std::string name = std::string("decode/") + kPairs[p].key + "/" + kPairs[p].value + "/" +
+                                         context_name(ctx) + "/threads:" + std::to_string(threads);
+                benchmark::RegisterBenchmark(name.c_str(), BM_Decode, p, ctx, threads)
+                    ->UseRealTime()
+                    ->Unit(benchmark::kMillisecond)
+                    ->MinTime(0.3);
+            }
+        }
+    }
+    return true;
+}();
+
+}  // namespace

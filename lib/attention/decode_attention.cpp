@@ -1,0 +1,162 @@
+#include "decode_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../codec/half.hpp"
+#include "online_softmax.hpp"
+
+namespace kvq::detail {
+namespace {
+
+// A part below this many blocks costs more in merging and waking a thread than it saves.
+constexpr size_t kMinBlocksPerPart = 16;
+// Parts per thread: the caller takes parts too, so a little over-splitting evens out a late worker.
+constexpr size_t kPartsPerThread = 2;
+
+struct WorkItem {
+    size_t source;
+    size_t block_begin, block_end;
+};
+
+// Scores of one block for one query, made final: key-mean compensation, scale, soft-cap.
+void finish_scores(float* s, size_t n, float offset, float scale, float softcap) {
+    for (size_t r = 0; r < n; ++r) s[r] = (s[r] + offset) * scale;
+    if (softcap > 0) {
+        const float inv = 1.0f / softcap;
+        for (size_t r = 0; r < n; ++r) s[r] = softcap * std::tanh(s[r] * inv);
+    }
+}
+
+// The online softmax over blocks [b0, b1) of one source, for every query head, into st and acc (in the
+// value codec's basis).
+void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint8_t* prep, const float* q,
+                   size_t b0, size_t b1, SoftmaxState* st, float* acc) {
+    const int g = shape.n_heads / shape.n_kv_heads;
+    const int d = shape.head_dim;
+    const BlockLayout& lay = src.layout;
+    const size_t bt = static_cast<size_t>(lay.block_tokens);
+    const size_t krb = src.key->row_bytes(), vrb = src.value->row_bytes(), qb = src.key->query_bytes();
+    const bool centered = lay.mean_offset != kNoMeans;
+
+    // g × block_tokens scores; the stack holds the usual sizes (g ≤ 8, 64 tokens).
+    float stack_scores[1024];
+    std::vector<float> heap_scores;
+    float* scores = stack_scores;
+    if (static_cast<size_t>(g) * bt > std::size(stack_scores)) {
+        heap_scores.resize(static_cast<size_t>(g) * bt);
+        scores = heap_scores.data();
+    }
+    std::vector<float> mean(centered ? d : 0);
+
+    const size_t last = src.blocks.size() - 1;
+    for (size_t b = b0; b < b1; ++b) {
+        const size_t lo = b == 0 ? src.first_row : 0;
+        const size_t hi = b == last ? src.end_row : bt;
+        if (hi <= lo) continue;
+        const size_t n = hi - lo;
+        const uint8_t* block = src.blocks[b];
+        for (int h = 0; h < shape.n_kv_heads; ++h) {
+            const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krb;
+            const uint8_t* values = block + lay.v_offset + h * lay.v_head_stride + lo * vrb;
+            src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krb, n, scores, n);
+            if (centered) {
+                const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
+                for (int j = 0; j < d; ++j) mean[j] = f16_to_f32(m16[j]);
+            }
+            for (int i = 0; i < g; ++i) {
+                const int head = h * g + i;
+                float offset = 0.0f;
+                if (centered) {
+                    const float* qi = q + static_cast<size_t>(head) * d;
+                    for (int j = 0; j < d; ++j) offset += qi[j] * mean[j];
+                }
+                float* s = scores + i * n;
+                finish_scores(s, n, offset, shape.scale, shape.softcap);
+                const float rescale = softmax_block(s, n, st[head]);
+                if (rescale != 1.0f) {
+                    float* a = acc + static_cast<size_t>(head) * d;
+                    for (int j = 0; j < d; ++j) a[j] *= rescale;
+                }
+            }
+            src.value->accumulate_rows(scores, n, g, values, vrb, n, acc + static_cast<size_t>(h) * g * d);
+        }
+    }
+}
+
+// Splits each source into block ranges: one per source without threads, more for long sources.
+std::vector<WorkItem> plan_work(std::span<const RowSource> sources, int threads) {
+    std::vector<WorkItem> items;
+    for (size_t s = 0; s < sources.size(); ++s) {
+        const size_t nb = sources[s].blocks.size();
+        if (nb == 0) continue;
+        size_t parts = 1;
+        if (threads > 1) {
+            parts = std::clamp<size_t>(nb / kMinBlocksPerPart, 1, kPartsPerThread * static_cast<size_t>(threads));
+        }
+        for (size_t p = 0; p < parts; ++p) items.push_back({s, nb * p / parts, nb * (p + 1) / parts});
+    }
+    return items;
+}
+
+}  // namespace
+
+void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q,
+                      float* out, ThreadPool* pool, int threads) {
+    const size_t heads = static_cast<size_t>(shape.n_heads);
+    const size_t d = static_cast<size_t>(shape.head_dim);
+
+    std::vector<std::vector<uint8_t>> preps(sources.size());
+    for (size_t s = 0; s < sources.size(); ++s) {
+        if (sources[s].blocks.empty()) continue;
+        preps[s].resize(heads * sources[s].key->query_bytes());
+        sources[s].key->prepare_queries(q, shape.n_heads, preps[s].data());
+    }
+
+    if (!pool) threads = 1;
+    const std::vector<WorkItem> items = plan_work(sources, threads);
+    std::vector<SoftmaxState> states(items.size() * heads);
+    std::vector<float> accs(items.size() * heads * d, 0.0f);
+    auto run_item = [&](int i) {
+        const WorkItem& it = items[i];
+        attend_blocks(shape, sources[it.source], preps[it.source].data(), q, it.block_begin, it.block_end,
+                      states.data() + i * heads, accs.data() + i * heads * d);
+    };
+    if (pool && threads > 1 && items.size() > 1) {
+        pool->run(static_cast<int>(items.size()), run_item);
+    } else {
+        for (size_t i = 0; i < items.size(); ++i) run_item(static_cast<int>(i));
+    }
+
+    // Merge the parts of each source, finish it in its value codec (back to the caller's basis), then
+    // merge the sources. The first item of each source collects that source.
+    SoftmaxState* total = nullptr;
+    float* total_acc = nullptr;
+    for (size_t i = 0; i < items.size();) {
+        size_t j = i + 1;
+        for (; j < items.size() && items[j].source == items[i].source; ++j) {
+            for (size_t h = 0; h < heads; ++h) {
+                merge_softmax(states[i * heads + h], &accs[(i * heads + h) * d], states[j * heads + h],
+                              &accs[(j * heads + h) * d], shape.head_dim);
+            }
+        }
+        sources[items[i].source].value->finish_accumulate(&accs[i * heads * d], shape.n_heads);
+        if (!total) {
+            total = &states[i * heads];
+            total_acc = &accs[i * heads * d];
+        } else {
+            for (size_t h = 0; h < heads; ++h) {
+                merge_softmax(total[h], total_acc + h * d, states[i * heads + h], &accs[(i * heads + h) * d],
+                              shape.head_dim);
+            }
+        }
+        i = j;
+    }
+    for (size_t h = 0; h < heads; ++h) {
+        const float inv = 1.0f / total[h].sum;
+        for (size_t j = 0; j < d; ++j) out[h * d + j] = total_acc[h * d + j] * inv;
+    }
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,59 @@
+// One decode step of attention over rows stored in blocks, computed on the codes.
+//
+// For each kv head, the g = n_heads / n_kv_heads queries that share it are prepared once; then, block by
+// block, the key codec scores the g queries against the block's rows (one call), an online softmax turns
+// the scores into weights, and the value codec accumulates the weighted rows into registers-sized
+// accumulators (one call). No row is ever dequantized into memory and every byte is read once.
+// Long runs are split into block ranges that run on several threads; their partial (max, sum,
+// accumulator) states merge exactly (flash-decoding).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "../codec/codec_impl.hpp"
+#include "thread_pool.hpp"
+
+namespace kvq::detail {
+
+inline constexpr size_t kNoMeans = SIZE_MAX;
+
+// Where the rows of kv head h sit in a block: keys at block + k_offset + h·k_head_stride, one row of
+// the key codec's row_bytes() per token, values likewise; optional fp16 key means (n_kv_heads × head_dim)
+// at mean_offset: the keys were stored minus that mean, and q·mean is added back to each score.
+struct BlockLayout {
+    int block_tokens = 0;
+    size_t k_offset = 0, k_head_stride = 0;
+    size_t v_offset = 0, v_head_stride = 0;
+    size_t mean_offset = kNoMeans;
+};
+
+// Consecutive tokens held in blocks of one layout and one pair of codecs: rows [first_row, block_tokens)
+// of blocks[0], all rows of the blocks between, rows [0, end_row) of the last block (a single block
+// uses rows [first_row, end_row)).
+struct RowSource {
+    const CodecImpl* key = nullptr;
+    const CodecImpl* value = nullptr;
+    BlockLayout layout;
+    std::span<uint8_t* const> blocks;
+    size_t first_row = 0;
+    size_t end_row = 0;
+};
+
+struct AttentionShape {
+    int n_heads = 0;     // query heads; query head i uses kv head i / (n_heads / n_kv_heads)
+    int n_kv_heads = 0;
+    int head_dim = 0;
+    float scale = 0;     // applied to q·k (after the key-mean compensation)
+    float softcap = 0;   // c > 0: s -> c·tanh(s/c) after scaling
+};
+
+// out (n_heads × head_dim) = softmax(scores) · V over every row of every source. Each source is scored
+// in its key codec's basis and accumulated in its value codec's basis (finished, e.g. un-rotated, before
+// sources merge). q holds finite values (the caller checks). With pool and threads > 1, sources are split
+// into block ranges across the pool's threads. Every source must hold at least one row in total.
+void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q,
+                      float* out, ThreadPool* pool, int threads);
+
+}  // namespace kvq::detail

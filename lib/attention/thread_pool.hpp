@@ -1,0 +1,59 @@
+// A small persistent thread pool for splitting one attention call across threads.
+//
+// run() may be called from several threads at once (each attend() of a different sequence): jobs queue up
+// and workers take parts from whichever job is first. The calling thread takes parts of its own job too,
+// so a job always finishes even when every worker is busy with another caller's job; waking a sleeping
+// worker therefore never sits on the critical path of a short job.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace kvq::detail {
+
+class ThreadPool {
+public:
+    explicit ThreadPool(int workers);
+    ~ThreadPool();
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
+
+    int workers() const { return static_cast<int>(threads_.size()); }
+
+    // Calls task(i) once for every i in [0, n_parts), on the calling thread and on the workers, and
+    // returns when all calls have returned. The task must not throw.
+    template <class F>
+    void run(int n_parts, F&& task) {
+        using Fn = std::remove_reference_t<F>;
+        run_erased(n_parts, const_cast<void*>(static_cast<const void*>(&task)),
+                   [](void* f, int i) { (*static_cast<Fn*>(f))(i); });
+    }
+
+private:
+    struct Job {
+        void* fn;
+        void (*call)(void*, int);
+        int n_parts;
+        int next = 0;  // next part to hand out (under mu_)
+        int done = 0;  // parts finished (under mu_)
+    };
+
+    void run_erased(int n_parts, void* fn, void (*call)(void*, int));
+    void worker_loop();
+    // Hands out the next part of `job` (under mu_), removing the job from the queue once all are out.
+    int take_part_locked(Job* job);
+
+    std::mutex mu_;
+    std::condition_variable work_cv_;  // workers wait for jobs
+    std::condition_variable done_cv_;  // callers wait for their parts to finish
+    std::deque<Job*> queue_;
+    bool stop_ = false;
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace kvq::detail

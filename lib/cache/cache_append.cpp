@@ -1,0 +1,189 @@
+// Appending tokens: checks, a plan of the blocks the append needs (taken from the pool in one call that
+// either gives them all or throws with nothing changed), then the writes: quantize on append, or float
+// staging sealed a block at a time (with optional key centering).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "../codec/half.hpp"
+#include "cache_impl.hpp"
+
+namespace kvq {
+namespace {
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Checks one of k/v for NaN/Inf. reject: throws. propagate: when the codec cannot store them, returns a
+// copy with them zeroed and records (token, head) in `poisoned` (attention then returns NaN for the head).
+const float* check_finite(const float* x, const char* name, size_t n, int n_kv, int d, NanPolicy policy,
+                          bool codec_stores_nonfinite, std::vector<float>& clean,
+                          std::vector<std::pair<size_t, int>>& poisoned) {
+    for (size_t t = 0; t < n; ++t) {
+        for (int h = 0; h < n_kv; ++h) {
+            const size_t base = (t * n_kv + h) * static_cast<size_t>(d);
+            bool finite = true;
+            for (int j = 0; j < d; ++j) finite &= std::isfinite(x[base + j]);
+            if (finite) continue;
+            if (policy == NanPolicy::reject) {
+                throw std::invalid_argument(std::string("KVCache::append: ") + name + " of token " + std::to_string(t) +
+                                            ", kv head " + std::to_string(h) +
+                                            " holds NaN or Inf (NanPolicy::reject); nothing was stored");
+            }
+            if (codec_stores_nonfinite) continue;
+            if (clean.empty()) clean.assign(x, x + n * n_kv * d);
+            for (int j = 0; j < d; ++j) {
+                if (!std::isfinite(clean[base + j])) clean[base + j] = 0.0f;
+            }
+            poisoned.emplace_back(t, h);
+        }
+    }
+    return clean.empty() ? x : clean.data();
+}
+
+}  // namespace
+
+void KVCache::Impl::write_rows(detail::LayerState& st, size_t block_index, size_t row, const float* k,
+                               const float* v, size_t n) const {
+    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
+    uint8_t* block = st.data[block_index];
+    std::vector<float> rows(n * d);
+    for (int h = 0; h < n_kv; ++h) {
+        const uint16_t* mean = cfg.center_keys
+                                   ? reinterpret_cast<const uint16_t*>(block + layout.mean_offset) + h * d
+                                   : nullptr;
+        for (size_t t = 0; t < n; ++t) {
+            const float* src = k + (t * n_kv + h) * d;
+            for (int j = 0; j < d; ++j) rows[t * d + j] = mean ? src[j] - detail::f16_to_f32(mean[j]) : src[j];
+        }
+        key.impl().quantize_rows(rows.data(), n, block + layout.k_offset + h * layout.k_head_stride + row * key.row_bytes(),
+                                 key.row_bytes());
+        for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
+        value.impl().quantize_rows(rows.data(), n,
+                                   block + layout.v_offset + h * layout.v_head_stride + row * value.row_bytes(),
+                                   value.row_bytes());
+    }
+}
+
+void KVCache::Impl::seal(detail::LayerState& st, uint8_t* block) const {
+    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
+    const size_t rows_per_head = bt() * d;
+    const float* staged_k = st.staging.data();
+    const float* staged_v = st.staging.data() + n_kv * rows_per_head;
+    std::vector<float> centered(cfg.center_keys ? rows_per_head : 0);
+    for (int h = 0; h < n_kv; ++h) {
+        const float* k = staged_k + h * rows_per_head;
+        if (cfg.center_keys) {
+            // The mean is rounded to fp16 before it is subtracted, so that adding the stored mean back
+            // when scoring restores exactly what was subtracted.
+            auto* mean16 = reinterpret_cast<uint16_t*>(block + layout.mean_offset) + h * d;
+            for (int j = 0; j < d; ++j) {
+                double sum = 0;
+                for (size_t t = 0; t < bt(); ++t) sum += k[t * d + j];
+                mean16[j] = detail::f32_to_f16(static_cast<float>(sum / static_cast<double>(bt())));
+                const float mean = detail::f16_to_f32(mean16[j]);
+                for (size_t t = 0; t < bt(); ++t) centered[t * d + j] = k[t * d + j] - mean;
+            }
+            k = centered.data();
+        }
+        key.impl().quantize_rows(k, bt(), block + layout.k_offset + h * layout.k_head_stride, key.row_bytes());
+        value.impl().quantize_rows(staged_v + h * rows_per_head, bt(), block + layout.v_offset + h * layout.v_head_stride,
+                                   value.row_bytes());
+    }
+}
+
+void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float* v, size_t n) {
+    check_layer("append", layer);
+    detail::Sequence& seq = find("append", id);
+    if (n == 0) return;
+    if (!k || !v) throw std::invalid_argument("KVCache::append: k or v is a null pointer");
+    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
+    const size_t token_floats = static_cast<size_t>(n_kv) * d;
+    std::vector<float> k_clean, v_clean;
+    std::vector<std::pair<size_t, int>> poisoned;
+    k = check_finite(k, "k", n, n_kv, d, cfg.nan_policy, store_nonfinite_k, k_clean, poisoned);
+    v = check_finite(v, "v", n, n_kv, d, cfg.nan_policy, store_nonfinite_v, v_clean, poisoned);
+
+    // ---- plan ----
+    detail::LayerState& st = seq.layers[layer];
+    const size_t bt = this->bt();
+    const size_t old_n = st.n_tokens, n_final = old_n + n;
+    const size_t w = window(layer);
+    // Blocks that lie wholly before the window at the end of this append, by more than one block of
+    // slack, are never needed again: the ones held are released, the ones this append would fill are
+    // not stored at all. The slack lets truncate go back up to block_tokens tokens (speculative decoding).
+    const size_t blocks_before_window = w && n_final > w ? (n_final - w) / bt : 0;
+    const size_t keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
+    const size_t keep_block = keep_from / bt;
+    const bool staging = cfg.seal == SealPolicy::on_block_full;
+    const size_t old_pool_end = st.pool_end();
+    const bool partial_pool_block = old_pool_end % bt != 0;  // on_block_full: only after a truncate
+    size_t new_pool_end = n_final;
+    if (staging) {
+        const size_t boundary = round_up(old_pool_end, bt);
+        new_pool_end = partial_pool_block && n_final <= boundary ? n_final : std::max(boundary, n_final / bt * bt);
+    }
+    const size_t first_block = st.first_pos / bt;
+    const size_t old_blocks_end = first_block + st.table.size();
+    const size_t n_drop = keep_block > first_block ? std::min(keep_block, old_blocks_end) - first_block : 0;
+    const size_t new_from = std::max(old_blocks_end, keep_block);
+    const size_t new_blocks_end = (new_pool_end + bt - 1) / bt;
+    const size_t n_new = new_blocks_end > new_from ? new_blocks_end - new_from : 0;
+    // The partly filled last block is copied before it is written if another sequence shares it.
+    const bool copy_last = partial_pool_block && new_pool_end > old_pool_end && old_blocks_end - 1 >= keep_block &&
+                           pool->is_shared(st.table.back().id);
+
+    std::vector<float> new_staging;  // allocated before the pool is asked, kept only if it gives
+    if (staging && st.staging.empty()) new_staging.assign(staging_floats, 0.0f);
+    std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + n_drop);
+    if (copy_last) give_back.push_back(st.table.back());
+    const std::vector<detail::BlockRef> fresh = pool->allocate(n_new + copy_last, give_back);
+
+    // ---- from here on nothing fails ----
+    if (!new_staging.empty()) {
+        st.staging = std::move(new_staging);
+        staging_bytes += staging_floats * sizeof(float);
+    }
+    st.table.erase(st.table.begin(), st.table.begin() + n_drop);
+    st.data.erase(st.data.begin(), st.data.begin() + n_drop);
+    st.first_pos = std::max(st.first_pos, keep_from);
+    if (copy_last) {
+        std::memcpy(fresh.back().data, st.table.back().data, pool->block_bytes());
+        st.table.back() = fresh.back();
+        st.data.back() = fresh.back().data;
+    }
+    for (size_t i = 0; i < n_new; ++i) st.push_block(fresh[i]);
+
+    float* staged_k = st.staging.data();
+    float* staged_v = st.staging.data() + staging_floats / 2;
+    for (size_t pos = old_n; pos < n_final;) {
+        const size_t block = pos / bt, row = pos % bt;
+        const size_t end = std::min(n_final, (block + 1) * bt);
+        const size_t count = end - pos, t = pos - old_n;
+        if (block >= keep_block) {
+            const size_t index = block - st.first_pos / bt;
+            if (!staging || (partial_pool_block && block == old_pool_end / bt)) {
+                write_rows(st, index, row, k + t * token_floats, v + t * token_floats, count);
+            } else {
+                for (size_t i = 0; i < count; ++i) {
+                    for (int h = 0; h < n_kv; ++h) {
+                        const size_t dst = (h * bt + row + i) * d, src = (t + i) * token_floats + h * d;
+                        std::memcpy(staged_k + dst, k + src, d * sizeof(float));
+                        std::memcpy(staged_v + dst, v + src, d * sizeof(float));
+                    }
+                }
+                if (end == (block + 1) * bt) seal(st, st.data[index]);
+            }
+        }
+        pos = end;
+    }
+    st.n_tokens = n_final;
+    st.staged = n_final - new_pool_end;
+    for (const auto& [t, h] : poisoned) {
+        if (old_n + t >= st.first_pos) st.poisoned.emplace_back(old_n + t, h);
+    }
+    std::erase_if(st.poisoned, [&](const auto& p) { return p.first < st.first_pos; });
+}
+
+}  // namespace kvq

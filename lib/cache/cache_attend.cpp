@@ -1,0 +1,137 @@
+// Attention over a sequence's layer: the pool blocks and the float staging become the row sources of
+// the fused decode kernel (lib/attention/).
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "cache_impl.hpp"
+
+namespace kvq {
+namespace {
+
+// reject: throws on a non-finite query value. propagate: returns a copy with them zeroed and marks
+// the query heads that held one (their output becomes NaN).
+const float* check_query(const char* what, const float* q, size_t n_head_vectors, int d, NanPolicy policy,
+                         std::vector<float>& clean, std::vector<char>& nan_head) {
+    for (size_t h = 0; h < n_head_vectors; ++h) {
+        bool finite = true;
+        for (int j = 0; j < d; ++j) finite &= std::isfinite(q[h * d + j]);
+        if (finite) continue;
+        if (policy == NanPolicy::reject) {
+            throw std::invalid_argument(std::string("KVCache::") + what + ": query vector " + std::to_string(h) +
+                                        " holds NaN or Inf (NanPolicy::reject)");
+        }
+        if (clean.empty()) {
+            clean.assign(q, q + n_head_vectors * d);
+            nan_head.assign(n_head_vectors, 0);
+        }
+        for (int j = 0; j < d; ++j) {
+            if (!std::isfinite(clean[h * d + j])) clean[h * d + j] = 0.0f;
+        }
+        nan_head[h] = 1;
+    }
+    return clean.empty() ? q : clean.data();
+}
+
+void fill_nan(float* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = std::numeric_limits<float>::quiet_NaN();
+}
+
+}  // namespace
+
+void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                                 int threads) const {
+    detail::RowSource sources[2];
+    size_t n_sources = 0;
+    const size_t bt = this->bt();
+    const size_t pool_end = st.pool_end();
+    if (const size_t a = std::max(lo, st.first_pos), b = std::min(hi, pool_end); a < b) {
+        const size_t b0 = (a - st.first_pos) / bt, b1 = (b - st.first_pos + bt - 1) / bt;
+        auto& s = sources[n_sources++];
+        s.key = &key.impl();
+        s.value = &value.impl();
+        s.layout = layout;
+        s.blocks = std::span<uint8_t* const>(st.data).subspan(b0, b1 - b0);
+        s.first_row = (a - st.first_pos) % bt;
+        s.end_row = b - st.first_pos - (b1 - 1) * bt;
+    }
+    // The staging is read-only here; RowSource holds mutable pointers only because block tables do.
+    uint8_t* const staging = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(st.staging.data()));
+    if (const size_t a = std::max(lo, pool_end); a < hi) {
+        auto& s = sources[n_sources++];
+        s.key = &exact.impl();
+        s.value = &exact.impl();
+        s.layout = staging_layout;
+        s.blocks = std::span<uint8_t* const>(&staging, 1);
+        s.first_row = a - pool_end;
+        s.end_row = hi - pool_end;
+    }
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, workers.get(),
+                             threads);
+    // Rows that held NaN/Inf in a codec that could not store them make their kv head's output NaN.
+    for (const auto& [pos, h] : st.poisoned) {
+        if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
+    }
+}
+
+void KVCache::Impl::attend(int layer, SequenceId id, const float* q, float* out) const {
+    check_layer("attend", layer);
+    const detail::Sequence& seq = find("attend", id);
+    if (!q || !out) throw std::invalid_argument("KVCache::attend: q or out is a null pointer");
+    const detail::LayerState& st = seq.layers[layer];
+    if (st.n_tokens == 0) {
+        throw std::invalid_argument("KVCache::attend: sequence " + std::to_string(id) + " has no tokens in layer " +
+                                    std::to_string(layer));
+    }
+    std::vector<float> clean;
+    std::vector<char> nan_head;
+    q = check_query("attend", q, cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
+    const size_t n = st.n_tokens, w = window(layer);
+    attend_range(st, w && n > w ? n - w : 0, n, q, out, cfg.threads);
+    for (size_t h = 0; h < nan_head.size(); ++h) {
+        if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
+    }
+}
+
+void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, size_t n_queries, float* out) const {
+    check_layer("attend_prefill", layer);
+    const detail::Sequence& seq = find("attend_prefill", id);
+    if (n_queries == 0) return;
+    if (!q || !out) throw std::invalid_argument("KVCache::attend_prefill: q or out is a null pointer");
+    const detail::LayerState& st = seq.layers[layer];
+    const size_t n = st.n_tokens, w = window(layer);
+    if (n_queries > n) {
+        throw std::invalid_argument("KVCache::attend_prefill: " + std::to_string(n_queries) +
+                                    " queries but the sequence holds " + std::to_string(n) + " tokens in layer " +
+                                    std::to_string(layer));
+    }
+    // Query i sits at position p = n − n_queries + i and sees [p + 1 − window, p]; the earliest query
+    // needs the most, and a sliding window may have released it already.
+    const auto window_start = [&](size_t p) { return w && p + 1 > w ? p + 1 - w : 0; };
+    if (window_start(n - n_queries) < st.first_pos) {
+        throw std::invalid_argument(
+            "KVCache::attend_prefill: layer " + std::to_string(layer) + " (sliding window of " + std::to_string(w) +
+            " tokens) has released the tokens before position " + std::to_string(st.first_pos) + ", which query 0 needs; "
+            "append and attend in smaller chunks");
+    }
+    const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
+    std::vector<float> clean;
+    std::vector<char> nan_head;
+    q = check_query("attend_prefill", q, n_queries * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
+    auto one_query = [&](int i) {
+        const size_t p = n - n_queries + i;
+        attend_range(st, window_start(p), p + 1, q + i * vec, out + i * vec, 1);
+    };
+    if (workers && n_queries > 1) {
+        workers->run(static_cast<int>(n_queries), one_query);
+    } else {
+        for (size_t i = 0; i < n_queries; ++i) one_query(static_cast<int>(i));
+    }
+    for (size_t h = 0; h < nan_head.size(); ++h) {
+        if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
+    }
+}
+
+}  // namespace kvq

@@ -1,0 +1,102 @@
+// The cache's internals, shared by its source files (and by save/load, which needs the block tables).
+//
+// Per sequence and layer, tokens at positions [0, n_tokens) live in three places:
+//   released   [0, first_pos)                 dropped by the layer's sliding window (never read again)
+//   pool       [first_pos, pool_end())         pool blocks: table[i] holds positions first_pos + i·bt …;
+//                                              all full except possibly the last
+//   staging    [pool_end(), n_tokens)          float32 rows of the open block (SealPolicy::on_block_full),
+//                                              only when pool_end() is a block boundary
+// first_pos is always a block boundary. Under on_block_full the last pool block is partly filled only
+// after a truncate into a sealed block; appends fill it (quantized as they arrive) before staging again.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../attention/decode_attention.hpp"
+#include "../attention/thread_pool.hpp"
+#include "block_pool.hpp"
+#include "kvq/cache.hpp"
+
+namespace kvq::detail {
+
+struct LayerState {
+    std::vector<BlockRef> table;
+    std::vector<uint8_t*> data;  // table[i].data, contiguous for the attention kernel
+    size_t first_pos = 0;
+    size_t n_tokens = 0;
+    size_t staged = 0;
+    std::vector<float> staging;  // keys then values, each n_kv_heads × block_tokens × head_dim; lazily sized
+    // (position, kv head) of rows that held NaN/Inf under NanPolicy::propagate in a codec that cannot store
+    // them; attention over such a row returns NaN for that kv head's query heads.
+    std::vector<std::pair<size_t, int>> poisoned;
+
+    size_t pool_end() const { return n_tokens - staged; }
+    void push_block(BlockRef b) {
+        table.push_back(b);
+        data.push_back(b.data);
+    }
+};
+
+struct Sequence {
+    std::vector<LayerState> layers;
+};
+
+}  // namespace kvq::detail
+
+namespace kvq {
+
+struct KVCache::Impl {
+    explicit Impl(const CacheConfig& config);
+
+    CacheConfig cfg;  // as given, with n_heads and scale resolved
+    Codec key;
+    Codec value;
+    Codec exact;  // f32: the open block's float rows
+    bool store_nonfinite_k = false;  // plain codecs keep NaN/Inf as they are (NanPolicy::propagate)
+    bool store_nonfinite_v = false;
+    detail::BlockLayout layout;          // pool blocks
+    detail::BlockLayout staging_layout;  // the float staging of one layer
+    size_t staging_floats = 0;           // per layer, keys and values
+    std::unique_ptr<detail::BlockPool> pool;
+    std::unique_ptr<detail::ThreadPool> workers;  // threads − 1 workers; null for one thread
+
+    mutable std::mutex seq_mu;  // guards seqs and next_id (not the sequences' contents)
+    std::map<SequenceId, std::unique_ptr<detail::Sequence>> seqs;
+    SequenceId next_id = 0;
+    std::atomic<size_t> staging_bytes{0};
+
+    int g() const { return cfg.n_heads / cfg.n_kv_heads; }
+    size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
+    size_t window(int layer) const {
+        return cfg.sliding_window.empty() ? 0 : static_cast<size_t>(cfg.sliding_window[layer]);
+    }
+
+    // Argument checks shared by the entry points; `what` names the entry point in messages.
+    void check_layer(const char* what, int layer) const;
+    detail::Sequence& find(const char* what, SequenceId seq) const;
+
+    // Operations (cache_append.cpp, cache_sequences.cpp, cache_attend.cpp).
+    void append(int layer, SequenceId seq, const float* k, const float* v, size_t n);
+    void truncate(SequenceId seq, size_t n);
+    SequenceId fork(SequenceId parent);
+    void remove(SequenceId seq);
+    void attend(int layer, SequenceId seq, const float* q, float* out) const;
+    void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
+
+    // Helpers of the operations.
+    void seal(detail::LayerState& st, uint8_t* block) const;
+    void write_rows(detail::LayerState& st, size_t block_index, size_t row, const float* k, const float* v,
+                    size_t n) const;
+    // Attention of one query vector set (n_heads × head_dim) over positions [lo, hi) of a layer.
+    void attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                      int threads) const;
+    std::string dump() const;
+};
+
+}  // namespace kvq

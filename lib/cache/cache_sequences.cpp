@@ -1,0 +1,91 @@
+// Sequence lifetime: fork (blocks shared by reference count), truncate and remove (blocks return to the
+// pool). None of these needs a new block, so none can run out of pool.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cache_impl.hpp"
+
+namespace kvq {
+
+SequenceId KVCache::Impl::fork(SequenceId parent) {
+    const detail::Sequence& p = find("fork", parent);
+    // Copying the parent (its tables, its float staging) is the step that may throw; it changes nothing.
+    auto child = std::make_unique<detail::Sequence>(p);
+    std::vector<detail::BlockRef> shared;
+    size_t staging_added = 0;
+    for (const auto& st : child->layers) {
+        shared.insert(shared.end(), st.table.begin(), st.table.end());
+        staging_added += st.staging.size() * sizeof(float);
+    }
+    pool->retain(shared);
+    SequenceId id;
+    try {
+        std::lock_guard<std::mutex> lock(seq_mu);
+        id = next_id;
+        seqs.emplace(id, std::move(child));
+        ++next_id;
+    } catch (...) {
+        pool->release(shared);
+        throw;
+    }
+    staging_bytes += staging_added;
+    return id;
+}
+
+void KVCache::Impl::remove(SequenceId id) {
+    std::unique_ptr<detail::Sequence> seq;
+    {
+        std::lock_guard<std::mutex> lock(seq_mu);
+        const auto it = seqs.find(id);
+        if (it == seqs.end()) {
+            throw std::invalid_argument("KVCache::remove: no sequence with id " + std::to_string(id));
+        }
+        seq = std::move(it->second);
+        seqs.erase(it);
+    }
+    for (const auto& st : seq->layers) {
+        pool->release(st.table);
+        staging_bytes -= st.staging.size() * sizeof(float);
+    }
+}
+
+void KVCache::Impl::truncate(SequenceId id, size_t n) {
+    detail::Sequence& seq = find("truncate", id);
+    size_t longest = 0;
+    for (const auto& st : seq.layers) longest = std::max(longest, st.n_tokens);
+    if (n > longest) {
+        throw std::invalid_argument("KVCache::truncate: cannot keep " + std::to_string(n) + " tokens of sequence " +
+                                    std::to_string(id) + ", which holds " + std::to_string(longest));
+    }
+    // A windowed layer must still hold every token its window needs after the truncation.
+    for (size_t l = 0; l < seq.layers.size(); ++l) {
+        const auto& st = seq.layers[l];
+        const size_t w = window(static_cast<int>(l));
+        const size_t needed_from = w && n > w ? n - w : 0;
+        if (st.n_tokens > n && st.first_pos > needed_from) {
+            throw std::invalid_argument(
+                "KVCache::truncate: layer " + std::to_string(l) + " (sliding window of " + std::to_string(w) +
+                " tokens) has released the tokens before position " + std::to_string(st.first_pos) +
+                "; truncating to " + std::to_string(n) + " tokens would need them from position " +
+                std::to_string(needed_from) + "; nothing was changed");
+        }
+    }
+    const size_t bt = this->bt();
+    for (auto& st : seq.layers) {
+        if (st.n_tokens <= n) continue;
+        if (n >= st.pool_end()) {
+            st.staged = n - st.pool_end();
+        } else {
+            const size_t keep = n > st.first_pos ? (n - st.first_pos + bt - 1) / bt : 0;
+            pool->release(std::span<const detail::BlockRef>(st.table).subspan(keep));
+            st.table.resize(keep);
+            st.data.resize(keep);
+            st.staged = 0;
+        }
+        st.n_tokens = n;
+        std::erase_if(st.poisoned, [&](const auto& p) { return p.first >= n; });
+    }
+}
+
+}  // namespace kvq

@@ -1,0 +1,202 @@
+// KVCache: configuration checks, the public entry points (each forwards to Impl), accounting and dump.
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "cache_impl.hpp"
+
+namespace kvq {
+namespace {
+
+[[noreturn]] void bad_config(const std::string& what) { throw std::invalid_argument("CacheConfig: " + what); }
+
+bool is_plain_codec(const std::string& spec) {
+    const std::string base = spec.substr(0, spec.find_first_of(":+"));
+    return base == "f32" || base == "f16" || base == "bf16";
+}
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+CacheConfig checked(CacheConfig c) {
+    if (c.n_layers < 1) bad_config("n_layers must be at least 1, got " + std::to_string(c.n_layers));
+    if (c.n_kv_heads < 1) bad_config("n_kv_heads must be at least 1, got " + std::to_string(c.n_kv_heads));
+    if (c.n_heads == 0) c.n_heads = c.n_kv_heads;
+    if (c.n_heads < 0 || c.n_heads % c.n_kv_heads != 0) {
+        bad_config("n_heads (" + std::to_string(c.n_heads) + ") must be a positive multiple of n_kv_heads (" +
+                   std::to_string(c.n_kv_heads) + ")");
+    }
+    if (c.head_dim < 1) bad_config("head_dim must be at least 1, got " + std::to_string(c.head_dim));
+    if (c.block_tokens < 1 || c.block_tokens > 4096) {
+        bad_config("block_tokens must be in 1..4096, got " + std::to_string(c.block_tokens));
+    }
+    if (c.max_blocks != 0 && c.initial_blocks > c.max_blocks) {
+        bad_config("initial_blocks (" + std::to_string(c.initial_blocks) + ") exceeds max_blocks (" +
+                   std::to_string(c.max_blocks) + ")");
+    }
+    if (c.grow_blocks < 1) bad_config("grow_blocks must be at least 1");
+    if (!std::isfinite(c.scale) || c.scale < 0) bad_config("scale must be finite and >= 0 (0 = 1/sqrt(head_dim))");
+    if (c.scale == 0) c.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    if (!std::isfinite(c.softcap) || c.softcap < 0) bad_config("softcap must be finite and >= 0 (0 = off)");
+    if (!c.sliding_window.empty()) {
+        if (c.sliding_window.size() != static_cast<size_t>(c.n_layers)) {
+            bad_config("sliding_window has " + std::to_string(c.sliding_window.size()) +
+                       " entries; it must be empty or have one per layer (" + std::to_string(c.n_layers) + ")");
+        }
+        for (size_t i = 0; i < c.sliding_window.size(); ++i) {
+            if (c.sliding_window[i] < 0) {
+                bad_config("sliding_window[" + std::to_string(i) + "] is negative (0 = full attention)");
+            }
+        }
+    }
+    if (c.threads < 1 || c.threads > 256) bad_config("threads must be in 1..256, got " + std::to_string(c.threads));
+    if (c.center_keys && c.seal != SealPolicy::on_block_full) {
+        bad_config("center_keys needs seal = SealPolicy::on_block_full (a block's key mean is known only "
+                   "when the block is full)");
+    }
+    return c;
+}
+
+}  // namespace
+
+KVCache::Impl::Impl(const CacheConfig& config)
+    : cfg(checked(config)),
+      key(Codec::make(cfg.key_codec, cfg.head_dim, cfg.seed)),
+      value(Codec::make(cfg.value_codec, cfg.head_dim, cfg.seed)),
+      exact(Codec::make("f32", cfg.head_dim)) {
+    store_nonfinite_k = is_plain_codec(cfg.key_codec);
+    store_nonfinite_v = is_plain_codec(cfg.value_codec);
+    const size_t h = static_cast<size_t>(cfg.n_kv_heads), d = static_cast<size_t>(cfg.head_dim);
+    layout.block_tokens = cfg.block_tokens;
+    layout.k_offset = 0;
+    layout.k_head_stride = bt() * key.row_bytes();
+    layout.v_offset = align_up(h * layout.k_head_stride, detail::BlockPool::kAlignment);
+    layout.v_head_stride = bt() * value.row_bytes();
+    size_t bytes = layout.v_offset + h * layout.v_head_stride;
+    if (cfg.center_keys) {
+        layout.mean_offset = align_up(bytes, detail::BlockPool::kAlignment);
+        bytes = layout.mean_offset + h * d * sizeof(uint16_t);
+    }
+    staging_layout.block_tokens = cfg.block_tokens;
+    staging_layout.k_offset = 0;
+    staging_layout.k_head_stride = bt() * d * sizeof(float);
+    staging_layout.v_offset = h * staging_layout.k_head_stride;
+    staging_layout.v_head_stride = staging_layout.k_head_stride;
+    staging_floats = 2 * h * bt() * d;
+    pool = std::make_unique<detail::BlockPool>(bytes, cfg.max_blocks, cfg.initial_blocks, cfg.grow_blocks);
+    if (cfg.threads > 1) workers = std::make_unique<detail::ThreadPool>(cfg.threads - 1);
+}
+
+void KVCache::Impl::check_layer(const char* what, int layer) const {
+    if (layer < 0 || layer >= cfg.n_layers) {
+        throw std::invalid_argument(std::string("KVCache::") + what + ": layer " + std::to_string(layer) +
+                                    " is out of range (n_layers = " + std::to_string(cfg.n_layers) + ")");
+    }
+}
+
+detail::Sequence& KVCache::Impl::find(const char* what, SequenceId seq) const {
+    std::lock_guard<std::mutex> lock(seq_mu);
+    const auto it = seqs.find(seq);
+    if (it == seqs.end()) {
+        throw std::invalid_argument(std::string("KVCache::") + what + ": no sequence with id " + std::to_string(seq));
+    }
+    return *it->second;
+}
+
+std::string KVCache::Impl::dump() const {
+    std::ostringstream os;
+    const PoolStats ps = pool->stats();
+    os << "KVCache: " << cfg.n_layers << " layer(s), " << cfg.n_heads << " query / " << cfg.n_kv_heads
+       << " kv heads, head_dim " << cfg.head_dim << ", keys " << key.name() << ", values " << value.name() << ", "
+       << cfg.block_tokens << " tokens/block, seal "
+       << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
+       << "\npool: " << ps.blocks_used << " of " << ps.blocks_total << " blocks used (" << ps.blocks_shared
+       << " shared), max " << (ps.max_blocks ? std::to_string(ps.max_blocks) : std::string("unlimited")) << ", "
+       << ps.block_bytes << " bytes/block\n";
+    std::lock_guard<std::mutex> lock(seq_mu);
+    for (const auto& [id, seq] : seqs) {
+        os << "sequence " << id << ":\n";
+        for (size_t l = 0; l < seq->layers.size(); ++l) {
+            const auto& st = seq->layers[l];
+            os << "  layer " << l << ": " << st.n_tokens << " tokens";
+            if (st.first_pos) os << ", released below " << st.first_pos;
+            if (st.staged) os << ", " << st.staged << " staged (float)";
+            os << "; blocks [";
+            for (size_t i = 0; i < st.table.size(); ++i) {
+                const uint32_t refs = pool->ref_count(st.table[i].id);
+                os << (i ? " " : "") << st.table[i].id;
+                if (refs > 1) os << "x" << refs;
+            }
+            os << "]\n";
+        }
+    }
+    return os.str();
+}
+
+// ---- public API ----
+
+KVCache::KVCache(const CacheConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+KVCache::~KVCache() = default;
+KVCache::KVCache(KVCache&&) noexcept = default;
+KVCache& KVCache::operator=(KVCache&&) noexcept = default;
+
+const CacheConfig& KVCache::config() const { return impl_->cfg; }
+const Codec& KVCache::key_codec() const { return impl_->key; }
+const Codec& KVCache::value_codec() const { return impl_->value; }
+
+SequenceId KVCache::add_sequence() {
+    auto seq = std::make_unique<detail::Sequence>();
+    seq->layers.resize(impl_->cfg.n_layers);
+    std::lock_guard<std::mutex> lock(impl_->seq_mu);
+    const SequenceId id = impl_->next_id;
+    impl_->seqs.emplace(id, std::move(seq));
+    ++impl_->next_id;
+    return id;
+}
+
+void KVCache::remove(SequenceId seq) { impl_->remove(seq); }
+SequenceId KVCache::fork(SequenceId parent) { return impl_->fork(parent); }
+void KVCache::truncate(SequenceId seq, size_t n_tokens) { impl_->truncate(seq, n_tokens); }
+
+void KVCache::append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens) {
+    impl_->append(layer, seq, k, v, n_tokens);
+}
+
+void KVCache::attend(int layer, SequenceId seq, const float* q, float* out) const { impl_->attend(layer, seq, q, out); }
+
+void KVCache::attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const {
+    impl_->attend_prefill(layer, seq, q, n_queries, out);
+}
+
+size_t KVCache::n_tokens(SequenceId seq, int layer) const {
+    impl_->check_layer("n_tokens", layer);
+    return impl_->find("n_tokens", seq).layers[layer].n_tokens;
+}
+
+std::vector<SequenceId> KVCache::sequences() const {
+    std::lock_guard<std::mutex> lock(impl_->seq_mu);
+    std::vector<SequenceId> ids;
+    for (const auto& entry : impl_->seqs) ids.push_back(entry.first);
+    return ids;
+}
+
+bool KVCache::contains(SequenceId seq) const {
+    std::lock_guard<std::mutex> lock(impl_->seq_mu);
+    return impl_->seqs.count(seq) != 0;
+}
+
+size_t KVCache::bytes_used() const {
+    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load();
+}
+
+double KVCache::bytes_per_token() const {
+    const auto& c = impl_->cfg;
+    double per_head = static_cast<double>(impl_->key.row_bytes() + impl_->value.row_bytes());
+    if (c.center_keys) per_head += static_cast<double>(c.head_dim * sizeof(uint16_t)) / c.block_tokens;
+    return per_head * c.n_kv_heads * c.n_layers;
+}
+
+PoolStats KVCache::pool_stats() const { return impl_->pool->stats(); }
+std::string KVCache::dump() const { return impl_->dump(); }
+
+}  // namespace kvq

@@ -1,0 +1,289 @@
+// The C API of the block-wise KV cache (kvq/cache.hpp behind kvq.h). Layer and sequence are checked
+// here, so their statuses do not depend on the order in which the C++ layer checks its arguments.
+#include <cstddef>
+#include <vector>
+
+#include "boundary.hpp"
+
+struct kvq_cache {
+    kvq::KVCache cache;
+    kvq_codec key;
+    kvq_codec value;
+};
+
+namespace kvq::capi {
+namespace {
+
+// Never change: the struct sizes of the first release (see the ABI notes in kvq.h).
+constexpr size_t kParamsSizeV1 = sizeof(kvq_cache_params);
+constexpr size_t kPoolStatsSizeV1 = sizeof(kvq_pool_stats);
+// Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
+// a field, which is what lets read_versioned reject fields it does not know.
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 120 && offsetof(kvq_cache_params, seed) == 112),
+              "kvq_cache_params has implicit padding");
+
+std::string text(const char* function, const std::string& what) { return std::string(function) + ": " + what; }
+
+kvq_status check_layer(const kvq_cache* c, int32_t layer, const char* function) {
+    const int n_layers = c->cache.config().n_layers;
+    if (layer < 0 || layer >= n_layers) {
+        return fail(KVQ_ERR_BAD_LAYER, text(function, "layer " + std::to_string(layer) + " is outside 0.." +
+                                                          std::to_string(n_layers - 1)));
+    }
+    return KVQ_OK;
+}
+
+kvq_status check_sequence(const kvq_cache* c, int64_t seq, const char* function) {
+    if (!c->cache.contains(seq)) {
+        return fail(KVQ_ERR_BAD_SEQUENCE, text(function, "sequence " + std::to_string(seq) + " is not in the cache"));
+    }
+    return KVQ_OK;
+}
+
+// The C++ cache rejects NaN/Inf with std::invalid_argument, like every other bad argument; tell them
+// apart by looking at the inputs, only on the error path.
+kvq_status input_error(const kvq_cache* c, const std::invalid_argument& e, std::initializer_list<const float*> inputs,
+                       size_t n_values) {
+    if (c->cache.config().nan_policy == NanPolicy::reject) {
+        for (const float* x : inputs) {
+            if (any_non_finite(x, n_values)) return fail(KVQ_ERR_NON_FINITE, e.what());
+        }
+    }
+    return fail(KVQ_ERR_INVALID_ARGUMENT, e.what());
+}
+
+kvq_status bad_params(const std::string& what) { return fail(KVQ_ERR_BAD_PARAMS, "kvq_cache_create: " + what); }
+
+// The C params as a CacheConfig. Codec problems get their own statuses; everything else is BAD_PARAMS.
+kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
+    if (p.n_layers <= 0) return bad_params("n_layers must be positive, got " + std::to_string(p.n_layers));
+    if (p.n_kv_heads <= 0) return bad_params("n_kv_heads must be positive, got " + std::to_string(p.n_kv_heads));
+    if (p.n_heads < 0 || (p.n_heads > 0 && p.n_heads % p.n_kv_heads != 0)) {
+        return bad_params("n_heads (" + std::to_string(p.n_heads) + ") must be 0 or a multiple of n_kv_heads (" +
+                          std::to_string(p.n_kv_heads) + ")");
+    }
+    if (p.block_tokens <= 0) return bad_params("block_tokens must be positive, got " + std::to_string(p.block_tokens));
+    if (p.threads <= 0) return bad_params("threads must be positive, got " + std::to_string(p.threads));
+    if (p.seal != KVQ_SEAL_ON_APPEND && p.seal != KVQ_SEAL_ON_BLOCK_FULL) {
+        return bad_params("seal must be a kvq_seal_policy, got " + std::to_string(p.seal));
+    }
+    if (p.nan_policy != KVQ_NAN_REJECT && p.nan_policy != KVQ_NAN_PROPAGATE) {
+        return bad_params("nan_policy must be a kvq_nan_policy, got " + std::to_string(p.nan_policy));
+    }
+    if (p.center_keys != 0 && p.center_keys != 1) {
+        return bad_params("center_keys must be 0 or 1, got " + std::to_string(p.center_keys));
+    }
+    if (!std::isfinite(p.scale) || p.scale < 0 || !std::isfinite(p.softcap) || p.softcap < 0) {
+        return bad_params("scale and softcap must be finite and >= 0");
+    }
+    if (p.reserved0 != 0) return bad_params("reserved0 must be 0");
+    if (p.n_sliding_window > 0 && !p.sliding_window) return bad_params("sliding_window is NULL");
+    if (p.n_sliding_window != 0 && p.n_sliding_window != static_cast<size_t>(p.n_layers)) {
+        return bad_params("n_sliding_window must be 0 or n_layers (" + std::to_string(p.n_layers) + "), got " +
+                          std::to_string(p.n_sliding_window));
+    }
+    for (size_t i = 0; i < p.n_sliding_window; ++i) {
+        if (p.sliding_window[i] < 0) return bad_params("sliding_window[" + std::to_string(i) + "] is negative");
+    }
+    if (!p.key_codec || !p.value_codec) return bad_params("key_codec or value_codec is NULL");
+    Codec probe;
+    if (auto s = make_codec(p.key_codec, p.head_dim, p.seed, probe); s != KVQ_OK) return s;
+    if (auto s = make_codec(p.value_codec, p.head_dim, p.seed, probe); s != KVQ_OK) return s;
+
+    cfg.n_layers = p.n_layers;
+    cfg.n_kv_heads = p.n_kv_heads;
+    cfg.n_heads = p.n_heads;
+    cfg.head_dim = p.head_dim;
+    cfg.key_codec = p.key_codec;
+    cfg.value_codec = p.value_codec;
+    cfg.block_tokens = p.block_tokens;
+    cfg.max_blocks = p.max_blocks;
+    cfg.initial_blocks = p.initial_blocks;
+    cfg.grow_blocks = p.grow_blocks;
+    cfg.scale = p.scale;
+    cfg.softcap = p.softcap;
+    cfg.sliding_window.assign(p.sliding_window, p.sliding_window + p.n_sliding_window);
+    cfg.seal = p.seal == KVQ_SEAL_ON_APPEND ? SealPolicy::on_append : SealPolicy::on_block_full;
+    cfg.center_keys = p.center_keys != 0;
+    cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
+    cfg.threads = p.threads;
+    cfg.seed = p.seed;
+    return KVQ_OK;
+}
+
+}  // namespace
+}  // namespace kvq::capi
+
+using kvq::capi::check_layer;
+using kvq::capi::check_sequence;
+using kvq::capi::fail;
+using kvq::capi::guarded;
+
+#define KVQ_REQUIRE(cond, function, what) \
+    if (!(cond)) return fail(KVQ_ERR_INVALID_ARGUMENT, function ": " what)
+#define KVQ_TRY(expr) \
+    if (kvq_status s_ = (expr); s_ != KVQ_OK) return s_
+
+extern "C" {
+
+kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache, "kvq_cache_create", "cache is NULL");
+        kvq_cache_params p = kvq_cache_params_default();
+        KVQ_TRY(kvq::capi::read_versioned(params, kvq::capi::kParamsSizeV1, "kvq_cache_create: params is NULL", p));
+        kvq::CacheConfig cfg;
+        KVQ_TRY(kvq::capi::to_config(p, cfg));
+        try {
+            kvq::KVCache made(cfg);
+            kvq_codec key{made.key_codec()};
+            kvq_codec value{made.value_codec()};
+            *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};
+        } catch (const std::invalid_argument& e) {
+            return fail(KVQ_ERR_BAD_PARAMS, e.what());
+        }
+        return KVQ_OK;
+    });
+}
+
+void kvq_cache_destroy(kvq_cache* cache) { delete cache; }
+
+const kvq_codec* kvq_cache_key_codec(const kvq_cache* cache) { return cache ? &cache->key : nullptr; }
+const kvq_codec* kvq_cache_value_codec(const kvq_cache* cache) { return cache ? &cache->value : nullptr; }
+
+kvq_status kvq_cache_add_sequence(kvq_cache* cache, int64_t* seq) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache && seq, "kvq_cache_add_sequence", "NULL argument");
+        *seq = cache->cache.add_sequence();
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_remove_sequence(kvq_cache* cache, int64_t seq) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache, "kvq_cache_remove_sequence", "cache is NULL");
+        KVQ_TRY(check_sequence(cache, seq, "kvq_cache_remove_sequence"));
+        cache->cache.remove(seq);
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_fork(kvq_cache* cache, int64_t parent, int64_t* child) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache && child, "kvq_cache_fork", "NULL argument");
+        KVQ_TRY(check_sequence(cache, parent, "kvq_cache_fork"));
+        *child = cache->cache.fork(parent);
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_truncate(kvq_cache* cache, int64_t seq, size_t n_tokens) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache, "kvq_cache_truncate", "cache is NULL");
+        KVQ_TRY(check_sequence(cache, seq, "kvq_cache_truncate"));
+        cache->cache.truncate(seq, n_tokens);
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const float* k, const float* v,
+                            size_t n_tokens) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache, "kvq_cache_append", "cache is NULL");
+        KVQ_REQUIRE(n_tokens == 0 || (k && v), "kvq_cache_append", "k or v is NULL");
+        KVQ_TRY(check_layer(cache, layer, "kvq_cache_append"));
+        KVQ_TRY(check_sequence(cache, seq, "kvq_cache_append"));
+        try {
+            cache->cache.append(layer, seq, k, v, n_tokens);
+        } catch (const std::invalid_argument& e) {
+            const auto& cfg = cache->cache.config();
+            return kvq::capi::input_error(cache, e, {k, v}, n_tokens * cfg.n_kv_heads * cfg.head_dim);
+        }
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q, float* out) {
+    return kvq_cache_attend_prefill(cache, layer, seq, q, 1, out);
+}
+
+kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q,
+                                    size_t n_queries, float* out) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache, "kvq_cache_attend", "cache is NULL");
+        KVQ_REQUIRE(n_queries == 0 || (q && out), "kvq_cache_attend", "q or out is NULL");
+        KVQ_TRY(check_layer(cache, layer, "kvq_cache_attend"));
+        KVQ_TRY(check_sequence(cache, seq, "kvq_cache_attend"));
+        try {
+            if (n_queries == 1) {
+                cache->cache.attend(layer, seq, q, out);
+            } else {
+                cache->cache.attend_prefill(layer, seq, q, n_queries, out);
+            }
+        } catch (const std::invalid_argument& e) {
+            const auto& cfg = cache->cache.config();
+            const int n_heads = cfg.n_heads > 0 ? cfg.n_heads : cfg.n_kv_heads;
+            return kvq::capi::input_error(cache, e, {q}, n_queries * n_heads * cfg.head_dim);
+        }
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32_t layer, size_t* n_tokens) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache && n_tokens, "kvq_cache_n_tokens", "NULL argument");
+        KVQ_TRY(check_layer(cache, layer, "kvq_cache_n_tokens"));
+        KVQ_TRY(check_sequence(cache, seq, "kvq_cache_n_tokens"));
+        *n_tokens = cache->cache.n_tokens(seq, layer);
+        return KVQ_OK;
+    });
+}
+
+int32_t kvq_cache_contains(const kvq_cache* cache, int64_t seq) {
+    try {
+        return cache && cache->cache.contains(seq) ? 1 : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
+kvq_status kvq_cache_sequences(const kvq_cache* cache, int64_t* ids, size_t capacity, size_t* count) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache && count && (ids || capacity == 0), "kvq_cache_sequences", "NULL argument");
+        const std::vector<kvq::SequenceId> all = cache->cache.sequences();
+        for (size_t i = 0; i < all.size() && i < capacity; ++i) ids[i] = all[i];
+        *count = all.size();
+        return KVQ_OK;
+    });
+}
+
+size_t kvq_cache_bytes_used(const kvq_cache* cache) {
+    try {
+        return cache ? cache->cache.bytes_used() : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
+double kvq_cache_bytes_per_token(const kvq_cache* cache) {
+    try {
+        return cache ? cache->cache.bytes_per_token() : 0.0;
+    } catch (...) {
+        return 0.0;
+    }
+}
+
+kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache, "kvq_cache_pool_stats", "cache is NULL");
+        const kvq::PoolStats s = cache->cache.pool_stats();
+        kvq_pool_stats from = kvq_pool_stats_init();
+        from.block_bytes = s.block_bytes;
+        from.blocks_total = s.blocks_total;
+        from.blocks_used = s.blocks_used;
+        from.blocks_shared = s.blocks_shared;
+        from.max_blocks = s.max_blocks;
+        return kvq::capi::write_versioned(from, kvq::capi::kPoolStatsSizeV1, stats);
+    });
+}
+
+}  // extern "C"

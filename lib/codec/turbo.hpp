@@ -1,0 +1,41 @@
+// TurboQuant (Zandieh, Daliri, Hadian, Mirrokni, arXiv 2504.19874): rotate, quantize every coordinate of
+// the unit vector with the Lloyd-Max codebook of a rotated unit vector's coordinate density, keep the norm.
+//
+// | codec          | row layout (d values)                                                | bits/value |
+// |----------------|----------------------------------------------------------------------|------------|
+// | turboB (B=2…4) | d B-bit codes; fp16 ‖x‖                                              | B + 16/d   |
+// | turbo2.5 / 3.5 | d/2 codes of B+1 bits, d/2 codes of B bits; fp16 ‖x‖                 | B.5 + 16/d |
+// | turboB_qjl     | d (B−1)-bit codes; d QJL sign bits of the residual; fp16 ‖x‖; fp16 ‖r‖ | B + 32/d   |
+//
+// Codes are packed back to back (bit_codes.hpp), each section starting on a byte. The fractional codecs
+// split the rotated channels in two halves, the first at the higher width: after the rotation no channel
+// is special, so the split needs no calibration (the paper instead gives outlier channels found in the
+// data the higher width). The _qjl codecs are TurboQuant-prod: the (B−1)-bit stage plus a 1-bit QJL
+// sketch of the unit vector's residual r (qjl.hpp), which makes q·k̃ an unbiased estimate of q·k.
+//
+// A row is x̃ = ‖x‖ · Rᵀ(c[code] + √(π/2)/d · ‖r‖ · Sᵀ signs), R the seeded randomized Hadamard rotation.
+// Scores work in the rotated basis: the query is rotated once (and, for _qjl, projected by S once), then
+// each row costs one pass over its codes. The codecs always rotate; "+rot" on them changes nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "codec_impl.hpp"
+
+namespace kvq::detail {
+
+struct TurboConfig {
+    int bits_hi = 4;   // width of the first n_hi channels
+    int bits_lo = 4;   // width of the others
+    bool half_split = false;  // n_hi = d/2 (fractional codecs); otherwise n_hi = d
+    bool qjl = false;  // add the QJL residual sketch and residual norm
+};
+
+// Throws std::invalid_argument for a head size the configuration cannot take (d must be a multiple of 8,
+// of 16 for the split codecs, at most 4096 with QJL) or for non-empty params.
+std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_view name, std::string_view params,
+                                      int head_dim, uint64_t seed);
+
+}  // namespace kvq::detail

@@ -1,0 +1,14 @@
+// The neon level: NEON on arm64 (the baseline of every arm64 CPU).
+// Every kernel comes from kernels_impl.hpp; this file only picks the instruction set.
+#include "dispatch.hpp"
+#include "ops_neon.hpp"
+#include "kernels_impl.hpp"
+
+namespace kvq::detail {
+
+const LevelKernels& level_neon() {
+    static const LevelKernels kernels = simd::make_level<xsimd::neon64>();
+    return kernels;
+}
+
+}  // namespace kvq::detail

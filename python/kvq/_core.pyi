@@ -1,0 +1,126 @@
+"""Types of kvq._core, the compiled module (re-exported by kvq)."""
+
+from typing import Literal, TypedDict, overload
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+DEFAULT_SEED: int
+
+FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float16]
+
+class CodecInfo(TypedDict):
+    name: str
+    base: str
+    block: int
+    bytes_per_block: int
+    head_dim: int
+    row_bytes: int
+    bits_per_value: float
+    rotated: bool
+    ggml_layout: bool
+    layout: str
+
+class Summary(TypedDict):
+    mean: float
+    worst: float
+
+class AttentionErrors(TypedDict):
+    kl: Summary
+    score_rmse: Summary
+    topk: Summary
+    output_l2: Summary
+    cosine: Summary
+    queries: int
+    top_k: int
+    key_bits_per_value: float
+    value_bits_per_value: float
+
+def codecs() -> list[str]: ...
+def codec_info(codec: str, head_dim: int = 128, *, seed: int = ...) -> CodecInfo: ...
+def quantize(x: FloatArray, codec: str, *, seed: int = ...) -> npt.NDArray[np.uint8]: ...
+def dequantize(codes: npt.NDArray[np.uint8], codec: str, head_dim: int, *, seed: int = ...) -> npt.NDArray[np.float32]: ...
+def simd_level() -> str: ...
+@overload
+def reference_attention(
+    q: FloatArray, k: FloatArray, v: FloatArray, scale: float | None = None, *, return_weights: Literal[False] = False
+) -> npt.NDArray[np.float32]: ...
+@overload
+def reference_attention(
+    q: FloatArray, k: FloatArray, v: FloatArray, scale: float | None = None, *, return_weights: Literal[True]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def attention_error(
+    q: FloatArray,
+    k: FloatArray,
+    v: FloatArray,
+    key_codec: str = "q8_0",
+    value_codec: str = "q4_0",
+    scale: float | None = None,
+    top_k: int = 8,
+    *,
+    seed: int = ...,
+) -> AttentionErrors: ...
+
+class PoolExhausted(MemoryError):
+    """No free block is left in a pool with max_blocks set; the operation changed nothing."""
+
+class PoolStats(TypedDict):
+    block_bytes: int
+    blocks_total: int
+    blocks_used: int
+    blocks_shared: int
+    max_blocks: int
+
+class KVCache:
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        n_heads: int | None = None,
+        key_codec: str = "q8_0",
+        value_codec: str = "q4_0",
+        *,
+        block_tokens: int = 32,
+        max_blocks: int = 0,
+        initial_blocks: int = 0,
+        grow_blocks: int = 64,
+        scale: float | None = None,
+        softcap: float = 0.0,
+        sliding_window: int | list[int] | None = None,
+        seal: Literal["on_block_full", "on_append"] = "on_block_full",
+        center_keys: bool = False,
+        nan_policy: Literal["reject", "propagate"] = "reject",
+        threads: int = 1,
+        seed: int = ...,
+    ) -> None: ...
+    @property
+    def config(self) -> dict[str, object]: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def key_codec(self) -> str: ...
+    @property
+    def value_codec(self) -> str: ...
+    def add_sequence(self) -> int: ...
+    def fork(self, seq: int | None = None) -> int: ...
+    def truncate(self, n_tokens: int, seq: int | None = None) -> None: ...
+    def remove(self, seq: int) -> None: ...
+    def append(self, layer: int, k: FloatArray, v: FloatArray, seq: int | None = None) -> None: ...
+    def attend(self, layer: int, q: FloatArray, seq: int | None = None) -> npt.NDArray[np.float32]: ...
+    def attend_prefill(self, layer: int, q: FloatArray, seq: int | None = None) -> npt.NDArray[np.float32]: ...
+    def n_tokens(self, seq: int | None = None, layer: int = 0) -> int: ...
+    def sequences(self) -> list[int]: ...
+    def __contains__(self, seq: int) -> bool: ...
+    def bytes_used(self) -> int: ...
+    def bytes_per_token(self) -> float: ...
+    def pool_stats(self) -> PoolStats: ...
+    def dump(self) -> str: ...
+    def _time_attend(self, layer: int, q: FloatArray, seq: int | None = None, calls: int = 1) -> float: ...

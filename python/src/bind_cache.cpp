@@ -1,0 +1,295 @@
+// kvq.KVCache: the block-wise quantized KV cache (include/kvq/cache.hpp) with numpy in and out.
+// Every call that touches K/V data releases the GIL; calls on one sequence are serialized by
+// SequenceLocks, calls on different sequences run in parallel.
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "kvq/cache.hpp"
+#include "sequence_locks.hpp"
+
+namespace kvq::python {
+namespace {
+
+using namespace pybind11::literals;
+
+size_t non_negative(int64_t value, const char* name) {
+    if (value < 0) raise_value_error(std::string(name) + " must be >= 0, got " + std::to_string(value));
+    return static_cast<size_t>(value);
+}
+
+SealPolicy parse_seal(const std::string& s) {
+    if (s == "on_block_full") return SealPolicy::on_block_full;
+    if (s == "on_append") return SealPolicy::on_append;
+    raise_value_error("seal must be 'on_block_full' or 'on_append', got '" + s + "'");
+}
+
+NanPolicy parse_nan_policy(const std::string& s) {
+    if (s == "reject") return NanPolicy::reject;
+    if (s == "propagate") return NanPolicy::propagate;
+    raise_value_error("nan_policy must be 'reject' or 'propagate', got '" + s + "'");
+}
+
+// None: full attention everywhere; an int: that window on every layer; a list: one window per layer.
+std::vector<int> parse_sliding_window(const py::object& w, int n_layers) {
+    if (w.is_none()) return {};
+    if (py::isinstance<py::int_>(w)) return std::vector<int>(n_layers > 0 ? n_layers : 0, w.cast<int>());
+    try {
+        return w.cast<std::vector<int>>();
+    } catch (const py::cast_error&) {
+        raise_value_error("sliding_window must be None, an int or a list of ints (one per layer)");
+    }
+}
+
+class PyKVCache {
+public:
+    explicit PyKVCache(const CacheConfig& config) : cache_(config) {}
+
+    const KVCache& cache() const { return cache_; }
+    const CacheConfig& config() const { return cache_.config(); }
+    int n_heads() const { return config().n_heads > 0 ? config().n_heads : config().n_kv_heads; }
+
+    SequenceId add_sequence() {
+        SequenceId seq;
+        {
+            py::gil_scoped_release unlocked;
+            seq = cache_.add_sequence();
+        }
+        locks_.add(seq);
+        return seq;
+    }
+
+    SequenceId fork(std::optional<SequenceId> parent) {
+        const SequenceId p = resolve(parent);
+        SequenceId child;
+        {
+            py::gil_scoped_release unlocked;
+            SequenceGuard guard(locks_, p, SequenceGuard::writer);
+            child = cache_.fork(p);
+        }
+        locks_.add(child);
+        return child;
+    }
+
+    void remove(SequenceId seq) {
+        {
+            py::gil_scoped_release unlocked;
+            SequenceGuard guard(locks_, seq, SequenceGuard::writer);
+            cache_.remove(seq);
+        }
+        locks_.erase(seq);
+    }
+
+    void truncate(int64_t n_tokens, std::optional<SequenceId> seq) {
+        const SequenceId s = resolve(seq);
+        const size_t n = non_negative(n_tokens, "truncate: n_tokens");
+        py::gil_scoped_release unlocked;
+        SequenceGuard guard(locks_, s, SequenceGuard::writer);
+        cache_.truncate(s, n);
+    }
+
+    void append(int layer, py::handle k_obj, py::handle v_obj, std::optional<SequenceId> seq) {
+        const SequenceId s = resolve(seq);
+        const py::ssize_t kv_heads = config().n_kv_heads, d = config().head_dim;
+        const CheckedArray k = float_array(k_obj, "append: k", {{"T"}, {"n_kv_heads", kv_heads}, {"head_dim", d}});
+        const CheckedArray v = float_array(v_obj, "append: v", {{"T", k.dim(0)}, {"n_kv_heads", kv_heads}, {"head_dim", d}});
+        py::gil_scoped_release unlocked;
+        SequenceGuard guard(locks_, s, SequenceGuard::writer);
+        cache_.append(layer, s, k.floats(), v.floats(), static_cast<size_t>(k.dim(0)));
+    }
+
+    py::array attend(int layer, py::handle q_obj, std::optional<SequenceId> seq) const {
+        const SequenceId s = resolve(seq);
+        const py::ssize_t heads = n_heads(), d = config().head_dim;
+        const CheckedArray q = float_array(q_obj, "attend: q", {{"n_heads", heads}, {"head_dim", d}});
+        auto out = new_float_array({heads, d});
+        float* o = out.mutable_data();
+        {
+            py::gil_scoped_release unlocked;
+            SequenceGuard guard(locks_, s, SequenceGuard::reader);
+            cache_.attend(layer, s, q.floats(), o);
+        }
+        return out;
+    }
+
+    py::array attend_prefill(int layer, py::handle q_obj, std::optional<SequenceId> seq) const {
+        const SequenceId s = resolve(seq);
+        const py::ssize_t heads = n_heads(), d = config().head_dim;
+        const CheckedArray q =
+            float_array(q_obj, "attend_prefill: q", {{"n_queries"}, {"n_heads", heads}, {"head_dim", d}});
+        auto out = new_float_array({q.dim(0), heads, d});
+        float* o = out.mutable_data();
+        {
+            py::gil_scoped_release unlocked;
+            SequenceGuard guard(locks_, s, SequenceGuard::reader);
+            cache_.attend_prefill(layer, s, q.floats(), static_cast<size_t>(q.dim(0)), o);
+        }
+        return out;
+    }
+
+    // Seconds per call of `calls` attends made by a C++ loop on this same cache: the in-process baseline
+    // against which bench/python_attend.py measures what the Python call adds.
+    double time_attend(int layer, py::handle q_obj, std::optional<SequenceId> seq, int calls) const {
+        const SequenceId s = resolve(seq);
+        if (calls < 1) raise_value_error("_time_attend: calls must be at least 1");
+        const py::ssize_t heads = n_heads(), d = config().head_dim;
+        const CheckedArray q = float_array(q_obj, "_time_attend: q", {{"n_heads", heads}, {"head_dim", d}});
+        std::vector<float> out(static_cast<size_t>(heads * d));
+        py::gil_scoped_release unlocked;
+        SequenceGuard guard(locks_, s, SequenceGuard::reader);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i) cache_.attend(layer, s, q.floats(), out.data());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+    }
+
+    size_t n_tokens(std::optional<SequenceId> seq, int layer) const {
+        const SequenceId s = resolve(seq);
+        py::gil_scoped_release unlocked;
+        SequenceGuard guard(locks_, s, SequenceGuard::reader);
+        return cache_.n_tokens(s, layer);
+    }
+
+    // seq=None means the cache's only sequence, so single-sequence scripts need not carry an id around.
+    SequenceId resolve(std::optional<SequenceId> seq) const {
+        if (seq) return *seq;
+        const auto all = cache_.sequences();
+        if (all.size() != 1) {
+            raise_value_error("seq=None needs exactly one sequence in the cache, there are " +
+                              std::to_string(all.size()) + (all.empty() ? " (call add_sequence() first)" : ""));
+        }
+        return all.front();
+    }
+
+private:
+    KVCache cache_;
+    mutable SequenceLocks locks_;
+};
+
+std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim, std::optional<int> n_heads,
+                                      std::string key_codec, std::string value_codec, int block_tokens,
+                                      int64_t max_blocks, int64_t initial_blocks, int64_t grow_blocks,
+                                      std::optional<float> scale, float softcap, const py::object& sliding_window,
+                                      const std::string& seal, bool center_keys, const std::string& nan_policy,
+                                      int threads, uint64_t seed) {
+    CacheConfig c;
+    c.n_layers = n_layers;
+    c.n_kv_heads = n_kv_heads;
+    c.n_heads = n_heads.value_or(0);
+    c.head_dim = head_dim;
+    c.key_codec = std::move(key_codec);
+    c.value_codec = std::move(value_codec);
+    c.block_tokens = block_tokens;
+    c.max_blocks = non_negative(max_blocks, "max_blocks");
+    c.initial_blocks = non_negative(initial_blocks, "initial_blocks");
+    c.grow_blocks = non_negative(grow_blocks, "grow_blocks");
+    if (scale && !(*scale > 0)) raise_value_error("scale must be positive (or None for 1/sqrt(head_dim))");
+    c.scale = scale.value_or(0.0f);
+    c.softcap = softcap;
+    c.sliding_window = parse_sliding_window(sliding_window, n_layers);
+    c.seal = parse_seal(seal);
+    c.center_keys = center_keys;
+    c.nan_policy = parse_nan_policy(nan_policy);
+    c.threads = threads;
+    c.seed = seed;
+    return std::make_unique<PyKVCache>(c);
+}
+
+py::dict config_dict(const CacheConfig& c, int n_heads) {
+    py::dict d;
+    d["n_layers"] = c.n_layers;
+    d["n_kv_heads"] = c.n_kv_heads;
+    d["n_heads"] = n_heads;
+    d["head_dim"] = c.head_dim;
+    d["key_codec"] = c.key_codec;
+    d["value_codec"] = c.value_codec;
+    d["block_tokens"] = c.block_tokens;
+    d["max_blocks"] = c.max_blocks;
+    d["initial_blocks"] = c.initial_blocks;
+    d["grow_blocks"] = c.grow_blocks;
+    d["scale"] = c.scale > 0 ? py::object(py::float_(c.scale)) : py::object(py::none());
+    d["softcap"] = c.softcap;
+    d["sliding_window"] = c.sliding_window;
+    d["seal"] = c.seal == SealPolicy::on_block_full ? "on_block_full" : "on_append";
+    d["center_keys"] = c.center_keys;
+    d["nan_policy"] = c.nan_policy == NanPolicy::reject ? "reject" : "propagate";
+    d["threads"] = c.threads;
+    d["seed"] = c.seed;
+    return d;
+}
+
+py::dict pool_stats_dict(const PoolStats& s) {
+    return py::dict("block_bytes"_a = s.block_bytes, "blocks_total"_a = s.blocks_total,
+                    "blocks_used"_a = s.blocks_used, "blocks_shared"_a = s.blocks_shared,
+                    "max_blocks"_a = s.max_blocks);
+}
+
+void bind_cache(py::module_& m) {
+    py::register_exception<PoolExhausted>(m, "PoolExhausted", PyExc_MemoryError);
+
+    py::class_<PyKVCache>(m, "KVCache", R"doc(
+A paged KV cache that stores keys and values quantized (keys q8_0, values q4_0 by default) and computes
+decode attention directly on the stored bytes.
+
+    cache = kvq.KVCache(n_layers=32, n_kv_heads=8, head_dim=128, n_heads=32)
+    seq = cache.add_sequence()
+    cache.append(layer, k, v, seq=seq)      # k, v: (tokens, n_kv_heads, head_dim) float32
+    out = cache.attend(layer, q, seq=seq)   # q: (n_heads, head_dim) -> (n_heads, head_dim) float32
+
+seq=None means the cache's only sequence. Bad input raises ValueError and changes nothing; a pool with
+max_blocks that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing. Different sequences
+may be used from different threads at once (the GIL is released while kvq works).)doc")
+        .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),
+             "key_codec"_a = "q8_0", "value_codec"_a = "q4_0", py::kw_only(), "block_tokens"_a = 32,
+             "max_blocks"_a = 0, "initial_blocks"_a = 0, "grow_blocks"_a = 64, "scale"_a = py::none(),
+             "softcap"_a = 0.0f, "sliding_window"_a = py::none(), "seal"_a = "on_block_full",
+             "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed)
+        .def_property_readonly("config", [](const PyKVCache& c) { return config_dict(c.config(), c.n_heads()); },
+                               "The configuration as a dict (the constructor's keyword arguments).")
+        .def_property_readonly("n_layers", [](const PyKVCache& c) { return c.config().n_layers; })
+        .def_property_readonly("n_kv_heads", [](const PyKVCache& c) { return c.config().n_kv_heads; })
+        .def_property_readonly("n_heads", &PyKVCache::n_heads)
+        .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.config().head_dim; })
+        .def_property_readonly("key_codec", [](const PyKVCache& c) { return c.cache().key_codec().name(); })
+        .def_property_readonly("value_codec", [](const PyKVCache& c) { return c.cache().value_codec().name(); })
+        .def("add_sequence", &PyKVCache::add_sequence, "A new empty sequence; returns its id.")
+        .def("fork", &PyKVCache::fork, "seq"_a = py::none(),
+             "A new sequence with the same tokens as seq (full blocks shared, the open block copied); returns its id.")
+        .def("truncate", &PyKVCache::truncate, "n_tokens"_a, "seq"_a = py::none(),
+             "Keeps the first n_tokens tokens of every layer of seq.")
+        .def("remove", &PyKVCache::remove, "seq"_a, "Removes a sequence; its blocks return to the pool.")
+        .def("append", &PyKVCache::append, "layer"_a, "k"_a, "v"_a, "seq"_a = py::none(),
+             "Appends tokens to one layer of seq: k and v of shape (tokens, n_kv_heads, head_dim), float32 or float16.")
+        .def("attend", &PyKVCache::attend, "layer"_a, "q"_a, "seq"_a = py::none(),
+             "Decode attention over every token of seq in this layer (its window, if it has one):\n"
+             "q of shape (n_heads, head_dim) -> (n_heads, head_dim) float32.")
+        .def("attend_prefill", &PyKVCache::attend_prefill, "layer"_a, "q"_a, "seq"_a = py::none(),
+             "Causal attention for the last n_queries tokens of seq: q of shape (n_queries, n_heads, head_dim);\n"
+             "query i sees the tokens up to and including its own. Returns the same shape, float32.")
+        .def("_time_attend", &PyKVCache::time_attend, "layer"_a, "q"_a, "seq"_a = py::none(), "calls"_a = 1,
+             "Benchmark helper: seconds per attend call when a C++ loop makes `calls` calls.")
+        .def("n_tokens", &PyKVCache::n_tokens, "seq"_a = py::none(), "layer"_a = 0, "Tokens of seq in a layer.")
+        .def("sequences", [](const PyKVCache& c) { return c.cache().sequences(); }, "Ids of the live sequences.")
+        .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })
+        .def("bytes_used", [](const PyKVCache& c) { return c.cache().bytes_used(); },
+             "Bytes of the blocks in use (shared blocks counted once).")
+        .def("bytes_per_token", [](const PyKVCache& c) { return c.cache().bytes_per_token(); },
+             "Key + value bytes per token, all layers and kv heads, as stored.")
+        .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },
+             "The block pool: block_bytes, blocks_total, blocks_used, blocks_shared, max_blocks.")
+        .def("dump", [](const PyKVCache& c) { return c.cache().dump(); }, "Block tables, for debugging.")
+        .def("__repr__", [](const PyKVCache& c) {
+            const auto& k = c.config();
+            return "KVCache(n_layers=" + std::to_string(k.n_layers) + ", n_kv_heads=" + std::to_string(k.n_kv_heads) +
+                   ", head_dim=" + std::to_string(k.head_dim) + ", n_heads=" + std::to_string(c.n_heads()) +
+                   ", key_codec='" + k.key_codec + "', value_codec='" + k.value_codec + "', sequences=" +
+                   std::to_string(c.cache().sequences().size()) + ")";
+        });
+}
+
+const Registration registration("cache", bind_cache);
+
+}  // namespace
+}  // namespace kvq::python

@@ -1,0 +1,86 @@
+// kvq.codecs, kvq.codec_info, kvq.quantize, kvq.dequantize, kvq.simd_level: the codec table and one
+// codec's rows, from numpy.
+#include <string>
+
+#include "bindings.hpp"
+#include "kvq/codec.hpp"
+#include "kvq/simd.hpp"
+
+namespace kvq::python {
+namespace {
+
+using namespace pybind11::literals;
+
+// The table name inside a spec: "q4_0+rot" -> "q4_0", "polar:L=4" -> "polar".
+std::string base_name(std::string spec) {
+    if (spec.ends_with("+rot")) spec.resize(spec.size() - 4);
+    return spec.substr(0, spec.find(':'));
+}
+
+py::dict codec_info_dict(const std::string& spec, int head_dim, uint64_t seed) {
+    const Codec codec = Codec::make(spec, head_dim, seed);
+    const CodecInfo info = kvq::codec_info(base_name(spec));
+    py::dict d;
+    d["name"] = codec.name();
+    d["base"] = info.name;
+    d["block"] = info.block;
+    d["bytes_per_block"] = info.bytes_per_block;
+    d["head_dim"] = head_dim;
+    d["row_bytes"] = codec.row_bytes();
+    d["bits_per_value"] = codec.bits_per_value();
+    d["rotated"] = codec.rotated();
+    d["ggml_layout"] = info.ggml_layout && !codec.rotated();
+    d["layout"] = info.layout;
+    return d;
+}
+
+py::array quantize(py::handle x_obj, const std::string& spec, uint64_t seed) {
+    const CheckedArray x = float_array(x_obj, "quantize: x", {{"...", kLeading}, {"head_dim"}});
+    const Codec codec = Codec::make(spec, static_cast<int>(x.dim(-1)), seed);
+    auto shape = x.shape;
+    shape.back() = static_cast<py::ssize_t>(codec.row_bytes());
+    auto codes = new_byte_array(shape);
+    const size_t rows = x.size / codec.head_dim();
+    uint8_t* dst = codes.mutable_data();
+    {
+        py::gil_scoped_release unlocked;
+        codec.quantize_rows(x.floats(), rows, dst);
+    }
+    return codes;
+}
+
+py::array dequantize(py::handle codes_obj, const std::string& spec, int head_dim, uint64_t seed) {
+    const Codec codec = Codec::make(spec, head_dim, seed);
+    const auto row_bytes = static_cast<py::ssize_t>(codec.row_bytes());
+    const CheckedArray codes = byte_array(codes_obj, "dequantize: codes", {{"...", kLeading}, {"row_bytes", row_bytes}});
+    auto shape = codes.shape;
+    shape.back() = head_dim;
+    auto y = new_float_array(shape);
+    const size_t rows = codes.size / codec.row_bytes();
+    float* dst = y.mutable_data();
+    {
+        py::gil_scoped_release unlocked;
+        codec.dequantize_rows(codes.bytes(), rows, dst);
+    }
+    return y;
+}
+
+void bind_codecs(py::module_& m) {
+    m.attr("DEFAULT_SEED") = kDefaultSeed;
+    m.def("codecs", &kvq::codec_names, "Names in the codec table, in table order. Any name may take the suffix '+rot'.");
+    m.def("codec_info", &codec_info_dict, "codec"_a, "head_dim"_a = 128, py::kw_only(), "seed"_a = kDefaultSeed,
+          "A codec's table row and its size for rows of head_dim values: name, base, block, bytes_per_block,\n"
+          "head_dim, row_bytes, bits_per_value (everything stored, scales included), rotated, ggml_layout, layout.");
+    m.def("quantize", &quantize, "x"_a, "codec"_a, py::kw_only(), "seed"_a = kDefaultSeed,
+          "Quantizes the rows of x (float32 or float16, shape (..., head_dim)) with a codec.\n"
+          "Returns uint8 codes of shape x.shape[:-1] + (row_bytes,); for ggml-layout codecs these are ggml's bytes.");
+    m.def("dequantize", &dequantize, "codes"_a, "codec"_a, "head_dim"_a, py::kw_only(), "seed"_a = kDefaultSeed,
+          "Turns codes of shape (..., row_bytes) back into float32 rows of shape (..., head_dim).");
+    m.def("simd_level", [] { return std::string(simd_level_name(kvq::simd_level())); },
+          "The SIMD instruction set the kernels run with on this machine.");
+}
+
+const Registration registration("codecs", bind_codecs);
+
+}  // namespace
+}  // namespace kvq::python

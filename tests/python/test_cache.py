@@ -1,0 +1,235 @@
+"""kvq.KVCache from Python: attention against reference_attention, fork/truncate/remove, accounting,
+and what bad input and a full pool get."""
+
+import numpy as np
+import pytest
+
+import kvq
+
+H, KV, D = 8, 2, 64  # GQA: 4 query heads per kv head
+
+
+def kv(rng, tokens, kv_heads=KV, d=D):
+    return (rng.standard_normal((tokens, kv_heads, d), dtype=np.float32),
+            rng.standard_normal((tokens, kv_heads, d), dtype=np.float32))
+
+
+def gqa_reference(q, k, v, scale=None):
+    """reference_attention per query head, each on the rows of its kv head."""
+    group = q.shape[0] // k.shape[1]
+    return np.stack([kvq.reference_attention(q[h:h + 1], np.ascontiguousarray(k[:, h // group]),
+                                             np.ascontiguousarray(v[:, h // group]), scale)[0]
+                     for h in range(q.shape[0])])
+
+
+def relative_l2(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def filled(rng, chunks=(1, 7, 40, 33), layers=1, **config):
+    """A cache with one sequence, appended in uneven chunks across block boundaries; returns K/V per layer."""
+    cache = kvq.KVCache(layers, KV, D, n_heads=H, block_tokens=16, **config)
+    seq = cache.add_sequence()
+    data = []
+    for layer in range(layers):
+        parts = [kv(rng, n) for n in chunks]
+        for k, v in parts:
+            cache.append(layer, k, v, seq=seq)
+        data.append((np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])))
+    return cache, seq, data
+
+
+def test_attend_equals_the_reference_for_float32_storage(rng):
+    cache, seq, data = filled(rng, layers=2, key_codec="f32", value_codec="f32")
+    assert cache.n_tokens(seq) == cache.n_tokens(seq, layer=1) == 81
+    for layer, (k, v) in enumerate(data):
+        q = rng.standard_normal((H, D), dtype=np.float32)
+        out = cache.attend(layer, q, seq=seq)
+        assert out.shape == (H, D) and out.dtype == np.float32
+        np.testing.assert_allclose(out, gqa_reference(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value_codec", ["q4_0", "q8_0", "q4_0+rot", "f16"])
+def test_quantized_values_give_attention_over_their_dequantized_rows(value_codec, rng):
+    # Keys exact, values quantized on append: the cache must read the bytes kvq.quantize writes.
+    cache, seq, [(k, v)] = filled(rng, key_codec="f32", value_codec=value_codec, seal="on_append")
+    v_stored = kvq.dequantize(kvq.quantize(v, value_codec), value_codec, D)
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    np.testing.assert_allclose(cache.attend(0, q, seq=seq), gqa_reference(q, k, v_stored), rtol=1e-4, atol=1e-5)
+
+
+def test_default_codecs_stay_close_to_the_reference(rng):
+    cache, seq, [(k, v)] = filled(rng, chunks=(200, 57))
+    assert (cache.key_codec, cache.value_codec) == ("q8_0", "q4_0")
+    q = 2 * rng.standard_normal((H, D), dtype=np.float32)
+    out, ref = cache.attend(0, q, seq=seq), gqa_reference(q, k, v)
+    cosine = np.sum(out * ref, axis=1) / np.linalg.norm(out, axis=1) / np.linalg.norm(ref, axis=1)
+    assert relative_l2(out, ref) < 0.12 and cosine.min() > 0.99  # q4_0 values: ~0.085 on Gaussian rows
+
+
+def test_float16_inputs_equal_their_float32_values(rng):
+    k, v = kv(rng, 20)
+    k16, v16, q16 = k.astype(np.float16), v.astype(np.float16), rng.standard_normal((H, D)).astype(np.float16)
+    a, b = kvq.KVCache(1, KV, D, H), kvq.KVCache(1, KV, D, H)
+    a.add_sequence(), b.add_sequence()
+    a.append(0, k16, v16)
+    b.append(0, k16.astype(np.float32), v16.astype(np.float32))
+    np.testing.assert_array_equal(a.attend(0, q16), b.attend(0, q16.astype(np.float32)))
+
+
+def test_attend_prefill_is_causal_attention_over_the_last_queries(rng):
+    cache, seq, [(k, v)] = filled(rng, key_codec="f32", value_codec="f32")
+    n = 5
+    q = rng.standard_normal((n, H, D), dtype=np.float32)
+    out = cache.attend_prefill(0, q, seq=seq)
+    assert out.shape == (n, H, D)
+    for i in range(n):
+        visible = len(k) - n + i + 1
+        np.testing.assert_allclose(out[i], gqa_reference(q[i], k[:visible], v[:visible]), rtol=1e-5, atol=1e-6)
+
+
+def test_fork_shares_tokens_and_then_diverges(rng):
+    cache, parent, [(k, v)] = filled(rng, key_codec="f32", value_codec="f32")
+    child = cache.fork(parent)
+    assert cache.n_tokens(child) == 81 and cache.pool_stats()["blocks_shared"] > 0
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    np.testing.assert_array_equal(cache.attend(0, q, seq=child), cache.attend(0, q, seq=parent))
+    k2, v2 = kv(rng, 3)
+    cache.append(0, k2, v2, seq=child)
+    np.testing.assert_allclose(cache.attend(0, q, seq=parent), gqa_reference(q, k, v), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cache.attend(0, q, seq=child),
+                               gqa_reference(q, np.concatenate([k, k2]), np.concatenate([v, v2])), rtol=1e-5, atol=1e-6)
+
+
+def test_truncate_and_remove(rng):
+    cache, seq, [(k, v)] = filled(rng, key_codec="f32", value_codec="f32")
+    used = cache.bytes_used()
+    cache.truncate(20, seq=seq)
+    assert cache.n_tokens(seq) == 20 and cache.bytes_used() < used
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    np.testing.assert_allclose(cache.attend(0, q), gqa_reference(q, k[:20], v[:20]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        cache.truncate(21, seq=seq)
+    with pytest.raises(ValueError, match="n_tokens must be >= 0"):
+        cache.truncate(-1, seq=seq)
+    cache.remove(seq)
+    assert seq not in cache and cache.sequences() == [] and cache.pool_stats()["blocks_used"] == 0
+    with pytest.raises(ValueError):
+        cache.attend(0, q, seq=seq)
+    with pytest.raises(ValueError, match="call add_sequence"):
+        cache.attend(0, q)
+
+
+def test_sliding_window_attends_to_the_last_tokens_only(rng):
+    cache, seq, [(k, v)] = filled(rng, chunks=(70, 30), key_codec="f32", value_codec="f32", sliding_window=24)
+    assert cache.config["sliding_window"] == [24]
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    np.testing.assert_allclose(cache.attend(0, q, seq=seq), gqa_reference(q, k[-24:], v[-24:]), rtol=1e-5, atol=1e-6)
+
+
+def test_split_attention_over_two_threads_equals_one_thread(rng):
+    one, _, [(k, v)] = filled(rng, chunks=(300,))
+    two = kvq.KVCache(1, KV, D, H, block_tokens=16, threads=2)
+    two.add_sequence()
+    two.append(0, k, v)
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    np.testing.assert_allclose(two.attend(0, q), one.attend(0, q), rtol=1e-5, atol=1e-6)
+
+
+def test_memory_accounting_matches_the_codecs(rng):
+    cache = kvq.KVCache(3, KV, D, H, key_codec="q8_0", value_codec="q4_0")
+    row = kvq.codec_info("q8_0", D)["row_bytes"] + kvq.codec_info("q4_0", D)["row_bytes"]
+    assert cache.bytes_per_token() == 3 * KV * row
+    assert cache.bytes_used() == 0
+    seq = cache.add_sequence()
+    for layer in range(3):
+        cache.append(layer, *kv(rng, 64), seq=seq)  # two full blocks per layer
+    stats = cache.pool_stats()
+    assert stats["blocks_used"] == 6 and stats["block_bytes"] == 32 * KV * row
+    assert cache.bytes_used() >= 6 * stats["block_bytes"]
+
+
+def test_a_full_pool_raises_memory_error_and_changes_nothing(rng):
+    cache = kvq.KVCache(1, KV, D, H, block_tokens=16, max_blocks=2, seal="on_append")
+    seq = cache.add_sequence()
+    cache.append(0, *kv(rng, 30), seq=seq)
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    before, used = cache.attend(0, q), cache.bytes_used()
+    with pytest.raises(kvq.PoolExhausted, match="pool exhausted") as e:
+        cache.append(0, *kv(rng, 10), seq=seq)
+    assert isinstance(e.value, MemoryError)
+    assert cache.n_tokens(seq) == 30 and cache.bytes_used() == used
+    np.testing.assert_array_equal(cache.attend(0, q), before)
+    cache.append(0, *kv(rng, 2), seq=seq)  # what still fits is taken
+    assert cache.n_tokens(seq) == 32
+
+
+def test_bad_shapes_dtypes_and_nan_are_value_errors_that_change_nothing(rng):
+    cache, seq, [(k, v)] = filled(rng)
+    k1, v1 = kv(rng, 4)
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    before = cache.attend(0, q)
+    shape = r"shape \(T, n_kv_heads=2, head_dim=64\)"
+    cases = [
+        ((0, k1.astype(np.float64), v1), "append: k: expected a C-contiguous float32 or float16 array of " + shape +
+         r", got a float64 array of shape \(4, 2, 64\)"),
+        ((0, k1, v1[:3]), r"append: v: expected .* shape \(T=4, n_kv_heads=2, head_dim=64\), got .* \(3, 2, 64\)"),
+        ((0, k1[:, :1], v1), "got a non-contiguous float32 array"),
+        ((0, k1.reshape(4, 1, 128), v1), r"got a float32 array of shape \(4, 1, 128\)"),
+        ((0, k1[0], v1[0]), r"got a float32 array of shape \(2, 64\)"),
+        ((0, k1.tolist(), v1), "got an object of type list"),
+        ((3, k1, v1), "layer 3 is out of range"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            cache.append(*args, seq=seq)
+    k1[2, 1, 7] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        cache.append(0, k1, v1, seq=seq)
+    with pytest.raises(ValueError, match=r"attend: q: expected .* shape \(n_heads=8, head_dim=64\), got .* \(2, 64\)"):
+        cache.attend(0, q[:2])
+    with pytest.raises(ValueError):
+        cache.attend(0, np.full((H, D), np.inf, np.float32))
+    with pytest.raises(ValueError):
+        cache.attend(0, q, seq=seq + 1000)
+    assert cache.n_tokens(seq) == 81
+    np.testing.assert_array_equal(cache.attend(0, q), before)
+    cache.add_sequence()
+    with pytest.raises(ValueError, match="exactly one sequence in the cache, there are 2"):
+        cache.attend(0, q)
+
+
+def test_propagate_keeps_nan_to_the_heads_that_read_it(rng):
+    cache = kvq.KVCache(1, KV, D, H, key_codec="f32", value_codec="f32", nan_policy="propagate")
+    k, v = kv(rng, 10)
+    v[3, 0, 5] = np.nan
+    cache.add_sequence()
+    cache.append(0, k, v)
+    out = cache.attend(0, rng.standard_normal((H, D), dtype=np.float32))
+    assert np.isnan(out[:4]).any() and np.isfinite(out[4:]).all()  # heads 0-3 read kv head 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(key_codec="q3_0"), "unknown codec"),
+    (dict(n_heads=3), "multiple"),
+    (dict(max_blocks=-1), "max_blocks must be >= 0"),
+    (dict(seal="sometimes"), "seal must be"),
+    (dict(nan_policy="ignore"), "nan_policy must be"),
+    (dict(scale=-1.0), "scale must be positive"),
+    (dict(sliding_window="wide"), "sliding_window must be"),
+    (dict(block_tokens=0), "block_tokens"),
+])
+def test_bad_configurations_are_value_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kvq.KVCache(1, KV, D, **kwargs)
+
+
+def test_the_configuration_reads_back():
+    cache = kvq.KVCache(4, 8, 128, 32, "q8_0", "q4_0+rot", block_tokens=64, threads=2, center_keys=True,
+                        sliding_window=[0, 512, 0, 512])
+    c = cache.config
+    assert (c["n_layers"], c["n_kv_heads"], c["n_heads"], c["head_dim"]) == (4, 8, 32, 128)
+    assert (c["key_codec"], c["value_codec"], c["block_tokens"], c["threads"]) == ("q8_0", "q4_0+rot", 64, 2)
+    assert c["center_keys"] and c["sliding_window"] == [0, 512, 0, 512] and c["seal"] == "on_block_full"
+    assert (cache.n_layers, cache.n_heads, cache.head_dim) == (4, 32, 128)
+    assert "KVCache(n_layers=4" in repr(cache)

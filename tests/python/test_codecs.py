@@ -1,0 +1,135 @@
+"""The codec table from Python: info, round trips, ggml byte identity, and what bad input gets."""
+
+import numpy as np
+import pytest
+
+import kvq
+from conftest import DATA
+
+# Relative RMSE of a round trip on N(0, 1) rows of 128 values: about 1.3x what the format gives
+# (measured: f16 2.1e-4, bf16 1.7e-3, q8_0 0.0054, q4_0 0.087, q4_1 0.079, q5_0 0.043, q5_1 0.038).
+ROUNDTRIP_BOUND = {"f32": 0.0, "f16": 3e-4, "bf16": 2.2e-3, "q8_0": 0.007, "q4_0": 0.11, "q4_1": 0.1,
+                   "q5_0": 0.055, "q5_1": 0.05}
+
+
+def generic_bound(bits):
+    """For the other codecs (tested closely in C++): what scalar quantizers reach, 1.5-4.5 x 2^-bits
+    (polar 2.6, turbo ~1.7, turbo*_qjl ~4.4), and always better than storing nothing (error 1)."""
+    return min(5 * 2.0 ** -bits, 0.9)
+
+
+SPECS = [name + suffix for name in kvq.codecs() for suffix in ("", "+rot")]
+
+
+def relative_rmse(y, x):
+    return float(np.sqrt(np.sum((y - x) ** 2) / np.sum(x ** 2)))
+
+
+def test_the_table_lists_the_ggml_codecs_and_reports_honest_sizes():
+    names = kvq.codecs()
+    for name in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"):
+        assert name in names
+    q8 = kvq.codec_info("q8_0")
+    assert (q8["block"], q8["bytes_per_block"], q8["row_bytes"], q8["bits_per_value"]) == (32, 34, 136, 8.5)
+    q4 = kvq.codec_info("q4_0", head_dim=64)
+    assert (q4["block"], q4["bytes_per_block"], q4["row_bytes"], q4["bits_per_value"]) == (32, 18, 36, 4.5)
+    assert q4["ggml_layout"] and not q4["rotated"] and "nibbles" in q4["layout"]
+    rot = kvq.codec_info("q4_0+rot")
+    assert rot["rotated"] and rot["base"] == "q4_0" and not rot["ggml_layout"]
+    for spec in SPECS:
+        info = kvq.codec_info(spec, 256)
+        assert info["bits_per_value"] == pytest.approx(8 * info["row_bytes"] / 256)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_round_trip_error_is_within_the_codec_bound(spec, rng):
+    x = rng.standard_normal((3, 40, 128), dtype=np.float32)
+    codes = kvq.quantize(x, spec)
+    info = kvq.codec_info(spec, 128)
+    assert codes.dtype == np.uint8 and codes.shape == (3, 40, info["row_bytes"])
+    y = kvq.dequantize(codes, spec, 128)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    base = spec.removesuffix("+rot")
+    assert relative_rmse(y, x) <= ROUNDTRIP_BOUND.get(base, generic_bound(info["bits_per_value"])) + 1e-6
+    # Rows are independent: quantizing one row alone gives the same bytes.
+    np.testing.assert_array_equal(kvq.quantize(x[1, 7], spec), codes[1, 7])
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
+def test_bytes_and_values_equal_ggml_on_its_oracle_rows(name, ggml_data):
+    manifest, x = ggml_data
+    if name not in kvq.codecs():
+        pytest.skip(f"{name} is not in kvq's codec table")
+    t = manifest["types"][name]
+    expected = np.fromfile(DATA / t["bytes"], dtype=np.uint8).reshape(len(x), t["row_bytes"])
+    codes = kvq.quantize(x, name)
+    mismatched = np.flatnonzero((codes != expected).any(axis=1))
+    assert mismatched.size == 0, f"{name}: rows {mismatched[:10]} differ from ggml's bytes"
+    values = kvq.dequantize(expected, name, x.shape[1])
+    if (DATA / t["dequant"]).exists():
+        np.testing.assert_array_equal(values, np.fromfile(DATA / t["dequant"], dtype="<f4").reshape(x.shape))
+    if name == "f16":  # numpy's float16 is IEEE binary16 too (rows 4 and 7 overflow to inf, as in ggml)
+        with np.errstate(over="ignore"):
+            x16 = x.astype("<f2")
+        np.testing.assert_array_equal(codes.view("<f2"), x16)
+        np.testing.assert_array_equal(values, x16.astype(np.float32))
+
+
+def test_float16_input_is_accepted_and_equals_its_float32_value(rng):
+    x16 = rng.standard_normal((5, 64)).astype(np.float16)
+    np.testing.assert_array_equal(kvq.quantize(x16, "q8_0"), kvq.quantize(x16.astype(np.float32), "q8_0"))
+
+
+def test_rotation_depends_on_the_seed_and_round_trips_with_it(rng):
+    x = rng.standard_normal((8, 128), dtype=np.float32)
+    a, b = kvq.quantize(x, "q4_0+rot"), kvq.quantize(x, "q4_0+rot", seed=7)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(a, kvq.quantize(x, "q4_0+rot", seed=kvq.DEFAULT_SEED))
+    assert relative_rmse(kvq.dequantize(b, "q4_0+rot", 128, seed=7), x) < ROUNDTRIP_BOUND["q4_0"]
+    assert relative_rmse(kvq.dequantize(b, "q4_0+rot", 128), x) > 0.5  # wrong seed: wrong basis
+
+
+def test_empty_batches_give_empty_results():
+    codes = kvq.quantize(np.zeros((0, 4, 64), np.float32), "q8_0")
+    assert codes.shape == (0, 4, 68)
+    assert kvq.dequantize(codes, "q8_0", 64).shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize("bad, got", [
+    (np.zeros((4, 128), np.float64), "got a float64 array of shape (4, 128)"),
+    (np.zeros((4, 128), np.int32), "got a int32 array of shape (4, 128)"),
+    (np.zeros((4, 256), np.float32)[:, ::2], "got a non-contiguous float32 array of shape (4, 128)"),
+    (np.zeros((128, 4), np.float32).T, "got a non-contiguous float32 array of shape (4, 128)"),
+    (np.float32(1.0), "got an object of type float32"),
+    ([0.0] * 128, "got an object of type list"),
+])
+def test_quantize_rejects_what_it_cannot_read_without_copying(bad, got):
+    with pytest.raises(ValueError) as e:
+        kvq.quantize(bad, "q8_0")
+    assert "expected a C-contiguous float32 or float16 array of shape (..., head_dim)" in str(e.value)
+    assert got in str(e.value)
+
+
+def test_quantize_rejects_nan_inf_and_head_sizes_the_codec_cannot_take():
+    x = np.ones((2, 64), np.float32)
+    for value in (np.nan, np.inf, -np.inf):
+        x[1, 5] = value
+        with pytest.raises(ValueError, match="not finite"):
+            kvq.quantize(x, "q4_0")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kvq.quantize(np.ones((2, 48), np.float32), "q8_0")
+    with pytest.raises(ValueError, match="unknown codec 'q3_0'"):
+        kvq.quantize(np.ones((2, 64), np.float32), "q3_0")
+    with pytest.raises(ValueError, match="unknown codec"):
+        kvq.codec_info("nope")
+
+
+def test_dequantize_checks_dtype_and_row_bytes():
+    codes = kvq.quantize(np.ones((3, 64), np.float32), "q8_0")
+    with pytest.raises(ValueError, match=r"expected a C-contiguous uint8 array of shape \(\.\.\., row_bytes=136\), "
+                                         r"got a uint8 array of shape \(3, 68\)"):
+        kvq.dequantize(codes, "q8_0", 128)
+    with pytest.raises(ValueError, match="got a int8 array"):
+        kvq.dequantize(codes.view(np.int8), "q8_0", 64)
+    with pytest.raises(ValueError, match="head_dim must be in"):
+        kvq.dequantize(codes, "q8_0", 0)
