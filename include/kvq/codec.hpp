@@ -24,6 +24,8 @@
 // fp16 scale read back as zero.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,6 +53,18 @@ enum class NanPolicy {
 struct InputLimit {
     float max_abs = 0.0f;  // bound on every |x_j| of a row or, when on_norm, on the row's L2 norm
     bool on_norm = false;  // codecs that rotate first: a rotated coordinate is at most the row's norm
+
+    // The row's size as this limit measures it: max |x_j|, or the L2 norm (in double: no overflow).
+    double size_of(const float* row, int n) const {
+        double size = 0.0;
+        for (int j = 0; j < n; ++j) {
+            const double v = row[j];
+            size = on_norm ? size + v * v : std::max(size, std::fabs(v));
+        }
+        return on_norm ? std::sqrt(size) : size;
+    }
+    // False also for a row holding NaN (its size is NaN).
+    bool admits(const float* row, int n) const { return size_of(row, n) <= max_abs; }
 };
 
 // One row of the codec table, as users see it.

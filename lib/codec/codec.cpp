@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +22,12 @@ namespace {
 
 void require(bool ok, const std::string& codec, const char* what) {
     if (!ok) fail(codec, what);
+}
+
+std::string shortest(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    return buf;
 }
 
 }  // namespace
@@ -80,18 +87,11 @@ void Codec::check_range(const float* x, size_t n_rows) const {
     const InputLimit limit = input_limit();
     if (!limit.on_norm && limit.max_abs == FLT_MAX) return;  // every finite value fits
     for (size_t r = 0; r < n_rows; ++r) {
-        const float* row = x + r * head_dim_;
-        double size = 0.0;
-        if (limit.on_norm) {
-            for (int j = 0; j < head_dim_; ++j) size += double(row[j]) * row[j];
-            size = std::sqrt(size);
-        } else {
-            for (int j = 0; j < head_dim_; ++j) size = std::max(size, double(std::fabs(row[j])));
-        }
+        const double size = limit.size_of(x + r * head_dim_, head_dim_);
         if (size > limit.max_abs) {
-            fail(name_, "quantize_rows: row " + std::to_string(r) + (limit.on_norm ? " has L2 norm " : " has |x| = ") +
-                            std::to_string(size) + ", beyond the codec's range " + std::to_string(limit.max_abs) +
-                            " (a stored fp16 field would overflow)");
+            fail(name_, "quantize_rows: row " + std::to_string(r) + (limit.on_norm ? " has norm " : " has |x| = ") +
+                            shortest(size) + ", beyond the codec's range " + shortest(limit.max_abs) +
+                            (limit.on_norm ? " for a row's L2 norm" : "") + " (a stored fp16 field would overflow)");
         }
     }
 }

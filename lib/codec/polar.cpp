@@ -42,7 +42,6 @@ public:
     size_t query_bytes() const override { return sizeof(float) * (d_ / 2) * level_[0].cos.size(); }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        check_norms_fit_fp16("polar", x, n_rows, d_);
         std::vector<float> y(d_), radius(leaves_);
         for (size_t r = 0; r < n_rows; ++r) {
             uint8_t* row = dst + r * dst_stride;

@@ -2,6 +2,7 @@
 #include "turbo.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -44,7 +45,6 @@ public:
     size_t query_bytes() const override { return sizeof(float) * d_ * (qjl_ ? 2 : 1); }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        check_norms_fit_fp16(name_, x, n_rows, d_);
         std::vector<float> u(d_), residual(d_);
         for (size_t r = 0; r < n_rows; ++r) {
             const float* xr = x + r * d_;
@@ -52,7 +52,10 @@ public:
             std::memset(row, 0, row_bytes_);
             const double norm = row_norm(xr, d_);
             rot_.apply(xr, u.data());
-            const float inv = norm > 0 ? static_cast<float>(1.0 / norm) : 0.0f;
+            // A row so small that 1/norm overflows float is stored as a zero row (its fp16 norm is 0
+            // anyway); multiplying by an infinite inverse would turn it into NaN.
+            const double inv_norm = norm > 0 ? 1.0 / norm : 0.0;
+            const float inv = inv_norm <= FLT_MAX ? static_cast<float>(inv_norm) : 0.0f;
             for (int j = 0; j < d_; ++j) {
                 u[j] *= inv;
                 const ScalarCodebook& cb = codebook(j);
