@@ -14,6 +14,7 @@ cmake -S "$root/examples/consumer" -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=R
 cmake --build "$tmp/build" >/dev/null
 "$tmp/build/consumer_c"
 "$tmp/build/consumer_cpp"
+"$tmp/build/consumer_cpp_shared" >/dev/null
 
 pc_dir=$(dirname "$(find "$prefix" -name kvq.pc)")
 cc -std=c11 -Wall -Wextra -Werror "$root/examples/consumer/consumer.c" -o "$tmp/consumer_pc" \

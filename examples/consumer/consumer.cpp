@@ -1,5 +1,7 @@
-// A C++ program built against an installed kvq's static library: measures the attention error of q8_0
-// keys and q4_0 values against the FP32 reference on random rows.
+// A C++ program built against an installed kvq, twice: with the static library (consumer_cpp) and the
+// shared one (consumer_cpp_shared). Measures the attention error of q8_0 keys and q4_0 values against
+// the FP32 reference, and catches kvq::PoolExhausted thrown inside the library.
+#include <kvq/cache.hpp>
 #include <kvq/codec.hpp>
 #include <kvq/eval.hpp>
 
@@ -20,5 +22,18 @@ int main() {
     const auto err = kvq::attention_error(q.data(), n_q, k.data(), v.data(), n, keys, values);
     std::printf("q8_0/q4_0 attention vs fp32: output rel. L2 error %.4f, cosine %.5f\n", err.output_l2.mean,
                 err.cosine.mean);
-    return err.cosine.worst > 0.99 ? 0 : 1;
+
+    kvq::CacheConfig cfg;
+    cfg.head_dim = d;
+    cfg.max_blocks = 1;  // 32 tokens
+    kvq::KVCache cache(cfg);
+    const auto seq = cache.add_sequence();
+    bool caught = false;
+    try {
+        cache.append(0, seq, k.data(), v.data(), 65);  // two blocks to seal, one in the pool
+    } catch (const kvq::PoolExhausted& e) {
+        caught = true;
+        std::printf("caught kvq::PoolExhausted: %s\n", e.what());
+    }
+    return err.cosine.worst > 0.99 && caught && cache.n_tokens(seq) == 0 ? 0 : 1;
 }

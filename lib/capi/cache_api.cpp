@@ -124,6 +124,32 @@ using kvq::capi::guarded;
 #define KVQ_TRY(expr) \
     if (kvq_status s_ = (expr); s_ != KVQ_OK) return s_
 
+namespace {
+
+kvq_status attend(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q, size_t n_queries, float* out,
+                  const char* function) {
+    return guarded([&] {
+        if (!cache) return fail(KVQ_ERR_INVALID_ARGUMENT, std::string(function) + ": cache is NULL");
+        if (n_queries > 0 && !(q && out)) return fail(KVQ_ERR_INVALID_ARGUMENT, std::string(function) + ": q or out is NULL");
+        KVQ_TRY(check_layer(cache, layer, function));
+        KVQ_TRY(check_sequence(cache, seq, function));
+        try {
+            if (n_queries == 1) {
+                cache->cache.attend(layer, seq, q, out);
+            } else {
+                cache->cache.attend_prefill(layer, seq, q, n_queries, out);
+            }
+        } catch (const std::invalid_argument& e) {
+            const auto& cfg = cache->cache.config();
+            const int n_heads = cfg.n_heads > 0 ? cfg.n_heads : cfg.n_kv_heads;
+            return kvq::capi::input_error(cache, e, {q}, n_queries * n_heads * cfg.head_dim);
+        }
+        return KVQ_OK;
+    });
+}
+
+}  // namespace
+
 extern "C" {
 
 kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache) {
@@ -203,29 +229,12 @@ kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const 
 }
 
 kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q, float* out) {
-    return kvq_cache_attend_prefill(cache, layer, seq, q, 1, out);
+    return attend(cache, layer, seq, q, 1, out, "kvq_cache_attend");
 }
 
 kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q,
                                     size_t n_queries, float* out) {
-    return guarded([&] {
-        KVQ_REQUIRE(cache, "kvq_cache_attend", "cache is NULL");
-        KVQ_REQUIRE(n_queries == 0 || (q && out), "kvq_cache_attend", "q or out is NULL");
-        KVQ_TRY(check_layer(cache, layer, "kvq_cache_attend"));
-        KVQ_TRY(check_sequence(cache, seq, "kvq_cache_attend"));
-        try {
-            if (n_queries == 1) {
-                cache->cache.attend(layer, seq, q, out);
-            } else {
-                cache->cache.attend_prefill(layer, seq, q, n_queries, out);
-            }
-        } catch (const std::invalid_argument& e) {
-            const auto& cfg = cache->cache.config();
-            const int n_heads = cfg.n_heads > 0 ? cfg.n_heads : cfg.n_kv_heads;
-            return kvq::capi::input_error(cache, e, {q}, n_queries * n_heads * cfg.head_dim);
-        }
-        return KVQ_OK;
-    });
+    return attend(cache, layer, seq, q, n_queries, out, "kvq_cache_attend_prefill");
 }
 
 kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32_t layer, size_t* n_tokens) {

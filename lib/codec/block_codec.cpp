@@ -42,10 +42,18 @@ public:
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
         const auto quantize = active_kernels(codec_).quantize;
+        if (dst_stride == row_bytes_) {  // rows back to back are one long row: one call, no per-row overhead
+            quantize(x, dst, static_cast<int64_t>(n_rows) * head_dim_);
+            return;
+        }
         for (size_t r = 0; r < n_rows; ++r) quantize(x + r * head_dim_, dst + r * dst_stride, head_dim_);
     }
     void dequantize_rows(const uint8_t* src, size_t src_stride, size_t n_rows, float* y) const override {
         const auto dequantize = active_kernels(codec_).dequantize;
+        if (src_stride == row_bytes_) {
+            dequantize(src, y, static_cast<int64_t>(n_rows) * head_dim_);
+            return;
+        }
         for (size_t r = 0; r < n_rows; ++r) dequantize(src + r * src_stride, y + r * head_dim_, head_dim_);
     }
     void prepare_queries(const float* q, int n_q, uint8_t* prep) const override {

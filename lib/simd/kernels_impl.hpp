@@ -222,10 +222,22 @@ struct ScoreBlocks {
     }
 };
 
+// Part p of block t of a row, dequantized in registers (with fma: accumulate needs float rounding only).
 template <class A, class L>
 struct BlockTile {
-    static void load(const uint8_t* row, int64_t t, xsimd::batch<float, A>* v) {
-        dequantize_block<A, L>(reinterpret_cast<const typename L::Block*>(row)[t], v);
+    static void load(const uint8_t* row, int64_t t, int p, xsimd::batch<float, A>* v) {
+        using O = Ops<A>;
+        using F = typename O::F;
+        const auto& b = reinterpret_cast<const typename L::Block*>(row)[t];
+        O::widen_pair(L::template bytes<O>(b), p, v);
+        const F d(O::f16_value(b.d));
+        for (int k = 0; k < 2; ++k) {
+            if constexpr (L::has_min) {
+                v[k] = xsimd::fma(v[k], d, F(offset_of<O, L>(b)));
+            } else {
+                v[k] = v[k] * d;
+            }
+        }
     }
 };
 

@@ -33,30 +33,35 @@ void for_query_groups(int n_q, Args&&... args) {
     }
 }
 
-// Queries whose accumulators for one 32-column tile fit in registers next to the tile itself.
+// accumulate works on tiles of two registers (16 columns with AVX2, 32 with AVX-512, 8 with 4 lanes), so
+// that the accumulators of four queries (eight registers) stay in registers next to the tile.
 template <class A>
-constexpr int kAccumulateGroup = std::max(1, 8 / kPerBlock<A>);
+constexpr int kTileValues = 2 * kLanes<A>;
+template <class A>
+constexpr int kTilesPerBlock = kQK / kTileValues<A>;
 
-// acc[i][tile t] += w[i][r] · tile t of row r for the rows of one chunk and queries i0..i0+G, with the
-// accumulators in registers. Tile::load(row, t, v) puts the tile's 32 values in v.
+// acc[i][part p of block t] += w[r][i] · (that part of row r), for the rows of one chunk and G queries,
+// with the accumulators in registers. wt holds the chunk's weights row by row (G per row), so one pointer
+// reaches them all. Tile::load(row, t, p, v) puts the part's values in v[0..2).
 template <class A, class Tile, int G>
-void accumulate_tile(const float* const* w, const uint8_t* rows, size_t row_stride, size_t n_rows, int64_t t,
+void accumulate_tile(const float* wt, const uint8_t* rows, size_t row_stride, size_t n_rows, int64_t t, int p,
                      float* const* acc) {
     using F = xsimd::batch<float, A>;
-    constexpr int K = kPerBlock<A>;
-    F a[G][K];
+    const int64_t col = t * kQK + p * kTileValues<A>;
+    F a[G][2];
     for (int i = 0; i < G; ++i)
-        for (int k = 0; k < K; ++k) a[i][k] = F::load_unaligned(acc[i] + t * kQK + k * kLanes<A>);
+        for (int k = 0; k < 2; ++k) a[i][k] = F::load_unaligned(acc[i] + col + k * kLanes<A>);
     for (size_t r = 0; r < n_rows; ++r) {
-        F v[K];
-        Tile::load(rows + r * row_stride, t, v);
+        F v[2];
+        Tile::load(rows + r * row_stride, t, p, v);
         for (int i = 0; i < G; ++i) {
-            const F wi(w[i][r]);
-            for (int k = 0; k < K; ++k) a[i][k] = xsimd::fma(wi, v[k], a[i][k]);
+            const F wi(wt[r * G + i]);
+            a[i][0] = xsimd::fma(wi, v[0], a[i][0]);
+            a[i][1] = xsimd::fma(wi, v[1], a[i][1]);
         }
     }
     for (int i = 0; i < G; ++i)
-        for (int k = 0; k < K; ++k) a[i][k].store_unaligned(acc[i] + t * kQK + k * kLanes<A>);
+        for (int k = 0; k < 2; ++k) a[i][k].store_unaligned(acc[i] + col + k * kLanes<A>);
 }
 
 template <class A, class Tile>
@@ -64,25 +69,24 @@ struct AccumulateTiles {
     template <int G>
     struct Pass {
         static void run(int i0, const float* w, size_t w_stride, const uint8_t* rows, size_t row_stride,
-                        size_t n_rows, int64_t n, int64_t t, float* acc) {
-            const float* wp[G];
+                        size_t n_rows, int64_t n, float* acc) {
+            float wt[kRowChunk * G];
             float* ap[G];
             for (int i = 0; i < G; ++i) {
-                wp[i] = w + (i0 + i) * w_stride;
                 ap[i] = acc + (i0 + i) * n;
+                for (size_t r = 0; r < n_rows; ++r) wt[r * G + i] = w[(i0 + i) * w_stride + r];
             }
-            accumulate_tile<A, Tile, G>(wp, rows, row_stride, n_rows, t, ap);
+            for (int64_t t = 0; t < n / kQK; ++t) {
+                for (int p = 0; p < kTilesPerBlock<A>; ++p) accumulate_tile<A, Tile, G>(wt, rows, row_stride, n_rows, t, p, ap);
+            }
         }
     };
-    // Full 32-column tiles only; the caller handles columns past n / 32 * 32.
+    // Full 32-column blocks only; the caller handles columns past n / 32 * 32.
     static void run(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                     size_t n_rows, int64_t n, float* acc) {
         for (size_t r0 = 0; r0 < n_rows; r0 += kRowChunk) {
             const size_t rn = std::min(kRowChunk, n_rows - r0);
-            for (int64_t t = 0; t < n / kQK; ++t) {
-                for_query_groups<kAccumulateGroup<A>, Pass>(n_q, w + r0, w_stride, rows + r0 * row_stride,
-                                       row_stride, rn, n, t, acc);
-            }
+            for_query_groups<4, Pass>(n_q, w + r0, w_stride, rows + r0 * row_stride, row_stride, rn, n, acc);
         }
     }
 };

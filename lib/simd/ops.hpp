@@ -7,7 +7,8 @@
 //   hmax(F)              largest lane
 //   to_i32(F), to_f32(I) C conversions: float -> int truncates, int -> float rounds
 //   low_bytes(I[32/N])   the low byte of each int32 (C's int -> int8_t), as a block
-//   widen(Bytes, F[32/N]) the block's values as floats
+//   pack_small(I[32/N])  the same, for values known to lie in -128..127 (cheaper where packs saturate)
+//   widen(Bytes, F[32/N]) the block's values as floats; widen_pair(Bytes, p, F[2]) values 2Np..2Np+2N-1
 //   load_q8, load_nibbles, add_high_bits, sub, min, store, store_nibbles, bit4_mask   block layouts
 //   key(Bytes), dot(Key, y)   int32 partial sums of an int8 block times 32 int8 query values
 //   f16_bits(float), f16_value(uint16_t)   scalar fp16, bit-identical to lib/codec/half.hpp

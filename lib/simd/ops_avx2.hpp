@@ -124,8 +124,17 @@ struct Ops<xsimd::fma3<xsimd::avx2>> : Avx2Blocks {
         const __m256i r[4] = {v[0], v[1], v[2], v[3]};
         return Avx2Blocks::low_bytes(r);
     }
+    // The same for values known to lie in -128..127: saturating packs are then exact.
+    static Bytes pack_small(const I* v) {
+        const __m256i a = _mm256_packs_epi32(v[0], v[1]), b = _mm256_packs_epi32(v[2], v[3]);
+        return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
     static void widen(Bytes b, F* out) {
         for (int i = 0; i < 4; ++i) out[i] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, i));
+    }
+    static void widen_pair(Bytes b, int p, F* out) {  // values 16p..16p+15
+        out[0] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, 2 * p));
+        out[1] = _mm256_cvtepi32_ps(Avx2Blocks::widen(b, 2 * p + 1));
     }
     static F load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
     static void store_f16(uint16_t* p, F v) {

@@ -24,10 +24,12 @@ struct Ops<xsimd::avx512bw> : Avx2Blocks {
     static Bytes low_bytes(const I* v) {  // vpmovdb truncates: exactly the low byte
         return _mm256_set_m128i(_mm512_cvtepi32_epi8(v[1]), _mm512_cvtepi32_epi8(v[0]));
     }
+    static Bytes pack_small(const I* v) { return low_bytes(v); }
     static void widen(Bytes b, F* out) {
         out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
         out[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
     }
+    static void widen_pair(Bytes b, int, F* out) { widen(b, out); }  // a pair of 16 lanes is the whole block
     static F load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
     static void store_f16(uint16_t* p, F v) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));

@@ -72,6 +72,7 @@ struct Ops<xsimd::neon64> {
         return vcombine_s8(vmovn_s16(a), vmovn_s16(b));
     }
     static Bytes low_bytes(const I* v) { return {low_bytes16(v), low_bytes16(v + 4)}; }
+    static Bytes pack_small(const I* v) { return low_bytes(v); }
     static void widen(Bytes b, F* out) {
         const int16x8_t w[4] = {vmovl_s8(vget_low_s8(b.lo)), vmovl_s8(vget_high_s8(b.lo)), vmovl_s8(vget_low_s8(b.hi)),
                                 vmovl_s8(vget_high_s8(b.hi))};
@@ -79,6 +80,13 @@ struct Ops<xsimd::neon64> {
             out[2 * k] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w[k])));
             out[2 * k + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w[k])));
         }
+    }
+
+    static void widen_pair(Bytes b, int p, F* out) {  // values 8p..8p+7
+        const int8x16_t src = p < 2 ? b.lo : b.hi;
+        const int16x8_t w = vmovl_s8(p % 2 ? vget_high_s8(src) : vget_low_s8(src));
+        out[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+        out[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
     }
 
     static Key key(Bytes b) { return b; }

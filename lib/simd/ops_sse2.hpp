@@ -81,12 +81,24 @@ struct Ops<xsimd::sse2> {
         return _mm_packs_epi16(_mm_packs_epi32(s[0], s[1]), _mm_packs_epi32(s[2], s[3]));
     }
     static Bytes low_bytes(const I* v) { return {low_bytes16(v), low_bytes16(v + 4)}; }
+    // For values known to lie in -128..127 the saturating packs alone are exact.
+    static Bytes pack_small(const I* v) {
+        return {_mm_packs_epi16(_mm_packs_epi32(v[0], v[1]), _mm_packs_epi32(v[2], v[3])),
+                _mm_packs_epi16(_mm_packs_epi32(v[4], v[5]), _mm_packs_epi32(v[6], v[7]))};
+    }
     static void widen(Bytes b, F* out) {
         const __m128i w[4] = {widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)};
         for (int k = 0; k < 4; ++k) {
             out[2 * k] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w[k], w[k]), 16));
             out[2 * k + 1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w[k], w[k]), 16));
         }
+    }
+
+    static void widen_pair(Bytes b, int p, F* out) {  // values 8p..8p+7
+        const __m128i src = p < 2 ? b.lo : b.hi;
+        const __m128i w = p % 2 ? widen_hi(src) : widen_lo(src);
+        out[0] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w, w), 16));
+        out[1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w, w), 16));
     }
 
     static Key key(Bytes b) { return {{widen_lo(b.lo), widen_hi(b.lo), widen_lo(b.hi), widen_hi(b.hi)}}; }

@@ -146,9 +146,10 @@ struct ScorePlain {
 
 template <class A, class P>
 struct PlainTile {
-    static void load(const uint8_t* row, int64_t t, xsimd::batch<float, A>* v) {
-        const auto* p = reinterpret_cast<const typename P::T*>(row) + t * kQK;
-        for (int k = 0; k < kPerBlock<A>; ++k) v[k] = P::template load<A>(p + k * kLanes<A>);
+    static void load(const uint8_t* row, int64_t t, int part, xsimd::batch<float, A>* v) {
+        const auto* p = reinterpret_cast<const typename P::T*>(row) + t * kQK + part * kTileValues<A>;
+        v[0] = P::template load<A>(p);
+        v[1] = P::template load<A>(p + kLanes<A>);
     }
 };
 

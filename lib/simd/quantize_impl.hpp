@@ -6,9 +6,11 @@
 // and for ties between +a and -a; blocks with those take the scalar loop, so the chosen value is the same.
 #pragma once
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "../codec/blocks.hpp"
 #include "../codec/kernels.hpp"
@@ -44,35 +46,73 @@ float block_amax(const xsimd::batch<float, A>* v) {
     return Ops<A>::hmax(m);
 }
 
+// Codes of a block whose scale d is normal (or zero) lie in -128..127: |x·(1/d)| exceeds the code range
+// by a few ulps at most. A subnormal d makes 1/d inexact or infinite, and then the codes are whatever C's
+// conversion makes of out-of-range values, which only low_bytes reproduces.
+template <class A>
+typename Ops<A>::Bytes pack_codes(const typename Ops<A>::I* q, float d) {
+    return std::isnormal(d) || d == 0.0f ? Ops<A>::pack_small(q) : Ops<A>::low_bytes(q);
+}
+
 // Blocks the fast path does not treat as the specification does go through the specification itself
 // (lib/codec/ggml_quant.cpp), one block at a time: a block holding NaN or Inf (stored as a NaN block)
-// and a block whose scale is so small that 1/d overflows (divided instead). Both are rare.
+// and a block whose scale is neither normal nor zero (where the specification divides or clamps). Both
+// are rare, and the fast path then only ever packs codes of a normal scale.
 template <class A>
 bool block_finite(const xsimd::batch<float, A>* v) {
     auto t = v[0] - v[0];  // 0 for finite values, NaN otherwise
     for (int k = 1; k < kPerBlock<A>; ++k) t += v[k] - v[k];
     return !xsimd::any(xsimd::isnan(t));
 }
-inline bool inverse_overflows(float d) { return d != 0.0f && !std::isfinite(1.0f / d); }
+inline bool ordinary_scale(float d) { return std::isnormal(d) || d == 0.0f; }
+
+// Blocks are taken kLanes at a time so that their scales are computed together: one vector division for
+// d and one for 1/d (IEEE division is correctly rounded, lane or scalar alike) and one fp16 conversion.
+template <class A>
+struct BlockScales {
+    using F = xsimd::batch<float, A>;
+    alignas(64) float id[kLanes<A>];
+    alignas(64) uint16_t d16[kLanes<A>];
+    alignas(64) float d[kLanes<A>];
+    // d = numerator / denominator and id = d ? 1/d : 0, lane by lane.
+    void compute(F numerator, float denominator) {
+        const F dv = numerator / F(denominator);
+        xsimd::select(dv != F(0.0f), F(1.0f) / dv, F(0.0f)).store_aligned(id);
+        dv.store_aligned(d);
+        Ops<A>::store_f16(d16, dv);
+    }
+};
 
 template <class A>
 void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
     using O = Ops<A>;
     using F = typename O::F;
+    constexpr int N = kLanes<A>;
     auto* y = reinterpret_cast<detail::BlockQ8_0*>(dst);
-    for (int64_t i = 0; i < n / kQK; ++i) {
-        F v[kPerBlock<A>];
-        load_block<A>(x + i * kQK, v);
-        const float d = block_amax<A>(v) / ((1 << 7) - 1);
-        if (!block_finite<A>(v) || inverse_overflows(d)) {
-            detail::kScalarQ8_0.quantize(x + i * kQK, dst + i * sizeof(detail::BlockQ8_0), kQK);
-            continue;
+    const int64_t nb = n / kQK;
+    for (int64_t i0 = 0; i0 < nb; i0 += N) {
+        const int count = static_cast<int>(std::min<int64_t>(N, nb - i0));
+        alignas(64) float amax[N] = {};
+        for (int c = 0; c < count; ++c) {
+            F v[kPerBlock<A>];
+            load_block<A>(x + (i0 + c) * kQK, v);
+            amax[c] = block_amax<A>(v);
         }
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = O::f16_bits(d);
-        typename O::I q[kPerBlock<A>];
-        for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(add_round_half_away<A>(v[k] * F(id)));
-        O::store(O::low_bytes(q), y[i].qs);
+        BlockScales<A> s;
+        s.compute(F::load_aligned(amax), (1 << 7) - 1);
+        for (int c = 0; c < count; ++c) {
+            F v[kPerBlock<A>];
+            load_block<A>(x + (i0 + c) * kQK, v);
+            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
+                detail::kScalarQ8_0.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * sizeof(detail::BlockQ8_0), kQK);
+                continue;
+            }
+            const F id(s.id[c]);
+            typename O::I q[kPerBlock<A>];
+            for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(add_round_half_away<A>(v[k] * id));
+            y[i0 + c].d = s.d16[c];
+            O::store(pack_codes<A>(q, s.d[c]), y[i0 + c].qs);
+        }
     }
 }
 
@@ -92,39 +132,51 @@ template <class A, int Bits>
 void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
     using O = Ops<A>;
     using F = typename O::F;
+    constexpr int N = kLanes<A>;
     constexpr int half = 1 << (Bits - 1);
     constexpr int top = (1 << Bits) - 1;
-    for (int64_t i = 0; i < n / kQK; ++i) {
-        const float* xb = x + i * kQK;
-        F v[kPerBlock<A>];
-        load_block<A>(xb, v);
-        F hi = v[0], lo = v[0];
-        for (int k = 1; k < kPerBlock<A>; ++k) {
-            hi = xsimd::max(hi, v[k]);
-            lo = xsimd::min(lo, v[k]);
+    const int64_t nb = n / kQK;
+    for (int64_t i0 = 0; i0 < nb; i0 += N) {
+        const int count = static_cast<int>(std::min<int64_t>(N, nb - i0));
+        alignas(64) float extreme[N] = {};
+        for (int c = 0; c < count; ++c) {
+            const float* xb = x + (i0 + c) * kQK;
+            F v[kPerBlock<A>];
+            load_block<A>(xb, v);
+            F hi = v[0], lo = v[0];
+            for (int k = 1; k < kPerBlock<A>; ++k) {
+                hi = xsimd::max(hi, v[k]);
+                lo = xsimd::min(lo, v[k]);
+            }
+            const float vmax = O::hmax(hi), vmin = -O::hmax(-lo);
+            extreme[c] = vmax > -vmin ? vmax : -vmin > vmax ? vmin : signed_extreme(xb);
         }
-        const float vmax = O::hmax(hi), vmin = -O::hmax(-lo);
-        const float max = vmax > -vmin ? vmax : -vmin > vmax ? vmin : signed_extreme(xb);
-        const float d = max / -half;
-        if (!block_finite<A>(v) || inverse_overflows(d)) {
-            const auto& spec = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
-            spec.quantize(xb, dst + i * (Bits == 4 ? sizeof(detail::BlockQ4_0) : sizeof(detail::BlockQ5_0)), kQK);
-            continue;
-        }
-        const float id = d ? 1.0f / d : 0.0f;
-        typename O::I q[kPerBlock<A>];
-        for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(v[k] * F(id) + F(half + 0.5f));
-        const auto bytes = O::min(O::low_bytes(q), top);
-        if constexpr (Bits == 4) {
-            auto& b = reinterpret_cast<detail::BlockQ4_0*>(dst)[i];
-            b.d = O::f16_bits(d);
-            O::store_nibbles(bytes, b.qs);
-        } else {
-            auto& b = reinterpret_cast<detail::BlockQ5_0*>(dst)[i];
-            b.d = O::f16_bits(d);
-            const uint32_t qh = O::bit4_mask(bytes);
-            std::memcpy(b.qh, &qh, 4);
-            O::store_nibbles(bytes, b.qs);
+        BlockScales<A> s;
+        s.compute(F::load_aligned(extreme), -half);
+        for (int c = 0; c < count; ++c) {
+            F v[kPerBlock<A>];
+            load_block<A>(x + (i0 + c) * kQK, v);
+            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
+                const auto& spec = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
+                constexpr size_t bytes = Bits == 4 ? sizeof(detail::BlockQ4_0) : sizeof(detail::BlockQ5_0);
+                spec.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * bytes, kQK);
+                continue;
+            }
+            const F id(s.id[c]);
+            typename O::I q[kPerBlock<A>];
+            for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(v[k] * id + F(half + 0.5f));
+            const auto bytes = O::min(pack_codes<A>(q, s.d[c]), top);
+            if constexpr (Bits == 4) {
+                auto& b = reinterpret_cast<detail::BlockQ4_0*>(dst)[i0 + c];
+                b.d = s.d16[c];
+                O::store_nibbles(bytes, b.qs);
+            } else {
+                auto& b = reinterpret_cast<detail::BlockQ5_0*>(dst)[i0 + c];
+                b.d = s.d16[c];
+                const uint32_t qh = O::bit4_mask(bytes);
+                std::memcpy(b.qh, &qh, 4);
+                O::store_nibbles(bytes, b.qs);
+            }
         }
     }
 }
@@ -133,48 +185,64 @@ template <class A, int Bits>
 void quantize_asym(const float* x, uint8_t* dst, int64_t n) {
     using O = Ops<A>;
     using F = typename O::F;
+    constexpr int N = kLanes<A>;
     constexpr int top = (1 << Bits) - 1;
-    for (int64_t i = 0; i < n / kQK; ++i) {
-        const float* xb = x + i * kQK;
-        F v[kPerBlock<A>];
-        load_block<A>(xb, v);
-        F hi = v[0], lo = v[0];
-        for (int k = 1; k < kPerBlock<A>; ++k) {
-            hi = xsimd::max(hi, v[k]);
-            lo = xsimd::min(lo, v[k]);
-        }
-        float min = -O::hmax(-lo), max = O::hmax(hi);
-        if (min == 0.0f || max == 0.0f) {  // the sign of a zero extreme depends on the scan order
-            min = FLT_MAX;
-            max = -FLT_MAX;
-            for (int j = 0; j < kQK; ++j) {
-                min = std::min(min, xb[j]);
-                max = std::max(max, xb[j]);
+    const int64_t nb = n / kQK;
+    for (int64_t i0 = 0; i0 < nb; i0 += N) {
+        const int count = static_cast<int>(std::min<int64_t>(N, nb - i0));
+        alignas(64) float mins[N] = {}, maxs[N] = {};
+        for (int c = 0; c < count; ++c) {
+            const float* xb = x + (i0 + c) * kQK;
+            F v[kPerBlock<A>];
+            load_block<A>(xb, v);
+            F hi = v[0], lo = v[0];
+            for (int k = 1; k < kPerBlock<A>; ++k) {
+                hi = xsimd::max(hi, v[k]);
+                lo = xsimd::min(lo, v[k]);
             }
+            float min = -O::hmax(-lo), max = O::hmax(hi);
+            if (min == 0.0f || max == 0.0f) {  // the sign of a zero extreme depends on the scan order
+                min = FLT_MAX;
+                max = -FLT_MAX;
+                for (int j = 0; j < kQK; ++j) {
+                    min = std::min(min, xb[j]);
+                    max = std::max(max, xb[j]);
+                }
+            }
+            mins[c] = min;
+            maxs[c] = max;
         }
-        const float d = (max - min) / top;
-        if (!block_finite<A>(v) || inverse_overflows(d)) {
-            const auto& spec = Bits == 4 ? detail::kScalarQ4_1 : detail::kScalarQ5_1;
-            spec.quantize(xb, dst + i * (Bits == 4 ? sizeof(detail::BlockQ4_1) : sizeof(detail::BlockQ5_1)), kQK);
-            continue;
-        }
-        const float id = d ? 1.0f / d : 0.0f;
-        typename O::I q[kPerBlock<A>];
-        for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32((v[k] - F(min)) * F(id) + F(0.5f));
-        auto bytes = O::low_bytes(q);
-        if constexpr (Bits == 4) {
-            bytes = O::min(bytes, 15);  // ggml clamps q4_1 through int8 and MIN(15, ·), q5_1 not at all
-            auto& b = reinterpret_cast<detail::BlockQ4_1*>(dst)[i];
-            b.d = O::f16_bits(d);
-            b.m = O::f16_bits(min);
-            O::store_nibbles(bytes, b.qs);
-        } else {
-            auto& b = reinterpret_cast<detail::BlockQ5_1*>(dst)[i];
-            b.d = O::f16_bits(d);
-            b.m = O::f16_bits(min);
-            const uint32_t qh = O::bit4_mask(bytes);
-            std::memcpy(b.qh, &qh, 4);
-            O::store_nibbles(bytes, b.qs);
+        BlockScales<A> s;
+        s.compute(F::load_aligned(maxs) - F::load_aligned(mins), top);
+        alignas(64) uint16_t m16[N];
+        O::store_f16(m16, F::load_aligned(mins));
+        for (int c = 0; c < count; ++c) {
+            F v[kPerBlock<A>];
+            load_block<A>(x + (i0 + c) * kQK, v);
+            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
+                const auto& spec = Bits == 4 ? detail::kScalarQ4_1 : detail::kScalarQ5_1;
+                constexpr size_t bytes = Bits == 4 ? sizeof(detail::BlockQ4_1) : sizeof(detail::BlockQ5_1);
+                spec.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * bytes, kQK);
+                continue;
+            }
+            const F id(s.id[c]), min(mins[c]);
+            typename O::I q[kPerBlock<A>];
+            for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32((v[k] - min) * id + F(0.5f));
+            auto bytes = pack_codes<A>(q, s.d[c]);
+            if constexpr (Bits == 4) {
+                bytes = O::min(bytes, 15);  // ggml clamps q4_1 through int8 and MIN(15, ·), q5_1 not at all
+                auto& b = reinterpret_cast<detail::BlockQ4_1*>(dst)[i0 + c];
+                b.d = s.d16[c];
+                b.m = m16[c];
+                O::store_nibbles(bytes, b.qs);
+            } else {
+                auto& b = reinterpret_cast<detail::BlockQ5_1*>(dst)[i0 + c];
+                b.d = s.d16[c];
+                b.m = m16[c];
+                const uint32_t qh = O::bit4_mask(bytes);
+                std::memcpy(b.qh, &qh, 4);
+                O::store_nibbles(bytes, b.qs);
+            }
         }
     }
 }
@@ -189,7 +257,7 @@ void prepare_query_q8(const float* q, uint8_t* prep, int64_t n) {
         F v[kPerBlock<A>];
         load_block<A>(q + i * kQK, v);
         const float d = block_amax<A>(v) / 127.0f;
-        if (!block_finite<A>(v) || inverse_overflows(d)) {
+        if (!block_finite<A>(v) || !ordinary_scale(d)) {
             detail::prepare_query_q8(q + i * kQK, prep + i * sizeof(detail::BlockQ8Query), kQK);
             continue;
         }

@@ -1,0 +1,222 @@
+/* The cache through the C API from C (compiled as C11, linked against libkvq.so): its whole life —
+ * create, sequences, append, attend, prefill, fork, truncate, remove, accounting, destroy — and every
+ * error status (bad params, unknown codec, bad head size, full pool, bad sequence id, bad layer,
+ * non-finite input) with its message. */
+#include <kvq/kvq.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "helpers.h"
+
+enum { L = 2, KVH = 2, QH = 4, BT = 8 };
+
+static kvq_cache_params small_params(void) {
+    kvq_cache_params p = kvq_cache_params_default();
+    p.n_layers = L;
+    p.n_kv_heads = KVH;
+    p.n_heads = QH;
+    p.head_dim = D;
+    p.key_codec = "q8_0";
+    p.value_codec = "q4_0";
+    p.block_tokens = BT;
+    p.seal = KVQ_SEAL_ON_APPEND;
+    return p;
+}
+
+static void test_cache_params_errors(void) {
+    kvq_cache* cache = NULL;
+    kvq_cache_params p = small_params();
+    p.n_layers = 0;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "n_layers");
+    p = small_params();
+    p.n_heads = 3;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "n_heads");
+    p = small_params();
+    p.block_tokens = 0;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "block_tokens");
+    p = small_params();
+    p.seal = 7;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "seal");
+    p = small_params();
+    p.n_sliding_window = 1; /* one value for two layers */
+    const int32_t window[1] = {16};
+    p.sliding_window = window;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "n_sliding_window");
+    p = small_params();
+    p.reserved0 = 1;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "reserved0");
+    p = small_params();
+    p.key_codec = "q9_9";
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_UNKNOWN_CODEC, "q9_9");
+    p = small_params();
+    p.value_codec = "q4_0:bits=3";
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "bits=3");
+    p = small_params();
+    p.head_dim = 48;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_HEAD_DIM, "48");
+    p = small_params();
+    p.size = sizeof(kvq_cache_params) - 8;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_INVALID_ARGUMENT, "sizeof");
+    CHECK_STATUS(kvq_cache_create(NULL, &cache), KVQ_ERR_INVALID_ARGUMENT, "NULL");
+    CHECK(cache == NULL);
+
+    /* A caller built against a newer kvq.h: fields this library does not know must be zero. */
+    struct {
+        kvq_cache_params p;
+        uint64_t field_from_the_future;
+    } newer;
+    newer.p = small_params();
+    newer.p.size = sizeof newer;
+    newer.field_from_the_future = 1;
+    CHECK_STATUS(kvq_cache_create(&newer.p, &cache), KVQ_ERR_INVALID_ARGUMENT, "newer");
+    newer.field_from_the_future = 0;
+    CHECK_OK(kvq_cache_create(&newer.p, &cache));
+    kvq_cache_destroy(cache);
+    kvq_cache_destroy(NULL);
+}
+
+/* Rows of n tokens, [token][kv head][D]. */
+static float* make_rows(size_t n, uint32_t seed) {
+    float* x = malloc(sizeof(float) * n * KVH * D);
+    fill_gaussian(x, n * KVH * D, seed);
+    return x;
+}
+
+static void test_cache_life(void) {
+    enum { T = 20 };
+    kvq_cache_params p = small_params();
+    /* T = 20 tokens take 3 blocks of BT = 8 in each of the L = 2 layers; a fork shares all of them (the
+     * partly filled one is copied when either side writes to it), so 2 of 8 blocks are left. */
+    p.max_blocks = 8;
+    kvq_cache* cache = NULL;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    CHECK(cache != NULL);
+    CHECK_STR_EQ(kvq_codec_name(kvq_cache_key_codec(cache)), "q8_0");
+    CHECK(kvq_codec_row_bytes(kvq_cache_value_codec(cache)) == 2 * 18);
+    CHECK(fabs(kvq_cache_bytes_per_token(cache) - (double)L * KVH * (2 * 34 + 2 * 18)) < 1e-9);
+
+    int64_t seq;
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    CHECK(kvq_cache_contains(cache, seq) == 1);
+    float* k = make_rows(T, 10);
+    float* v = make_rows(T, 11);
+    for (int l = 0; l < L; ++l) CHECK_OK(kvq_cache_append(cache, l, seq, k, v, T));
+    size_t n = 0;
+    CHECK_OK(kvq_cache_n_tokens(cache, seq, 1, &n));
+    CHECK(n == T);
+
+    /* Attention of the cache equals kvq_attend_rows over the same rows quantized by the same codecs. */
+    static float q[QH * D], out[QH * D], expect[QH * D];
+    fill_gaussian(q, QH * D, 12);
+    CHECK_OK(kvq_cache_attend(cache, 1, seq, q, out));
+    const kvq_codec* kc = kvq_cache_key_codec(cache);
+    const kvq_codec* vc = kvq_cache_value_codec(cache);
+    uint8_t* krows = malloc(T * KVH * kvq_codec_row_bytes(kc));
+    uint8_t* vrows = malloc(T * KVH * kvq_codec_row_bytes(vc));
+    CHECK_OK(kvq_codec_quantize_rows(kc, k, T * KVH, krows, 0));
+    CHECK_OK(kvq_codec_quantize_rows(vc, v, T * KVH, vrows, 0));
+    CHECK_OK(kvq_attend_rows(kc, vc, QH, KVH, q, krows, 0, 0, vrows, 0, 0, T, 0.0f, expect));
+    CHECK(relative_l2(out, expect, QH * D) < 1e-4);
+    /* Prefill: the last query sees every token, as decode attention does. */
+    static float q2[2 * QH * D], out2[2 * QH * D];
+    fill_gaussian(q2, QH * D, 13);
+    memcpy(q2 + QH * D, q, sizeof q);
+    CHECK_OK(kvq_cache_attend_prefill(cache, 1, seq, q2, 2, out2));
+    CHECK(relative_l2(out2 + QH * D, out, QH * D) < 1e-5);
+
+    /* Fork: same tokens, full blocks shared. */
+    int64_t child;
+    CHECK_OK(kvq_cache_fork(cache, seq, &child));
+    CHECK(child != seq && kvq_cache_contains(cache, child) == 1);
+    CHECK_OK(kvq_cache_n_tokens(cache, child, 0, &n));
+    CHECK(n == T);
+    static float out_child[QH * D];
+    CHECK_OK(kvq_cache_attend(cache, 1, child, q, out_child));
+    CHECK(memcmp(out_child, out, sizeof out) == 0);
+    kvq_pool_stats stats = kvq_pool_stats_init();
+    CHECK_OK(kvq_cache_pool_stats(cache, &stats));
+    CHECK(stats.size == sizeof stats && stats.max_blocks == 8 && stats.blocks_shared == 3 * L);
+    CHECK(stats.blocks_used == 3 * L && stats.block_bytes > 0);
+    CHECK(kvq_cache_bytes_used(cache) == stats.blocks_used * stats.block_bytes);
+    int64_t ids[4];
+    size_t count = 0;
+    CHECK_OK(kvq_cache_sequences(cache, ids, 4, &count));
+    CHECK(count == 2 && ((ids[0] == seq && ids[1] == child) || (ids[0] == child && ids[1] == seq)));
+
+    /* Full pool: a third sequence gets the last 2 blocks, then the pool is exhausted; the failing append
+     * stores nothing. Writing to a shared partly filled block needs a block too. */
+    int64_t other;
+    CHECK_OK(kvq_cache_add_sequence(cache, &other));
+    CHECK_OK(kvq_cache_append(cache, 0, other, k, v, 2 * BT));
+    CHECK_STATUS(kvq_cache_append(cache, 0, other, k, v, BT), KVQ_ERR_POOL_EXHAUSTED, "");
+    CHECK(strlen(kvq_last_error()) > 0);
+    CHECK_OK(kvq_cache_n_tokens(cache, other, 0, &n));
+    CHECK(n == 2 * BT);
+    CHECK_STATUS(kvq_cache_append(cache, 1, child, k, v, 1), KVQ_ERR_POOL_EXHAUSTED, "");
+    CHECK_OK(kvq_cache_n_tokens(cache, child, 1, &n));
+    CHECK(n == T);
+
+    /* Truncating the fork keeps its first block (the parent still holds the others); removing the parent
+     * gives the other two of each layer back, and the append fits. */
+    CHECK_OK(kvq_cache_truncate(cache, child, BT));
+    CHECK_OK(kvq_cache_n_tokens(cache, child, 1, &n));
+    CHECK(n == BT);
+    CHECK_STATUS(kvq_cache_truncate(cache, child, T), KVQ_ERR_INVALID_ARGUMENT, "");
+    CHECK_OK(kvq_cache_remove_sequence(cache, seq));
+    CHECK(kvq_cache_contains(cache, seq) == 0);
+    CHECK_OK(kvq_cache_append(cache, 0, other, k, v, BT));
+
+    /* Bad sequence id: every call that takes one. */
+    const int64_t gone = seq;
+    CHECK_STATUS(kvq_cache_append(cache, 0, gone, k, v, 1), KVQ_ERR_BAD_SEQUENCE, "not in the cache");
+    CHECK_STATUS(kvq_cache_attend(cache, 0, gone, q, out), KVQ_ERR_BAD_SEQUENCE, "not in the cache");
+    CHECK_STATUS(kvq_cache_attend_prefill(cache, 0, gone, q2, 2, out2), KVQ_ERR_BAD_SEQUENCE, "not in");
+    CHECK_STATUS(kvq_cache_fork(cache, gone, &child), KVQ_ERR_BAD_SEQUENCE, "not in the cache");
+    CHECK_STATUS(kvq_cache_truncate(cache, gone, 0), KVQ_ERR_BAD_SEQUENCE, "not in the cache");
+    CHECK_STATUS(kvq_cache_remove_sequence(cache, gone), KVQ_ERR_BAD_SEQUENCE, "not in the cache");
+    CHECK_STATUS(kvq_cache_n_tokens(cache, gone, 0, &n), KVQ_ERR_BAD_SEQUENCE, "not in the cache");
+    CHECK_STATUS(kvq_cache_attend(cache, 0, -5, q, out), KVQ_ERR_BAD_SEQUENCE, "-5");
+
+    /* Bad layer. */
+    CHECK_STATUS(kvq_cache_append(cache, L, other, k, v, 1), KVQ_ERR_BAD_LAYER, "layer 2");
+    CHECK_STATUS(kvq_cache_attend(cache, -1, other, q, out), KVQ_ERR_BAD_LAYER, "layer -1");
+    CHECK_STATUS(kvq_cache_n_tokens(cache, other, L, &n), KVQ_ERR_BAD_LAYER, "layer");
+
+    /* Non-finite keys, values or queries (nan_policy = reject): nothing stored, nothing written. */
+    CHECK_OK(kvq_cache_n_tokens(cache, other, 0, &n));
+    const size_t before = n;
+    v[3] = NAN;
+    CHECK_STATUS(kvq_cache_append(cache, 0, other, k, v, 1), KVQ_ERR_NON_FINITE, "");
+    v[3] = 0.0f;
+    k[KVH * D - 1] = -INFINITY;
+    CHECK_STATUS(kvq_cache_append(cache, 0, other, k, v, 1), KVQ_ERR_NON_FINITE, "");
+    k[KVH * D - 1] = 0.0f;
+    CHECK_OK(kvq_cache_n_tokens(cache, other, 0, &n));
+    CHECK(n == before);
+    for (int i = 0; i < QH * D; ++i) out[i] = 3.0f;
+    q[0] = NAN;
+    CHECK_STATUS(kvq_cache_attend(cache, 0, other, q, out), KVQ_ERR_NON_FINITE, "");
+    CHECK(out[0] == 3.0f && out[QH * D - 1] == 3.0f);
+    q[0] = 0.0f;
+
+    CHECK_STATUS(kvq_cache_append(NULL, 0, other, k, v, 1), KVQ_ERR_INVALID_ARGUMENT, "NULL");
+    CHECK_STATUS(kvq_cache_append(cache, 0, other, NULL, v, 1), KVQ_ERR_INVALID_ARGUMENT, "NULL");
+    stats.size = 4;
+    CHECK_STATUS(kvq_cache_pool_stats(cache, &stats), KVQ_ERR_INVALID_ARGUMENT, "sizeof");
+
+    free(krows);
+    free(vrows);
+    free(k);
+    free(v);
+    kvq_cache_destroy(cache);
+}
+
+int main(void) {
+    test_cache_params_errors();
+    test_cache_life();
+    return check_report("test_capi_cache");
+}
