@@ -164,7 +164,7 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     for (size_t i = 0; i < n_new; ++i) st.push_block(fresh[i]);
 
     float* staged_k = st.staging.data();
-    float* staged_v = st.staging.data() + staging_floats / 2;
+    float* staged_v = staged_k ? staged_k + staging_floats / 2 : nullptr;  // no staging under on_append
     for (size_t pos = old_n; pos < n_final;) {
         const size_t block = pos / bt, row = pos % bt;
         const size_t end = std::min(n_final, (block + 1) * bt);
