@@ -305,7 +305,9 @@ TEST_CASE("bad configurations are rejected with a message naming the problem") {
 }
 
 TEST_CASE("NanPolicy::propagate stores non-finite input and returns NaN only for the heads that read it") {
-    for (const auto& [kc, vc] : std::vector<std::pair<std::string, std::string>>{{"q8_0", "q4_0"}, {"f16", "f32"}}) {
+    for (const auto& codecs : std::vector<std::pair<std::string, std::string>>{{"q8_0", "q4_0"}, {"f16", "f32"}}) {
+        // (no structured bindings: Clang 14 cannot capture them in CAPTURE's lambda)
+        const std::string &kc = codecs.first, &vc = codecs.second;
         for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
             CAPTURE(kc);
             CacheConfig cfg = config(seal);

@@ -97,7 +97,9 @@ TEST_CASE("cache attention for GQA ratios 1, 4, 8 and head sizes 64, 128, 256") 
         {"q8_0", "q4_0"}, {"q4_0+rot", "q4_0"}, {"f16", "f16"}, {"q8_0", "q4_0+rot"}};
     for (int d : {64, 128, 256}) {
         for (int g : {1, 4, 8}) {
-            for (const auto& [kc, vc] : pairs) {
+            for (const auto& codecs : pairs) {
+                // (no structured bindings: Clang 14 cannot capture them in CAPTURE's lambda)
+                const std::string &kc = codecs.first, &vc = codecs.second;
                 for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
                     CAPTURE(d);
                     CAPTURE(g);
@@ -117,8 +119,11 @@ TEST_CASE("cache attention for GQA ratios 1, 4, 8 and head sizes 64, 128, 256") 
 }
 
 TEST_CASE("centered keys: attention equals the reference with the fp16 mean added back, and removes key bias") {
-    for (const auto& [kc, vc] : std::vector<std::pair<std::string, std::string>>{
-             {"q8_0", "q4_0"}, {"q4_0", "q4_0"}, {"q4_0+rot", "q8_0"}, {"f16", "f16"}}) {
+    const std::vector<std::pair<std::string, std::string>> pairs = {
+        {"q8_0", "q4_0"}, {"q4_0", "q4_0"}, {"q4_0+rot", "q8_0"}, {"f16", "f16"}};
+    for (const auto& codecs : pairs) {
+        // (no structured bindings: Clang 14 cannot capture them in CAPTURE's lambda)
+        const std::string &kc = codecs.first, &vc = codecs.second;
         CAPTURE(kc);
         CacheConfig cfg = small_config(kc, vc, SealPolicy::on_block_full);
         cfg.center_keys = true;

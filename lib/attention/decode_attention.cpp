@@ -20,13 +20,10 @@ struct WorkItem {
     size_t block_begin, block_end;
 };
 
-// Scores of one block for one query, made final: key-mean compensation, scale, soft-cap.
-void finish_scores(float* s, size_t n, float offset, float scale, float softcap) {
-    for (size_t r = 0; r < n; ++r) s[r] = (s[r] + offset) * scale;
-    if (softcap > 0) {
-        const float inv = 1.0f / softcap;
-        for (size_t r = 0; r < n; ++r) s[r] = softcap * std::tanh(s[r] * inv);
-    }
+// s -> c·tanh(s/c) (Gemma 2's logit soft-cap).
+void soft_cap(float* s, size_t n, float softcap) {
+    const float inv = 1.0f / softcap;
+    for (size_t r = 0; r < n; ++r) s[r] = softcap * std::tanh(s[r] * inv);
 }
 
 // The online softmax over blocks [b0, b1) of one source, for every query head, into st and acc (in the
@@ -48,7 +45,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
         heap_scores.resize(static_cast<size_t>(g) * bt);
         scores = heap_scores.data();
     }
-    std::vector<float> mean(centered ? d : 0);
+    std::vector<float> mean(centered ? d : 0), offset_buf(centered ? g : 0);
 
     const size_t last = src.blocks.size() - 1;
     for (size_t b = b0; b < b1; ++b) {
@@ -61,26 +58,31 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krb;
             const uint8_t* values = block + lay.v_offset + h * lay.v_head_stride + lo * vrb;
             src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krb, n, scores, n);
-            if (centered) {
+            float* head_acc = acc + static_cast<size_t>(h) * g * d;
+            float* offsets = nullptr;
+            if (centered) {  // q·mean, added back to the scores of keys stored minus their block mean
                 const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
                 for (int j = 0; j < d; ++j) mean[j] = f16_to_f32(m16[j]);
-            }
-            for (int i = 0; i < g; ++i) {
-                const int head = h * g + i;
-                float offset = 0.0f;
-                if (centered) {
-                    const float* qi = q + static_cast<size_t>(head) * d;
-                    for (int j = 0; j < d; ++j) offset += qi[j] * mean[j];
-                }
-                float* s = scores + i * n;
-                finish_scores(s, n, offset, shape.scale, shape.softcap);
-                const float rescale = softmax_block(s, n, st[head]);
-                if (rescale != 1.0f) {
-                    float* a = acc + static_cast<size_t>(head) * d;
-                    for (int j = 0; j < d; ++j) a[j] *= rescale;
+                offsets = offset_buf.data();
+                for (int i = 0; i < g; ++i) {
+                    const float* qi = q + static_cast<size_t>(h * g + i) * d;
+                    float dot = 0.0f;
+                    for (int j = 0; j < d; ++j) dot += qi[j] * mean[j];
+                    offsets[i] = dot;
                 }
             }
-            src.value->accumulate_rows(scores, n, g, values, vrb, n, acc + static_cast<size_t>(h) * g * d);
+            if (shape.softcap > 0) {  // the cap applies after the scale, before the softmax
+                for (int i = 0; i < g; ++i) {
+                    float* s = scores + i * n;
+                    const float off = offsets ? offsets[i] : 0.0f;
+                    for (size_t r = 0; r < n; ++r) s[r] = (s[r] + off) * shape.scale;
+                    soft_cap(s, n, shape.softcap);
+                }
+                softmax_update(scores, g, n, nullptr, 1.0f, st + h * g, head_acc, d);
+            } else {
+                softmax_update(scores, g, n, offsets, shape.scale, st + h * g, head_acc, d);
+            }
+            src.value->accumulate_rows(scores, n, g, values, vrb, n, head_acc);
         }
     }
 }

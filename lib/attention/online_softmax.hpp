@@ -3,9 +3,9 @@
 // weights of each block be exp(s − m) straight away, and the value accumulator is rescaled by
 // exp(m_old − m_new) only when the max grows. Partial states over different rows merge exactly.
 //
-// exp is the Cephes single-precision polynomial (≈1 ulp on the range used here, s − m ≤ 0), written
-// with plain arithmetic and bit operations so the compiler vectorizes the block loop; a decode step
-// takes n_heads × context exponentials, too many for the libm call.
+// exp is the Cephes single-precision polynomial (≈1 ulp on the range used here, s − m ≤ 0), with plain
+// arithmetic and bit operations so that it runs 8 lanes wide (online_softmax.cpp); a decode step takes
+// n_heads × context exponentials, too many for the libm call.
 #pragma once
 
 #include <cmath>
@@ -45,10 +45,11 @@ struct SoftmaxState {
     float sum = 0.0f;
 };
 
-// Turns the raw scores s[0..n) of one query into weights against the running state, in place:
-// s ← exp(s − m_new); returns the factor exp(m_old − m_new) by which the caller must scale its
-// accumulator (1 when the max did not grow).
-float softmax_block(float* s, size_t n, SoftmaxState& state);
+// One block of scores for the g queries of a kv head: s[i·n + r] holds query i's raw score against row
+// r. Per query: s ← (s + offset_i)·scale (offsets may be null: 0), then the online-softmax update of
+// state[i]: s becomes the weights exp(s − max), and acc[i·d .. i·d + d) is rescaled when the max grows.
+void softmax_update(float* s, int g, size_t n, const float* offsets, float scale, SoftmaxState* state, float* acc,
+                    int d);
 
 // Merges partial state b (with accumulator acc_b, d values) into a (acc_a); both over disjoint rows.
 void merge_softmax(SoftmaxState& a, float* acc_a, const SoftmaxState& b, const float* acc_b, int d);

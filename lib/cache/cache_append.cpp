@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../codec/half.hpp"
+#include "../simd/dispatch.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {

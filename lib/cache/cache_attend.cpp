@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../simd/dispatch.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -14,6 +15,7 @@ namespace {
 // the query heads that held one (their output becomes NaN).
 const float* check_query(const char* what, const float* q, size_t n_head_vectors, int d, NanPolicy policy,
                          std::vector<float>& clean, std::vector<char>& nan_head) {
+    if (detail::all_finite(q, n_head_vectors * d)) return q;
     for (size_t h = 0; h < n_head_vectors; ++h) {
         bool finite = true;
         for (int j = 0; j < d; ++j) finite &= std::isfinite(q[h * d + j]);

@@ -7,6 +7,7 @@
 #include <emmintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "../codec/half.hpp"
 #include "half_batch.hpp"
@@ -134,7 +135,16 @@ struct Ops<xsimd::sse2> {
     static I to_i32(F v) { return _mm_cvttps_epi32(v); }
     static F to_f32(I v) { return _mm_cvtepi32_ps(v); }
     static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
-    static float f16_value(uint16_t h) { return detail::f16_to_f32(h); }
+    // Normal values (all scales in practice) by moving the bits; zeros, subnormals, Inf and NaN through
+    // half.hpp. Both are exact, so the bits are the same.
+    static float f16_value(uint16_t h) {
+        const uint32_t exponent = h & 0x7C00u;
+        if (exponent == 0 || exponent == 0x7C00u) return detail::f16_to_f32(h);
+        const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | (((h & 0x7FFFu) << 13) + 0x38000000u);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+    }
 
     static I load_u16(const uint16_t* p) {
         return _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
@@ -143,8 +153,8 @@ struct Ops<xsimd::sse2> {
         const __m128i s = _mm_srai_epi32(_mm_slli_epi32(v, 16), 16);
         _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(s, s));
     }
-    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(xsimd::bitwise_cast<xsimd::batch<uint32_t, A>>(load_u16(p))); }
-    static void store_f16(uint16_t* p, F v) { store_u16(p, xsimd::bitwise_cast<I>(f32_to_f16_batch<A>(v))); }
+    static F load_f16(const uint16_t* p) { return f16_to_f32_batch<A>(bit_cast<uint32_t>(load_u16(p))); }
+    static void store_f16(uint16_t* p, F v) { store_u16(p, bit_cast<int32_t>(f32_to_f16_batch<A>(v))); }
 };
 
 }  // namespace

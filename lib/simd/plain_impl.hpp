@@ -36,17 +36,17 @@ struct PlainBF16 {
     using T = uint16_t;
     template <class A>
     static xsimd::batch<float, A> load(const T* p) {
-        return xsimd::bitwise_cast<xsimd::batch<float, A>>(Ops<A>::load_u16(p) << 16);
+        return bit_cast<float>(Ops<A>::load_u16(p) << 16);
     }
     template <class A>
     static void store(T* p, xsimd::batch<float, A> v) {
         using U = xsimd::batch<uint32_t, A>;
         using F = xsimd::batch<float, A>;
-        const U u = xsimd::bitwise_cast<U>(v);
+        const U u = bit_cast<uint32_t>(v);
         const U rounded = (u + U(0x7fffu) + ((u >> 16) & U(1u))) >> 16;
         const U quiet_nan = (u >> 16) | U(64u);
-        const F bits = xsimd::select(xsimd::isnan(v), xsimd::bitwise_cast<F>(quiet_nan), xsimd::bitwise_cast<F>(rounded));
-        Ops<A>::store_u16(p, xsimd::bitwise_cast<typename Ops<A>::I>(bits));
+        const F bits = xsimd::select(xsimd::isnan(v), bit_cast<float>(quiet_nan), bit_cast<float>(rounded));
+        Ops<A>::store_u16(p, bit_cast<int32_t>(bits));
     }
     template <class A>
     static float decode(T v) {

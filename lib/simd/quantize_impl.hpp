@@ -76,8 +76,8 @@ struct BlockScales {
     alignas(64) float d[kLanes<A>];
     // d = numerator / denominator and id = d ? 1/d : 0, lane by lane.
     void compute(F numerator, float denominator) {
-        const F dv = numerator / F(denominator);
-        xsimd::select(dv != F(0.0f), F(1.0f) / dv, F(0.0f)).store_aligned(id);
+        const F dv = divide(numerator, F(denominator));
+        xsimd::select(dv != F(0.0f), divide(F(1.0f), dv), F(0.0f)).store_aligned(id);
         dv.store_aligned(d);
         Ops<A>::store_f16(d16, dv);
     }
