@@ -27,12 +27,13 @@ build() {
 
 passed=0
 run_asan() {
-  build "$parent/build-asan" address,undefined kvq_tests kvq_test_capi
+  build "$parent/build-asan" address,undefined kvq_tests kvq_test_capi kvq_test_capi_cache
   echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, whole suite (C++ and C)" >&2
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:strict_init_order=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   "$parent/build-asan/tests/kvq_tests" --no-intro "$@"
   "$parent/build-asan/tests/c/kvq_test_capi"
+  "$parent/build-asan/tests/c/kvq_test_capi_cache"
   passed=$((passed + 1))
 }
 run_tsan() {
