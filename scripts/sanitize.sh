@@ -2,7 +2,7 @@
 # Sanitizer runs, each in its own build directory beside build/:
 #   asan  the whole C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer);
 #         the first finding fails the run (-fno-sanitize-recover)            -> build-asan/
-#   tsan  the doctest suite "concurrency" (tests/test_concurrency*.cpp) under ThreadSanitizer
+#   tsan  the concurrency tests (tests/test_concurrency*.cpp, test_cache_threads*.cpp) under ThreadSanitizer
 #                                                                              -> build-tsan/
 # Usage: scripts/sanitize.sh [asan|tsan|all]   (default: all). Extra doctest arguments may follow,
 # e.g. scripts/sanitize.sh asan -tc='*cache*'. Builds are incremental.
@@ -38,9 +38,9 @@ run_asan() {
 }
 run_tsan() {
   build "$parent/build-tsan" thread kvq_concurrency_tests
-  echo "sanitize: ThreadSanitizer, suite 'concurrency' (tests/test_concurrency*.cpp)" >&2
+  echo "sanitize: ThreadSanitizer, the concurrency tests (tests/test_concurrency*.cpp, test_cache_threads*.cpp)" >&2
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    "$parent/build-tsan/tests/kvq_concurrency_tests" --no-intro -ts=concurrency "$@"
+    "$parent/build-tsan/tests/kvq_concurrency_tests" --no-intro "$@"
   passed=$((passed + 1))
 }
 
