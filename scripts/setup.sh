@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what kvq needs and is missing: Debian packages (Eigen, xsimd, doctest, Google Benchmark,
-# pybind11) with apt-get, and Python tools with pip. Does nothing when everything is present.
+# pybind11; clang and its libFuzzer runtime for scripts/fuzz.sh) with apt-get, and Python tools with pip.
+# Does nothing when everything is present.
 set -euo pipefail
 
-debs=(g++ make pkg-config libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev)
+debs=(g++ make pkg-config libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

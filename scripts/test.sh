@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), builds the
-# out-of-tree consumer against an installed copy, then installs the Python package and runs its tests
-# (pytest).
+# out-of-tree consumer against an installed copy, installs the Python package and runs its tests
+# (pytest), then the sanitizer runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency
+# tests under TSan) and a short run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each,
+# 30 here).
+# KVQ_QUICK=1 skips the sanitizer and fuzz runs (for a quick local check; CI runs everything).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
@@ -16,4 +19,9 @@ venv=$build/venv
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
   --config-settings=build-dir="$build/py-{wheel_tag}" "$root"
-cd "$root" && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest tests/python
+(cd "$root" && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest tests/python)
+
+if [ "${KVQ_QUICK:-0}" != 1 ]; then
+  "$root/scripts/sanitize.sh" all
+  KVQ_FUZZ_SECONDS=${KVQ_FUZZ_SECONDS:-30} "$root/scripts/fuzz.sh"
+fi

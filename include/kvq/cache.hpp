@@ -46,12 +46,6 @@ enum class SealPolicy {
     on_block_full,  // the open block stays float32 until it fills, then it is quantized in one go
 };
 
-// What happens to NaN or Inf in appended keys/values or in queries.
-enum class NanPolicy {
-    reject,     // throw std::invalid_argument, store nothing
-    propagate,  // store as-is (f32/f16/bf16) or as the codec maps it; attention returns NaN if it reads one
-};
-
 struct CacheConfig {
     int n_layers = 1;
     int n_kv_heads = 1;
@@ -70,7 +64,7 @@ struct CacheConfig {
     std::vector<int> sliding_window;
     SealPolicy seal = SealPolicy::on_block_full;
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
-    NanPolicy nan_policy = NanPolicy::reject;
+    NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
     int threads = 1;            // threads for one attend call (split by block ranges)
     uint64_t seed = kDefaultSeed;  // rotation seed for +rot, polar and turbo codecs
 };

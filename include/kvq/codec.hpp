@@ -16,8 +16,16 @@
 //   accumulate_rows — acc[q][:] += w[q][r] · v_r, then finish_accumulate() once (undoes the rotation).
 // Every call validates its arguments and throws std::invalid_argument with a message that names the
 // problem; nothing is written when it throws.
+//
+// Non-finite input (NaN, Inf) follows a NanPolicy: rejected with an error (the default), or stored and
+// propagated. Finite rows beyond input_limit() (where an fp16 scale or value would overflow) count as
+// non-finite: rejected, or stored as the overflow they are. Zero rows and subnormal values are
+// well-defined everywhere: a zero row stores exact zeros, and values below the resolution of a codec's
+// fp16 scale read back as zero.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +40,32 @@ inline constexpr uint64_t kDefaultSeed = 0x6b76715f726f7421ull;  // "kvq_rot!"
 namespace detail {
 class CodecImpl;
 }
+
+// What happens to NaN or Inf in rows or queries.
+enum class NanPolicy {
+    reject,     // throw std::invalid_argument, write nothing
+    propagate,  // store it, and anything that reads it gives NaN: plain codecs (f32/f16/bf16) keep the
+                // value (f16/bf16 round as IEEE does: too large becomes Inf); block codecs store a block
+                // holding NaN or Inf with a NaN scale (and min) and zero codes, so all of it reads as NaN
+};
+
+// The largest input a codec stores without overflowing one of its fields (an fp16 scale, min or value).
+struct InputLimit {
+    float max_abs = 0.0f;  // bound on every |x_j| of a row or, when on_norm, on the row's L2 norm
+    bool on_norm = false;  // codecs that rotate first: a rotated coordinate is at most the row's norm
+
+    // The row's size as this limit measures it: max |x_j|, or the L2 norm (in double: no overflow).
+    double size_of(const float* row, int n) const {
+        double size = 0.0;
+        for (int j = 0; j < n; ++j) {
+            const double v = row[j];
+            size = on_norm ? size + v * v : std::max(size, std::fabs(v));
+        }
+        return on_norm ? std::sqrt(size) : size;
+    }
+    // False also for a row holding NaN (its size is NaN).
+    bool admits(const float* row, int n) const { return size_of(row, n) <= max_abs; }
+};
 
 // One row of the codec table, as users see it.
 struct CodecInfo {
@@ -62,13 +96,18 @@ public:
     size_t query_bytes() const;  // bytes of one prepared query
     double bits_per_value() const { return 8.0 * static_cast<double>(row_bytes()) / head_dim_; }
 
+    InputLimit input_limit() const;
+
     // x: n_rows × head_dim floats; dst: n_rows rows of row_bytes(), dst_stride bytes apart (0 = packed).
-    void quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride = 0) const;
+    // Under NanPolicy::reject, a non-finite value or a row beyond input_limit() throws.
+    void quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride = 0,
+                       NanPolicy nan = NanPolicy::reject) const;
     // y: n_rows × head_dim floats (in the caller's basis: a rotation is undone).
     void dequantize_rows(const void* src, size_t n_rows, float* y, size_t src_stride = 0) const;
 
-    // q: n_q × head_dim floats; prep: n_q × query_bytes().
-    void prepare_queries(const float* q, int n_q, void* prep) const;
+    // q: n_q × head_dim floats; prep: n_q × query_bytes(). Under NanPolicy::propagate a non-finite
+    // query gives NaN scores.
+    void prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan = NanPolicy::reject) const;
     // scores[i * score_stride + r] = (prepared query i) · (row r), for i < n_q, r < n_rows.
     void score_rows(const void* prep, int n_q, const void* rows, size_t n_rows, float* scores,
                     size_t score_stride, size_t row_stride = 0) const;
@@ -85,6 +124,8 @@ public:
     const detail::CodecImpl& impl() const { return *impl_; }
 
 private:
+    void check_range(const float* x, size_t n_rows) const;  // throws for a row beyond input_limit()
+
     std::shared_ptr<const detail::CodecImpl> impl_;
     std::string name_;
     int head_dim_ = 0;

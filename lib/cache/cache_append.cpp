@@ -16,27 +16,34 @@ namespace {
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-// Checks one of k/v for NaN/Inf. reject: throws. propagate: when the codec cannot store them, returns a
-// copy with them zeroed and records (token, head) in `poisoned` (attention then returns NaN for the head).
-const float* check_finite(const float* x, const char* name, size_t n, int n_kv, int d, NanPolicy policy,
-                          bool codec_stores_nonfinite, std::vector<float>& clean,
-                          std::vector<std::pair<size_t, int>>& poisoned) {
-    if (detail::all_finite(x, n * n_kv * d)) return x;  // vectorized; the loop below names the culprit
+// Checks one of k/v for NaN/Inf and for rows beyond the codec's range (which would store an overflowing
+// fp16 field: they count as non-finite). reject: throws. propagate: records (token, head) in `poisoned`
+// (attention then returns NaN for the head); plain codecs store the row as it is (too large for f16/bf16
+// becomes Inf), the others get a copy with the row zeroed.
+const float* check_rows(const float* x, const char* name, size_t n, int n_kv, int d, NanPolicy policy,
+                        const InputLimit& limit, bool codec_stores_nonfinite, std::vector<float>& clean,
+                        std::vector<std::pair<size_t, int>>& poisoned) {
     for (size_t t = 0; t < n; ++t) {
         for (int h = 0; h < n_kv; ++h) {
             const size_t base = (t * n_kv + h) * static_cast<size_t>(d);
             bool finite = true;
             for (int j = 0; j < d; ++j) finite &= std::isfinite(x[base + j]);
-            if (finite) continue;
+            if (finite && limit.admits(x + base, d)) continue;
             if (policy == NanPolicy::reject) {
+                const std::string what = finite ? std::string(" is beyond the ") + (name[0] == 'k' ? "key" : "value") +
+                                                      " codec's range (" +
+                                                      (limit.on_norm ? "L2 norm" : "|x|") + " at most " +
+                                                      std::to_string(limit.max_abs) + ")"
+                                                : " holds NaN or Inf";
                 throw std::invalid_argument(std::string("KVCache::append: ") + name + " of token " + std::to_string(t) +
-                                            ", kv head " + std::to_string(h) +
-                                            " holds NaN or Inf (NanPolicy::reject); nothing was stored");
+                                            ", kv head " + std::to_string(h) + what +
+                                            " (NanPolicy::reject); nothing was stored");
             }
-            if (codec_stores_nonfinite) continue;
-            if (clean.empty()) clean.assign(x, x + n * n_kv * d);
-            for (int j = 0; j < d; ++j) {
-                if (!std::isfinite(clean[base + j])) clean[base + j] = 0.0f;
+            // Recorded even where the codec keeps the values: a key of -Inf would otherwise just get
+            // weight 0, and the promise is NaN for every head that reads a non-finite row.
+            if (!codec_stores_nonfinite) {
+                if (clean.empty()) clean.assign(x, x + n * n_kv * d);
+                std::fill(clean.begin() + base, clean.begin() + base + d, 0.0f);
             }
             poisoned.emplace_back(t, h);
         }
@@ -104,8 +111,8 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
     std::vector<float> k_clean, v_clean;
     std::vector<std::pair<size_t, int>> poisoned;
-    k = check_finite(k, "k", n, n_kv, d, cfg.nan_policy, store_nonfinite_k, k_clean, poisoned);
-    v = check_finite(v, "v", n, n_kv, d, cfg.nan_policy, store_nonfinite_v, v_clean, poisoned);
+    k = check_rows(k, "k", n, n_kv, d, cfg.nan_policy, key_limit, store_nonfinite_k, k_clean, poisoned);
+    v = check_rows(v, "v", n, n_kv, d, cfg.nan_policy, value_limit, store_nonfinite_v, v_clean, poisoned);
 
     // ---- plan ----
     detail::LayerState& st = seq.layers[layer];
@@ -158,7 +165,7 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     for (size_t i = 0; i < n_new; ++i) st.push_block(fresh[i]);
 
     float* staged_k = st.staging.data();
-    float* staged_v = st.staging.data() + staging_floats / 2;
+    float* staged_v = staged_k ? staged_k + staging_floats / 2 : nullptr;  // no staging under on_append
     for (size_t pos = old_n; pos < n_final;) {
         const size_t block = pos / bt, row = pos % bt;
         const size_t end = std::min(n_final, (block + 1) * bt);

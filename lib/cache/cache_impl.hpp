@@ -60,6 +60,8 @@ struct KVCache::Impl {
     Codec exact;  // f32: the open block's float rows
     bool store_nonfinite_k = false;  // plain codecs keep NaN/Inf as they are (NanPolicy::propagate)
     bool store_nonfinite_v = false;
+    // The rows each codec stores with finite fields; a row beyond counts as non-finite (NanPolicy).
+    InputLimit key_limit, value_limit;
     detail::BlockLayout layout;          // pool blocks
     detail::BlockLayout staging_layout;  // the float staging of one layer
     size_t staging_floats = 0;           // per layer, keys and values

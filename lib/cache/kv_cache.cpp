@@ -1,4 +1,5 @@
 // KVCache: configuration checks, the public entry points (each forwards to Impl), accounting and dump.
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -66,6 +67,11 @@ KVCache::Impl::Impl(const CacheConfig& config)
       exact(Codec::make("f32", cfg.head_dim)) {
     store_nonfinite_k = is_plain_codec(cfg.key_codec);
     store_nonfinite_v = is_plain_codec(cfg.value_codec);
+    key_limit = key.input_limit();
+    value_limit = value.input_limit();
+    // Centering stores each block's key mean as fp16 and quantizes k - mean, which can be twice as
+    // large as the largest key.
+    if (cfg.center_keys) key_limit.max_abs = std::min(key_limit.max_abs / 2, 65504.0f);
     const size_t h = static_cast<size_t>(cfg.n_kv_heads), d = static_cast<size_t>(cfg.head_dim);
     layout.block_tokens = cfg.block_tokens;
     layout.k_offset = 0;

@@ -16,37 +16,41 @@
 
 #include <cstdint>
 
+// Rows are plain bytes at any address (callers may stride them by any byte count), so every block
+// type is packed: alignment 1, the compiler emits loads that are valid at any address, and its
+// layout (no padding either way) is unchanged.
+
 namespace kvq::detail {
 
 inline constexpr int kQK = 32;  // values per block of every ggml-layout codec here
 
-struct BlockQ8_0 {
+struct __attribute__((packed)) BlockQ8_0 {
     uint16_t d;
     int8_t qs[kQK];
 };
 static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 is 34 bytes");
 
-struct BlockQ4_0 {
+struct __attribute__((packed)) BlockQ4_0 {
     uint16_t d;
     uint8_t qs[kQK / 2];
 };
 static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 is 18 bytes");
 
-struct BlockQ4_1 {
+struct __attribute__((packed)) BlockQ4_1 {
     uint16_t d;
     uint16_t m;
     uint8_t qs[kQK / 2];
 };
 static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 is 20 bytes");
 
-struct BlockQ5_0 {
+struct __attribute__((packed)) BlockQ5_0 {
     uint16_t d;
     uint8_t qh[4];
     uint8_t qs[kQK / 2];
 };
 static_assert(sizeof(BlockQ5_0) == 22, "ggml block_q5_0 is 22 bytes");
 
-struct BlockQ5_1 {
+struct __attribute__((packed)) BlockQ5_1 {
     uint16_t d;
     uint16_t m;
     uint8_t qh[4];
@@ -54,11 +58,12 @@ struct BlockQ5_1 {
 };
 static_assert(sizeof(BlockQ5_1) == 24, "ggml block_q5_1 is 24 bytes");
 
-struct BlockQ8Query {
+struct __attribute__((packed)) BlockQ8Query {
     float d;        // scale: x ≈ d·q
     float s;        // d·Σq, for codecs with an offset m
     int8_t qs[kQK];
 };
 static_assert(sizeof(BlockQ8Query) == 40, "prepared query block");
+static_assert(alignof(BlockQ8_0) == 1 && alignof(BlockQ5_1) == 1 && alignof(BlockQ8Query) == 1);
 
 }  // namespace kvq::detail

@@ -2,7 +2,10 @@
 // kernels run, so bad input throws without writing anything.
 #include "kvq/codec.hpp"
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -19,6 +22,12 @@ namespace {
 
 void require(bool ok, const std::string& codec, const char* what) {
     if (!ok) fail(codec, what);
+}
+
+std::string shortest(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    return buf;
 }
 
 }  // namespace
@@ -72,19 +81,37 @@ Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
 size_t Codec::row_bytes() const { return impl_->row_bytes(); }
 size_t Codec::query_bytes() const { return impl_->query_bytes(); }
 
-void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride) const {
+InputLimit Codec::input_limit() const { return impl_->input_limit(); }
+
+void Codec::check_range(const float* x, size_t n_rows) const {
+    const InputLimit limit = input_limit();
+    if (!limit.on_norm && limit.max_abs == FLT_MAX) return;  // every finite value fits
+    for (size_t r = 0; r < n_rows; ++r) {
+        const double size = limit.size_of(x + r * head_dim_, head_dim_);
+        if (size > limit.max_abs) {
+            fail(name_, "quantize_rows: row " + std::to_string(r) + (limit.on_norm ? " has norm " : " has |x| = ") +
+                            shortest(size) + ", beyond the codec's range " + shortest(limit.max_abs) +
+                            (limit.on_norm ? " for a row's L2 norm" : "") + " (a stored fp16 field would overflow)");
+        }
+    }
+}
+
+void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride, NanPolicy nan) const {
     if (n_rows == 0) return;
     require(x && dst, name_, "quantize_rows: null pointer");
     if (dst_stride == 0) dst_stride = row_bytes();
     require(dst_stride >= row_bytes(), name_, "quantize_rows: dst_stride is smaller than row_bytes()");
-    const size_t n = n_rows * head_dim_;
-    if (!detail::all_finite(x, n)) {  // vectorized; the scalar pass only runs to name the bad value
-        for (size_t i = 0; i < n; ++i) {
-            if (!std::isfinite(x[i])) {
-                fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
-                                std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
+    if (nan == NanPolicy::reject) {
+        const size_t n = n_rows * head_dim_;
+        if (!detail::all_finite(x, n)) {  // vectorized; the scalar pass only runs to name the bad value
+            for (size_t i = 0; i < n; ++i) {
+                if (!std::isfinite(x[i])) {
+                    fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
+                                    std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
+                }
             }
         }
+        check_range(x, n_rows);
     }
     impl_->quantize_rows(x, n_rows, static_cast<uint8_t*>(dst), dst_stride);
 }
@@ -97,11 +124,11 @@ void Codec::dequantize_rows(const void* src, size_t n_rows, float* y, size_t src
     impl_->dequantize_rows(static_cast<const uint8_t*>(src), src_stride, n_rows, y);
 }
 
-void Codec::prepare_queries(const float* q, int n_q, void* prep) const {
+void Codec::prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan) const {
     require(n_q >= 0, name_, "prepare_queries: n_q is negative");
     if (n_q == 0) return;
     require(q && prep, name_, "prepare_queries: null pointer");
-    require(detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_), name_,
+    require(nan == NanPolicy::propagate || detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_), name_,
             "prepare_queries: query is not finite (NaN or Inf)");
     impl_->prepare_queries(q, n_q, static_cast<uint8_t*>(prep));
 }

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvq/codec.hpp"
+
 namespace kvq::detail {
 
 class CodecImpl {
@@ -13,6 +15,11 @@ public:
     virtual int head_dim() const = 0;
     virtual size_t row_bytes() const = 0;
     virtual size_t query_bytes() const = 0;
+    // Rows within this limit are stored with finite fields. The default suits a codec that stores fp16
+    // numbers no larger than the row's norm; codecs with other ranges say so.
+    virtual InputLimit input_limit() const { return {65504.0f, true}; }
+    // Kernels are total: NaN, Inf, out-of-range and subnormal input give defined bytes (see NanPolicy),
+    // never undefined behaviour, and any bytes decode without reading outside the row.
     virtual void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const = 0;
     virtual void dequantize_rows(const uint8_t* src, size_t src_stride, size_t n_rows, float* y) const = 0;
     virtual void prepare_queries(const float* q, int n_q, uint8_t* prep) const = 0;

@@ -2,15 +2,56 @@
 // ggml's reference quantizers (quantize_row_*_ref) operation for operation, so the bytes are identical:
 // q8_0 rounds with roundf; q4_0/q5_0 take d = max/−8 (−16) of the signed extreme and truncate x/d + 8.5
 // (16.5); q4_1/q5_1 take d = (max−min)/15 (31) and truncate (x−min)/d + 0.5.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <algorithm>
+#include <limits>
+#include <type_traits>
 
 #include "kernels.hpp"
 #include "scalar_ops.hpp"
 
 namespace kvq::detail {
 namespace {
+
+// ---- what every quantizer shares ----
+
+// A block holding NaN or Inf is stored with a NaN scale (and NaN min) and zero codes, so it reads back
+// as NaN in every value: attention that reads it returns NaN (NanPolicy::propagate; under
+// NanPolicy::reject kvq::Codec refuses such rows before they get here).
+inline constexpr uint16_t kF16NaN = 0x7E00;
+
+inline bool all_finite(const float* xb) {
+    for (int j = 0; j < kQK; ++j) {
+        if (!std::isfinite(xb[j])) return false;
+    }
+    return true;
+}
+
+// x -> x/d as ggml computes it: times the inverse scale, or 0 for a zero block. When d is so small
+// (subnormal) that 1/d overflows, ggml's product is Inf or NaN and its integer cast undefined; there we
+// divide instead, which is defined and exact enough (such a d is 0 once stored as fp16, so the stored
+// key bytes do not depend on it; the float-scaled query does).
+struct Scale {
+    explicit Scale(float d) : d_(d), id_(d != 0.0f ? 1.0f / d : 0.0f), divide_(!std::isfinite(id_)) {}
+    float apply(float x) const { return divide_ ? x / d_ : x * id_; }
+
+private:
+    float d_, id_;
+    bool divide_;
+};
+
+// Float -> code conversions defined for every float (a cast of NaN or of an out-of-range float to an
+// integer is undefined behaviour). On every input where ggml's plain casts are defined they give the
+// same code, so the bytes stay identical to ggml's.
+inline int8_t round_to_q8(float v) {  // ggml: (int8_t)roundf(v)
+    if (std::isnan(v)) return 0;
+    return static_cast<int8_t>(std::roundf(std::clamp(v, -127.0f, 127.0f)));
+}
+inline uint8_t truncate_to_level(float v, int top) {  // ggml: MIN(top, (int8_t)v) or (uint8_t)v
+    if (!(v >= 0.0f)) return 0;  // negative or NaN
+    return v >= static_cast<float>(top) ? static_cast<uint8_t>(top) : static_cast<uint8_t>(v);
+}
 
 // ---- q8_0 ----
 struct LayoutQ8_0 {
@@ -22,14 +63,21 @@ struct LayoutQ8_0 {
 };
 
 void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
-    auto* y = reinterpret_cast<BlockQ8_0*>(dst);
     for (int64_t i = 0; i < n / kQK; ++i) {
+        const float* xb = x + i * kQK;
+        BlockQ8_0 b{};
+        if (!all_finite(xb)) {
+            b.d = kF16NaN;
+            store_block(dst + i * sizeof b, b);
+            continue;
+        }
         float amax = 0.0f;
-        for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[i * kQK + j]));
+        for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
         const float d = amax / ((1 << 7) - 1);
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = f32_to_f16(d);
-        for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(std::roundf(x[i * kQK + j] * id));
+        const Scale s(d);
+        b.d = f32_to_f16(d);
+        for (int j = 0; j < kQK; ++j) b.qs[j] = round_to_q8(s.apply(xb[j]));
+        store_block(dst + i * sizeof b, b);
     }
 }
 
@@ -38,8 +86,15 @@ template <int Bits>
 void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
     constexpr int half = 1 << (Bits - 1);  // 8 or 16
     constexpr int top = (1 << Bits) - 1;   // 15 or 31
+    using Block = std::conditional_t<Bits == 4, BlockQ4_0, BlockQ5_0>;
     for (int64_t i = 0; i < n / kQK; ++i) {
         const float* xb = x + i * kQK;
+        Block b{};
+        if (!all_finite(xb)) {
+            b.d = kF16NaN;
+            store_block(dst + i * sizeof b, b);
+            continue;
+        }
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < kQK; ++j) {
             if (amax < std::fabs(xb[j])) {
@@ -48,73 +103,54 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
             }
         }
         const float d = max / -half;
-        const float id = d ? 1.0f / d : 0.0f;
-        uint8_t qs[kQK / 2];
+        const Scale s(d);
         uint32_t qh = 0;
         for (int j = 0; j < kQK / 2; ++j) {
-            const uint8_t xi0 = static_cast<uint8_t>(std::min<int>(top, static_cast<int8_t>(xb[j] * id + (half + 0.5f))));
-            const uint8_t xi1 = static_cast<uint8_t>(std::min<int>(top, static_cast<int8_t>(xb[kQK / 2 + j] * id + (half + 0.5f))));
-            qs[j] = static_cast<uint8_t>((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+            const uint8_t xi0 = truncate_to_level(s.apply(xb[j]) + (half + 0.5f), top);
+            const uint8_t xi1 = truncate_to_level(s.apply(xb[kQK / 2 + j]) + (half + 0.5f), top);
+            b.qs[j] = static_cast<uint8_t>((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
             qh |= ((xi0 & 0x10u) >> 4) << j;
             qh |= ((xi1 & 0x10u) >> 4) << (j + kQK / 2);
         }
-        if constexpr (Bits == 4) {
-            auto& b = reinterpret_cast<BlockQ4_0*>(dst)[i];
-            b.d = f32_to_f16(d);
-            std::memcpy(b.qs, qs, sizeof qs);
-        } else {
-            auto& b = reinterpret_cast<BlockQ5_0*>(dst)[i];
-            b.d = f32_to_f16(d);
-            std::memcpy(b.qh, &qh, 4);
-            std::memcpy(b.qs, qs, sizeof qs);
-        }
+        b.d = f32_to_f16(d);
+        if constexpr (Bits == 5) std::memcpy(b.qh, &qh, 4);
+        store_block(dst + i * sizeof b, b);
     }
 }
 
 // ---- q4_1 / q5_1: asymmetric, min and (max-min) ----
-// ggml clamps q4_1 through int8 and MIN(15, ·) but casts q5_1 straight to uint8; keep both as they are.
-template <int Bits>
-inline uint8_t to_level(float v) {
-    if constexpr (Bits == 4) {
-        return static_cast<uint8_t>(std::min<int>(15, static_cast<int8_t>(v)));
-    } else {
-        return static_cast<uint8_t>(v);
-    }
-}
-
 template <int Bits>
 void quantize_asym(const float* x, uint8_t* dst, int64_t n) {
     constexpr int top = (1 << Bits) - 1;
+    using Block = std::conditional_t<Bits == 4, BlockQ4_1, BlockQ5_1>;
     for (int64_t i = 0; i < n / kQK; ++i) {
         const float* xb = x + i * kQK;
+        Block b{};
+        if (!all_finite(xb)) {
+            b.d = kF16NaN;
+            b.m = kF16NaN;
+            store_block(dst + i * sizeof b, b);
+            continue;
+        }
         float min = FLT_MAX, max = -FLT_MAX;
         for (int j = 0; j < kQK; ++j) {
             min = std::min(min, xb[j]);
             max = std::max(max, xb[j]);
         }
         const float d = (max - min) / top;
-        const float id = d ? 1.0f / d : 0.0f;
-        uint8_t qs[kQK / 2];
+        const Scale s(d);
         uint32_t qh = 0;
         for (int j = 0; j < kQK / 2; ++j) {
-            const uint8_t xi0 = to_level<Bits>((xb[j] - min) * id + 0.5f);
-            const uint8_t xi1 = to_level<Bits>((xb[kQK / 2 + j] - min) * id + 0.5f);
-            qs[j] = static_cast<uint8_t>((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+            const uint8_t xi0 = truncate_to_level(s.apply(xb[j] - min) + 0.5f, top);
+            const uint8_t xi1 = truncate_to_level(s.apply(xb[kQK / 2 + j] - min) + 0.5f, top);
+            b.qs[j] = static_cast<uint8_t>((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
             qh |= ((xi0 & 0x10u) >> 4) << j;
             qh |= ((xi1 & 0x10u) >> 4) << (j + kQK / 2);
         }
-        if constexpr (Bits == 4) {
-            auto& b = reinterpret_cast<BlockQ4_1*>(dst)[i];
-            b.d = f32_to_f16(d);
-            b.m = f32_to_f16(min);
-            std::memcpy(b.qs, qs, sizeof qs);
-        } else {
-            auto& b = reinterpret_cast<BlockQ5_1*>(dst)[i];
-            b.d = f32_to_f16(d);
-            b.m = f32_to_f16(min);
-            std::memcpy(b.qh, &qh, 4);
-            std::memcpy(b.qs, qs, sizeof qs);
-        }
+        b.d = f32_to_f16(d);
+        b.m = f32_to_f16(min);
+        if constexpr (Bits == 5) std::memcpy(b.qh, &qh, 4);
+        store_block(dst + i * sizeof b, b);
     }
 }
 
@@ -173,19 +209,26 @@ constexpr BlockKernels make_kernels(void (*quantize)(const float*, uint8_t*, int
 }  // namespace
 
 void prepare_query_q8(const float* q, uint8_t* prep, int64_t n) {
-    auto* y = reinterpret_cast<BlockQ8Query*>(prep);
     for (int64_t i = 0; i < n / kQK; ++i) {
+        const float* qb = q + i * kQK;
+        BlockQ8Query b{};
+        if (!all_finite(qb)) {  // scores against this query are NaN
+            b.d = b.s = std::numeric_limits<float>::quiet_NaN();
+            store_block(prep + i * sizeof b, b);
+            continue;
+        }
         float amax = 0.0f;
-        for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(q[i * kQK + j]));
+        for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(qb[j]));
         const float d = amax / 127.0f;
-        const float id = d ? 1.0f / d : 0.0f;
+        const Scale s(d);
         int32_t sum = 0;
         for (int j = 0; j < kQK; ++j) {
-            y[i].qs[j] = static_cast<int8_t>(std::roundf(q[i * kQK + j] * id));
-            sum += y[i].qs[j];
+            b.qs[j] = round_to_q8(s.apply(qb[j]));
+            sum += b.qs[j];
         }
-        y[i].d = d;
-        y[i].s = d * static_cast<float>(sum);
+        b.d = d;
+        b.s = d * static_cast<float>(sum);
+        store_block(prep + i * sizeof b, b);
     }
 }
 

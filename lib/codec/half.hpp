@@ -33,7 +33,10 @@ inline uint16_t f32_to_f16(float f) {
     const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
     const uint32_t mantissa_bits = bits & 0x00000FFFu;
     const uint32_t nonsign = exp_bits + mantissa_bits;
-    return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+    // A NaN keeps its sign and the top of its payload and becomes quiet, as F16C's vcvtps2ph (and so
+    // the SIMD levels) convert it; Maratyszcza's original returns one canonical NaN here.
+    const uint32_t nan = 0x7E00u | ((w >> 13) & 0x03FFu);
+    return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? nan : nonsign));
 }
 
 inline float f16_to_f32(uint16_t h) {

@@ -29,6 +29,10 @@ enum class BlockCodec : int { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, coun
 
 const BlockKernels& scalar_kernels(BlockCodec c);
 
+// The query side of every quantized-key codec (scalar specification, ggml_quant.cpp): int8 per block,
+// float scale d = amax/127.
+void prepare_query_q8(const float* q, uint8_t* prep, int64_t n);
+
 // The scalar sets, defined in plain.cpp and ggml_quant.cpp.
 extern const BlockKernels kScalarF32, kScalarF16, kScalarBF16, kScalarQ8_0, kScalarQ4_0, kScalarQ4_1,
     kScalarQ5_0, kScalarQ5_1;

@@ -49,12 +49,14 @@ void score_plain(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t*
     for (size_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = rows + r * row_stride;
         for (int i = 0; i < n_q; ++i) {
-            const auto* q = reinterpret_cast<const float*>(prep + i * prep_bytes);
+            const uint8_t* q = prep + i * prep_bytes;  // float values at any address
             float sum = 0.0f;
             for (int64_t j = 0; j < n; ++j) {
                 typename P::T v;
+                float qj;
                 std::memcpy(&v, row + j * sizeof v, sizeof v);
-                sum += q[j] * P::decode(v);
+                std::memcpy(&qj, q + j * sizeof qj, sizeof qj);
+                sum += qj * P::decode(v);
             }
             scores[i * score_stride + r] = sum;
         }

@@ -64,7 +64,6 @@ public:
     size_t query_bytes() const override { return sizeof(float) * (d_ + size_t(d_ / 2) * (size_t(1) << l_.bits[0])); }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        check_norms_fit_fp16("polar", x, n_rows, d_);
         const int group = 1 << levels_;
         std::vector<float> y(d_), radius(leaves_);
         for (size_t r = 0; r < n_rows; ++r) {

@@ -1,6 +1,8 @@
 #include "rotated.hpp"
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <vector>
 
 #include "../rotation/hadamard.hpp"
@@ -18,6 +20,12 @@ public:
     int head_dim() const override { return inner_->head_dim(); }
     size_t row_bytes() const override { return inner_->row_bytes(); }
     size_t query_bytes() const override { return inner_->query_bytes(); }
+    // A rotated coordinate is at most the row's L2 norm; the unnormalized Walsh-Hadamard sums reach
+    // sqrt(head_dim) times it, which must stay below FLT_MAX too.
+    InputLimit input_limit() const override {
+        const float fwht_max = FLT_MAX / (2.0f * std::sqrt(static_cast<float>(head_dim())));
+        return {std::min(inner_->input_limit().max_abs, fwht_max), true};
+    }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
         const int d = head_dim();

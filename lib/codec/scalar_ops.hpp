@@ -7,22 +7,38 @@
 
 #include "blocks.hpp"
 #include "half.hpp"
+#include "kernels.hpp"
 
 namespace kvq::detail {
+
+// Rows are plain bytes at any address (a caller may stride rows by any byte count), so blocks are
+// copied in and out with memcpy rather than read through a cast pointer, which would be undefined
+// behaviour at an odd address; the compiler turns these copies into ordinary loads.
+template <class T>
+inline T load_block(const uint8_t* p) {
+    T b;
+    std::memcpy(&b, p, sizeof b);
+    return b;
+}
+template <class T>
+inline void store_block(uint8_t* p, const T& b) {
+    std::memcpy(p, &b, sizeof b);
+}
 
 // Layout traits provide: using Block; static constexpr bool has_min;
 // static void unpack(const Block&, int8_t q[32]);  static float d(const Block&);  static float m(const Block&).
 
 template <class L>
 void dequantize_blocks(const uint8_t* src, float* y, int64_t n) {
-    const auto* b = reinterpret_cast<const typename L::Block*>(src);
+    using Block = typename L::Block;
     int8_t q[kQK];
     for (int64_t i = 0; i < n / kQK; ++i) {
-        L::unpack(b[i], q);
-        const float d = L::d(b[i]);
+        const auto b = load_block<Block>(src + i * sizeof(Block));
+        L::unpack(b, q);
+        const float d = L::d(b);
         for (int j = 0; j < kQK; ++j) {
             if constexpr (L::has_min) {
-                y[i * kQK + j] = q[j] * d + L::m(b[i]);
+                y[i * kQK + j] = q[j] * d + L::m(b);
             } else {
                 y[i * kQK + j] = q[j] * d;
             }
@@ -32,15 +48,18 @@ void dequantize_blocks(const uint8_t* src, float* y, int64_t n) {
 
 // Integer dot product per block against a BlockQ8Query, float sum across blocks.
 template <class L>
-float dot_q8_query(const typename L::Block* b, const BlockQ8Query* qb, int64_t nb) {
+float dot_q8_query(const uint8_t* row, const uint8_t* prep, int64_t nb) {
+    using Block = typename L::Block;
     int8_t q[kQK];
     float sum = 0.0f;
     for (int64_t i = 0; i < nb; ++i) {
-        L::unpack(b[i], q);
+        const auto b = load_block<Block>(row + i * sizeof(Block));
+        const auto qb = load_block<BlockQ8Query>(prep + i * sizeof(BlockQ8Query));
+        L::unpack(b, q);
         int32_t sumi = 0;
-        for (int j = 0; j < kQK; ++j) sumi += int32_t(q[j]) * int32_t(qb[i].qs[j]);
-        float block = L::d(b[i]) * qb[i].d * static_cast<float>(sumi);
-        if constexpr (L::has_min) block += L::m(b[i]) * qb[i].s;
+        for (int j = 0; j < kQK; ++j) sumi += int32_t(q[j]) * int32_t(qb.qs[j]);
+        float block = L::d(b) * qb.d * static_cast<float>(sumi);
+        if constexpr (L::has_min) block += L::m(b) * qb.s;
         sum += block;
     }
     return sum;
@@ -50,10 +69,8 @@ template <class L>
 void score_blocks(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                   size_t row_stride, size_t n_rows, int64_t n, float* scores, size_t score_stride) {
     for (size_t r = 0; r < n_rows; ++r) {
-        const auto* b = reinterpret_cast<const typename L::Block*>(rows + r * row_stride);
         for (int i = 0; i < n_q; ++i) {
-            const auto* qb = reinterpret_cast<const BlockQ8Query*>(prep + i * prep_bytes);
-            scores[i * score_stride + r] = dot_q8_query<L>(b, qb, n / kQK);
+            scores[i * score_stride + r] = dot_q8_query<L>(rows + r * row_stride, prep + i * prep_bytes, n / kQK);
         }
     }
 }
@@ -61,16 +78,17 @@ void score_blocks(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t
 template <class L>
 void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                        size_t row_stride, size_t n_rows, int64_t n, float* acc) {
+    using Block = typename L::Block;
     int8_t q[kQK];
     for (size_t r = 0; r < n_rows; ++r) {
-        const auto* b = reinterpret_cast<const typename L::Block*>(rows + r * row_stride);
         for (int64_t i = 0; i < n / kQK; ++i) {
-            L::unpack(b[i], q);
-            const float d = L::d(b[i]);
+            const auto b = load_block<Block>(rows + r * row_stride + i * sizeof(Block));
+            L::unpack(b, q);
+            const float d = L::d(b);
             float v[kQK];
             for (int j = 0; j < kQK; ++j) {
                 if constexpr (L::has_min) {
-                    v[j] = q[j] * d + L::m(b[i]);
+                    v[j] = q[j] * d + L::m(b);
                 } else {
                     v[j] = q[j] * d;
                 }
@@ -83,8 +101,5 @@ void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* 
         }
     }
 }
-
-// The query side of every quantized-key codec: int8 per block, float scale d = amax/127.
-void prepare_query_q8(const float* q, uint8_t* prep, int64_t n);
 
 }  // namespace kvq::detail

@@ -2,6 +2,7 @@
 #include "turbo.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -61,7 +62,6 @@ public:
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
         const int d = l_.d;
-        check_norms_fit_fp16(name_, x, n_rows, d);
         std::vector<float> u(d), residual(d);
         for (size_t r = 0; r < n_rows; ++r) {
             const float* xr = x + r * d;
@@ -69,7 +69,10 @@ public:
             std::memset(row, 0, row_bytes_);
             const double norm = row_norm(xr, d);
             rot_.apply(xr, u.data());
-            const float inv = norm > 0 ? static_cast<float>(1.0 / norm) : 0.0f;
+            // A row so small that 1/norm overflows float is stored as a zero row (its fp16 norm is 0
+            // anyway); multiplying by an infinite inverse would turn it into NaN.
+            const double inv_norm = norm > 0 ? 1.0 / norm : 0.0;
+            const float inv = inv_norm <= FLT_MAX ? static_cast<float>(inv_norm) : 0.0f;
             for (int j = 0; j < d; ++j) {
                 u[j] *= inv;
                 const bool hi = j < l_.n_hi;
@@ -116,11 +119,21 @@ public:
             for (int b0 = 0; b0 < d; b0 += 32) {
                 const int n = std::min(32, d - b0);
                 float amax = 0;
-                for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(qt[b0 + j]));
-                const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+                bool finite = true;
+                for (int j = 0; j < n; ++j) {
+                    amax = std::max(amax, std::fabs(qt[b0 + j]));
+                    finite = finite && std::isfinite(qt[b0 + j]);
+                }
+                if (!finite) {  // NanPolicy::propagate: every score against this query is NaN
+                    scales[b0 / 32] = NAN;
+                    for (int j = 0; j < n; ++j) qt[b0 + j] = NAN, q8[b0 + int8_position(j, n)] = 0;
+                    continue;
+                }
+                // 127/amax overflows for a subnormal amax: such a block is scored as zero.
+                const float scale = amax / 127.0f, inv = amax > 0 && 127.0f / amax <= FLT_MAX ? 127.0f / amax : 0.0f;
                 scales[b0 / 32] = scale;
                 for (int j = 0; j < n; ++j) {
-                    const int v = static_cast<int>(std::lround(qt[b0 + j] * inv));
+                    const int v = static_cast<int>(std::lround(std::clamp(qt[b0 + j] * inv, -127.0f, 127.0f)));
                     qt[b0 + j] = scale * static_cast<float>(v);
                     q8[b0 + int8_position(j, n)] = static_cast<int8_t>(v);
                 }

@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#if defined(KVQ_SIMD_X86)
+#include <cpuid.h>
+#endif
 
 namespace kvq {
 namespace detail {
@@ -50,6 +53,14 @@ const LevelKernels* compiled_level(SimdLevel level) {
     }
 }
 
+#if defined(KVQ_SIMD_X86)
+// clang (14) has no "f16c" for __builtin_cpu_supports: read the cpuid bit itself.
+bool cpu_has_f16c() {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool cpu_runs(SimdLevel level) {
     switch (level) {
         case SimdLevel::scalar: return true;
@@ -57,7 +68,7 @@ bool cpu_runs(SimdLevel level) {
         case SimdLevel::sse2: return __builtin_cpu_supports("sse2");
         // __builtin_cpu_supports reads cpuid and also checks that the OS saves the wide registers.
         case SimdLevel::avx2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
         case SimdLevel::avx512:
             return cpu_runs(SimdLevel::avx2) && __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

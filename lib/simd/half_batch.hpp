@@ -41,7 +41,7 @@ xsimd::batch<uint32_t, A> f32_to_f16_batch(xsimd::batch<float, A> f) {
     base = bit_cast<float>(bit_cast<uint32_t>(half_bias) + U(0x07800000u)) + base;
     const U bits = bit_cast<uint32_t>(base);
     const U nonsign = ((bits >> 13) & U(0x00007C00u)) + (bits & U(0x00000FFFu));
-    const U nan = U(0x7E00u);
+    const U nan = U(0x7E00u) | ((w >> 13) & U(0x03FFu));  // quiet, payload kept (as F16C does)
     const U magnitude = bit_cast<uint32_t>(xsimd::select(xsimd::isnan(f), bit_cast<float>(nan),
                                                              bit_cast<float>(nonsign)));
     return (sign >> 16) | magnitude;

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "../codec/blocks.hpp"
+#include "../codec/kernels.hpp"
 #include "ops.hpp"
 
 namespace kvq::simd {
@@ -53,6 +54,18 @@ typename Ops<A>::Bytes pack_codes(const typename Ops<A>::I* q, float d) {
     return std::isnormal(d) || d == 0.0f ? Ops<A>::pack_small(q) : Ops<A>::low_bytes(q);
 }
 
+// Blocks the fast path does not treat as the specification does go through the specification itself
+// (lib/codec/ggml_quant.cpp), one block at a time: a block holding NaN or Inf (stored as a NaN block)
+// and a block whose scale is neither normal nor zero (where the specification divides or clamps). Both
+// are rare, and the fast path then only ever packs codes of a normal scale.
+template <class A>
+bool block_finite(const xsimd::batch<float, A>* v) {
+    auto t = v[0] - v[0];  // 0 for finite values, NaN otherwise
+    for (int k = 1; k < kPerBlock<A>; ++k) t += v[k] - v[k];
+    return !xsimd::any(xsimd::isnan(t));
+}
+inline bool ordinary_scale(float d) { return std::isnormal(d) || d == 0.0f; }
+
 // Blocks are taken kLanes at a time so that their scales are computed together: one vector division for
 // d and one for 1/d (IEEE division is correctly rounded, lane or scalar alike) and one fp16 conversion.
 template <class A>
@@ -90,6 +103,10 @@ void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
         for (int c = 0; c < count; ++c) {
             F v[kPerBlock<A>];
             load_block<A>(x + (i0 + c) * kQK, v);
+            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
+                detail::kScalarQ8_0.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * sizeof(detail::BlockQ8_0), kQK);
+                continue;
+            }
             const F id(s.id[c]);
             typename O::I q[kPerBlock<A>];
             for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(add_round_half_away<A>(v[k] * id));
@@ -139,6 +156,12 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
         for (int c = 0; c < count; ++c) {
             F v[kPerBlock<A>];
             load_block<A>(x + (i0 + c) * kQK, v);
+            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
+                const auto& spec = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
+                constexpr size_t bytes = Bits == 4 ? sizeof(detail::BlockQ4_0) : sizeof(detail::BlockQ5_0);
+                spec.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * bytes, kQK);
+                continue;
+            }
             const F id(s.id[c]);
             typename O::I q[kPerBlock<A>];
             for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(v[k] * id + F(half + 0.5f));
@@ -196,6 +219,12 @@ void quantize_asym(const float* x, uint8_t* dst, int64_t n) {
         for (int c = 0; c < count; ++c) {
             F v[kPerBlock<A>];
             load_block<A>(x + (i0 + c) * kQK, v);
+            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
+                const auto& spec = Bits == 4 ? detail::kScalarQ4_1 : detail::kScalarQ5_1;
+                constexpr size_t bytes = Bits == 4 ? sizeof(detail::BlockQ4_1) : sizeof(detail::BlockQ5_1);
+                spec.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * bytes, kQK);
+                continue;
+            }
             const F id(s.id[c]), min(mins[c]);
             typename O::I q[kPerBlock<A>];
             for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32((v[k] - min) * id + F(0.5f));
@@ -228,6 +257,10 @@ void prepare_query_q8(const float* q, uint8_t* prep, int64_t n) {
         F v[kPerBlock<A>];
         load_block<A>(q + i * kQK, v);
         const float d = block_amax<A>(v) / 127.0f;
+        if (!block_finite<A>(v) || !ordinary_scale(d)) {
+            detail::prepare_query_q8(q + i * kQK, prep + i * sizeof(detail::BlockQ8Query), kQK);
+            continue;
+        }
         const float id = d ? 1.0f / d : 0.0f;
         typename O::I qi[kPerBlock<A>];
         for (int k = 0; k < kPerBlock<A>; ++k) qi[k] = O::to_i32(add_round_half_away<A>(v[k] * F(id)));

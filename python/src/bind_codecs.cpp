@@ -34,7 +34,11 @@ py::dict codec_info_dict(const std::string& spec, int head_dim, uint64_t seed) {
     return d;
 }
 
-py::array quantize(py::handle x_obj, const std::string& spec, uint64_t seed) {
+py::array quantize(py::handle x_obj, const std::string& spec, uint64_t seed, const std::string& nan_policy) {
+    if (nan_policy != "reject" && nan_policy != "propagate") {
+        raise_value_error("nan_policy must be 'reject' or 'propagate', got '" + nan_policy + "'");
+    }
+    const NanPolicy nan = nan_policy == "reject" ? NanPolicy::reject : NanPolicy::propagate;
     const CheckedArray x = float_array(x_obj, "quantize: x", {{"...", kLeading}, {"head_dim"}});
     const Codec codec = Codec::make(spec, static_cast<int>(x.dim(-1)), seed);
     auto shape = x.shape;
@@ -44,7 +48,7 @@ py::array quantize(py::handle x_obj, const std::string& spec, uint64_t seed) {
     uint8_t* dst = codes.mutable_data();
     {
         py::gil_scoped_release unlocked;
-        codec.quantize_rows(x.floats(), rows, dst);
+        codec.quantize_rows(x.floats(), rows, dst, 0, nan);
     }
     return codes;
 }
@@ -71,9 +75,11 @@ void bind_codecs(py::module_& m) {
     m.def("codec_info", &codec_info_dict, "codec"_a, "head_dim"_a = 128, py::kw_only(), "seed"_a = kDefaultSeed,
           "A codec's table row and its size for rows of head_dim values: name, base, block, bytes_per_block,\n"
           "head_dim, row_bytes, bits_per_value (everything stored, scales included), rotated, ggml_layout, layout.");
-    m.def("quantize", &quantize, "x"_a, "codec"_a, py::kw_only(), "seed"_a = kDefaultSeed,
+    m.def("quantize", &quantize, "x"_a, "codec"_a, py::kw_only(), "seed"_a = kDefaultSeed, "nan_policy"_a = "reject",
           "Quantizes the rows of x (float32 or float16, shape (..., head_dim)) with a codec.\n"
-          "Returns uint8 codes of shape x.shape[:-1] + (row_bytes,); for ggml-layout codecs these are ggml's bytes.");
+          "Returns uint8 codes of shape x.shape[:-1] + (row_bytes,); for ggml-layout codecs these are ggml's bytes.\n"
+          "nan_policy='reject' raises ValueError for NaN/Inf or a row beyond the codec's fp16 range;\n"
+          "'propagate' stores them (they read back as NaN/Inf).");
     m.def("dequantize", &dequantize, "codes"_a, "codec"_a, "head_dim"_a, py::kw_only(), "seed"_a = kDefaultSeed,
           "Turns codes of shape (..., row_bytes) back into float32 rows of shape (..., head_dim).");
     m.def("simd_level", [] { return std::string(simd_level_name(kvq::simd_level())); },

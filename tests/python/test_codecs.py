@@ -62,7 +62,11 @@ def test_bytes_and_values_equal_ggml_on_its_oracle_rows(name, ggml_data):
         pytest.skip(f"{name} is not in kvq's codec table")
     t = manifest["types"][name]
     expected = np.fromfile(DATA / t["bytes"], dtype=np.uint8).reshape(len(x), t["row_bytes"])
-    codes = kvq.quantize(x, name)
+    # The oracle has rows at 1e20 scale that overflow fp16 fields: kvq stores them only when told to.
+    if name != "bf16":  # bf16 holds 1e20
+        with pytest.raises(ValueError, match="beyond the codec's range"):
+            kvq.quantize(x, name)
+    codes = kvq.quantize(x, name, nan_policy="propagate")
     mismatched = np.flatnonzero((codes != expected).any(axis=1))
     assert mismatched.size == 0, f"{name}: rows {mismatched[:10]} differ from ggml's bytes"
     values = kvq.dequantize(expected, name, x.shape[1])

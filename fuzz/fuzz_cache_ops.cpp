@@ -1,0 +1,136 @@
+// Fuzz target: random sequences of cache operations (add, append, fork, truncate, remove, attend) on a
+// small cache with a pool limit, checked against a reference model that keeps every sequence's tokens
+// as floats and knows which are quantized (tests/cache_model.hpp computes the attention they must give).
+// Properties: attention equals the model's to float rounding; token counts and sequence ids match; an
+// operation that throws PoolExhausted changes nothing observable; removing every sequence returns every
+// block to the pool (and LeakSanitizer finds no leak).
+// The model header is shared with the doctest suite; here its doctest parts compile to nothing.
+#define DOCTEST_CONFIG_DISABLE
+#include <map>
+
+#include "cache_model.hpp"
+#include "fuzz_common.hpp"
+
+using namespace kvq;
+using namespace kvq::fuzz;
+
+namespace {
+
+struct ModelLayer {
+    test::LayerTokens tok;
+    size_t pool_end = 0;  // positions below are quantized (a prefix; see lib/cache/cache_impl.hpp)
+};
+using ModelSeq = std::vector<ModelLayer>;
+
+std::string observe(const KVCache& c, const std::map<SequenceId, ModelSeq>& model, const std::vector<float>& q) {
+    std::string s = c.dump() + std::to_string(c.bytes_used());
+    for (const auto& [id, layers] : model) {
+        for (size_t l = 0; l < layers.size(); ++l) {
+            if (layers[l].tok.n() == 0) continue;
+            std::vector<float> out(q.size());
+            c.attend(static_cast<int>(l), id, q.data(), out.data());
+            s.append(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+        }
+    }
+    return s;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    FuzzedDataProvider in(data, size);
+    static const char* codecs[] = {"q8_0", "q4_0", "f16", "q4_1+rot", "polar", "turbo3"};
+    CacheConfig cfg;
+    cfg.n_layers = in.ConsumeIntegralInRange<int>(1, 2);
+    cfg.n_kv_heads = in.ConsumeIntegralInRange<int>(1, 2);
+    cfg.n_heads = cfg.n_kv_heads * in.ConsumeIntegralInRange<int>(1, 2);
+    cfg.head_dim = 32;
+    cfg.key_codec = codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)];
+    cfg.value_codec = codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)];
+    cfg.block_tokens = in.ConsumeBool() ? 4 : 8;
+    cfg.seal = in.ConsumeBool() ? SealPolicy::on_append : SealPolicy::on_block_full;
+    cfg.max_blocks = in.ConsumeIntegralInRange<size_t>(0, 12);
+    cfg.grow_blocks = in.ConsumeIntegralInRange<size_t>(1, 4);
+    KVCache cache(cfg);
+    const int d = cfg.head_dim, n_kv = cfg.n_kv_heads;
+    const size_t bt = cfg.block_tokens;
+    const size_t token_floats = size_t(n_kv) * d;
+    std::vector<float> q(size_t(cfg.n_heads) * d);
+    for (float& x : q) x = in.ConsumeFloatingPointInRange<float>(-2.0f, 2.0f);
+
+    std::map<SequenceId, ModelSeq> model;
+    auto pick = [&]() -> SequenceId {
+        if (model.empty()) return -1;
+        auto it = model.begin();
+        std::advance(it, in.ConsumeIntegralInRange<size_t>(0, model.size() - 1));
+        return it->first;
+    };
+    for (int step = 0; step < 40 && in.remaining_bytes() > 0; ++step) {
+        const int op = in.ConsumeIntegralInRange<int>(0, 5);
+        const SequenceId id = pick();
+        const int layer = in.ConsumeIntegralInRange<int>(0, cfg.n_layers - 1);
+        if (op == 0 || id < 0) {
+            const SequenceId s = cache.add_sequence();
+            require(!model.count(s), "add_sequence reused a live id");
+            model.emplace(s, ModelSeq(cfg.n_layers, ModelLayer{test::LayerTokens(n_kv, d)}));
+            continue;
+        }
+        ModelLayer& ml = model.at(id)[layer];
+        const std::string before = observe(cache, model, q);
+        try {
+            if (op == 1) {
+                const size_t n = in.ConsumeIntegralInRange<size_t>(1, 12);
+                std::vector<float> k(n * token_floats), v(n * token_floats);
+                for (float& x : k) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
+                for (float& x : v) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
+                cache.append(layer, id, k.data(), v.data(), n);
+                const size_t old_n = ml.tok.n(), n_final = old_n + n;
+                ml.tok.add(k.data(), v.data(), n);
+                if (cfg.seal == SealPolicy::on_append) {
+                    ml.pool_end = n_final;
+                } else {  // a block partly filled after a truncate is quantized as it fills, then staging
+                    const size_t boundary = (ml.pool_end + bt - 1) / bt * bt;
+                    ml.pool_end = ml.pool_end % bt && n_final <= boundary ? n_final : std::max(boundary, n_final / bt * bt);
+                }
+            } else if (op == 2) {
+                const SequenceId child = cache.fork(id);
+                require(!model.count(child), "fork reused a live id");
+                model.emplace(child, model.at(id));
+            } else if (op == 3) {
+                size_t shortest = SIZE_MAX;  // truncate applies to every layer
+                for (const auto& l : model.at(id)) shortest = std::min(shortest, l.tok.n());
+                const size_t n = in.ConsumeIntegralInRange<size_t>(0, shortest);
+                cache.truncate(id, n);
+                for (auto& l : model.at(id)) {
+                    const size_t keep = std::min(n, l.tok.n());
+                    l.tok.truncate(keep);
+                    l.pool_end = std::min(l.pool_end, keep);
+                }
+            } else if (op == 4) {
+                cache.remove(id);
+                model.erase(id);
+            } else if (ml.tok.n() > 0) {
+                std::vector<float> out(q.size());
+                cache.attend(layer, id, q.data(), out.data());
+                const auto expected = test::expected_attention(cache, ml.tok, 0, ml.tok.n(), ml.pool_end, q.data());
+                const double diff = test::max_rel_diff(out, expected);
+                require(diff <= 1e-4, "attend differs from the model by " + std::to_string(diff) + "\n" + cache.dump());
+            }
+        } catch (const PoolExhausted&) {
+            require(cfg.max_blocks > 0, "PoolExhausted from a pool without a limit");
+            require(observe(cache, model, q) == before, "PoolExhausted changed the cache");
+        }
+        for (const auto& [s, layers] : model) {
+            for (int l = 0; l < cfg.n_layers; ++l) {
+                require(cache.n_tokens(s, l) == layers[l].tok.n(), "n_tokens differs from the model");
+            }
+        }
+        require(cache.sequences().size() == model.size(), "sequences() differs from the model");
+        const PoolStats ps = cache.pool_stats();
+        require(cfg.max_blocks == 0 || ps.blocks_total <= cfg.max_blocks, "the pool grew beyond max_blocks");
+    }
+    for (const auto& [s, layers] : model) cache.remove(s);
+    require(cache.pool_stats().blocks_used == 0, "blocks still used after every sequence was removed");
+    require(cache.bytes_used() == 0, "bytes still used after every sequence was removed");
+    return 0;
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# libFuzzer runs: builds every fuzz target (fuzz/fuzz_*.cpp) with clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer in build-fuzz/, then runs each for KVQ_FUZZ_SECONDS seconds (default 60).
+# The corpus grows in build-fuzz/corpus/<target>/ (kept between runs); a failing input is saved as
+# build-fuzz/artifacts/<target>-crash-*, and the run fails with the command that reproduces it.
+# Usage: scripts/fuzz.sh [target...]      (default: every target)
+#        KVQ_FUZZ_SECONDS=3600 scripts/fuzz.sh fuzz_cache_ops      (a long run; see docs/reliability.md)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${KVQ_FUZZ_DIR:-$root/build-fuzz}
+seconds=${KVQ_FUZZ_SECONDS:-60}
+jobs=${KVQ_JOBS:-$(nproc)}
+
+"$root/scripts/setup.sh"
+if [ ! -f "$dir/CMakeCache.txt" ]; then
+  CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DKVQ_BUILD_FUZZ=ON -DKVQ_SANITIZE=address,undefined -DKVQ_BUILD_TESTS=OFF -DKVQ_BUILD_BENCH=OFF \
+    -DKVQ_BUILD_TOOLS=OFF -DKVQ_BUILD_EXAMPLES=OFF >/dev/null
+fi
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for src in "$root"/fuzz/fuzz_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
+fi
+cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+passed=0
+for t in "${targets[@]}"; do
+  corpus=$dir/corpus/$t
+  mkdir -p "$corpus" "$dir/artifacts"
+  seeds=()
+  [ -d "$root/fuzz/seeds/$t" ] && seeds=("$root/fuzz/seeds/$t")
+  echo "fuzz: $t for ${seconds}s" >&2
+  if ! "$dir/fuzz/$t" "$corpus" "${seeds[@]}" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 \
+      -max_len=8192 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" 2>"$dir/$t.log"; then
+    tail -n 60 "$dir/$t.log" >&2
+    echo "fuzz: $t FAILED; reproduce with: $dir/fuzz/$t $dir/artifacts/$t-<crash file>" >&2
+    echo "fuzz: $passed passed, 1 failed"
+    exit 1
+  fi
+  grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$dir/$t.log" | sed "s/^/fuzz: $t /" >&2 || true
+  passed=$((passed + 1))
+done
+echo "fuzz: $passed passed, 0 failed"

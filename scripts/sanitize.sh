@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Sanitizer runs, each in its own build directory beside build/:
+#   asan  the whole C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer);
+#         the first finding fails the run (-fno-sanitize-recover)            -> build-asan/
+#   tsan  the concurrency tests (tests/test_concurrency*.cpp, test_cache_threads*.cpp) under ThreadSanitizer
+#                                                                              -> build-tsan/
+# Usage: scripts/sanitize.sh [asan|tsan|all]   (default: all). Extra doctest arguments may follow,
+# e.g. scripts/sanitize.sh asan -tc='*cache*'. Builds are incremental.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+parent=${KVQ_SANITIZE_DIR:-$root}
+jobs=${KVQ_JOBS:-$(nproc)}
+what=${1:-all}
+[ $# -gt 0 ] && shift
+
+"$root/scripts/setup.sh"
+
+# Debug keeps Eigen's and the standard library's assertions on; -O1 keeps the run fast.
+build() {
+  local dir=$1 sanitize=$2
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 \
+      -DKVQ_SANITIZE="$sanitize" -DKVQ_BUILD_BENCH=OFF -DKVQ_BUILD_TOOLS=OFF >/dev/null
+  fi
+  cmake --build "$dir" -j "$jobs" --target "${@:3}"
+}
+
+passed=0
+run_asan() {
+  build "$parent/build-asan" address,undefined kvq_tests kvq_test_capi kvq_test_capi_cache
+  echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, whole suite (C++ and C)" >&2
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:strict_init_order=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  "$parent/build-asan/tests/kvq_tests" --no-intro "$@"
+  "$parent/build-asan/tests/c/kvq_test_capi"
+  "$parent/build-asan/tests/c/kvq_test_capi_cache"
+  passed=$((passed + 1))
+}
+run_tsan() {
+  build "$parent/build-tsan" thread kvq_concurrency_tests
+  echo "sanitize: ThreadSanitizer, the concurrency tests (tests/test_concurrency*.cpp, test_cache_threads*.cpp)" >&2
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    "$parent/build-tsan/tests/kvq_concurrency_tests" --no-intro "$@"
+  passed=$((passed + 1))
+}
+
+case $what in
+  asan) run_asan "$@" ;;
+  tsan) run_tsan "$@" ;;
+  all) run_asan "$@"; run_tsan "$@" ;;
+  *) echo "usage: $0 [asan|tsan|all] [doctest arguments]" >&2; exit 2 ;;
+esac
+echo "sanitize: $passed passed, 0 failed"
