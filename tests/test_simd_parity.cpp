@@ -264,3 +264,22 @@ TEST_CASE("all_finite finds every NaN and Inf at every level, wherever it is") {
     }
     kvq::force_simd_level(active);
 }
+
+TEST_CASE("every fp16 scale (all 65536 bit patterns) dequantizes to the same bits at every level") {
+    std::vector<uint8_t> rows(size_t(65536) * 34);
+    for (uint32_t h = 0; h < 65536; ++h) {
+        const uint16_t d = static_cast<uint16_t>(h);
+        std::memcpy(&rows[h * 34], &d, 2);
+        for (int j = 0; j < 32; ++j) rows[h * 34 + 2 + j] = static_cast<uint8_t>(j - 16);
+    }
+    const int64_t n = int64_t(65536) * 32;
+    std::vector<float> ref(n), got(n);
+    kvq::detail::scalar_kernels(BlockCodec::q8_0).dequantize(rows.data(), ref.data(), n);
+    for (auto level : simd_levels()) {
+        CAPTURE(kvq::simd_level_name(level));
+        kvq::detail::level_kernels(BlockCodec::q8_0, level)->dequantize(rows.data(), got.data(), n);
+        size_t diff = 0;
+        for (int64_t i = 0; i < n; ++i) diff += std::memcmp(&ref[i], &got[i], 4) != 0;
+        CHECK(diff == 0);
+    }
+}

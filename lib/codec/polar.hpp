@@ -16,10 +16,12 @@
 // Codes of consecutive levels follow each other bit for bit (bit_codes.hpp). The default L = 4, bits
 // 4.2.2.2 is 46 bits of codes and 16 of radius per 16 values: 3.875 bits/value (62 bytes at d = 128).
 //
-// Scoring never rebuilds keys: prepare_queries rotates the query and tabulates, per level-1 pair p and
-// code c, q′₂ₚ·cos θ_c + q′₂ₚ₊₁·sin θ_c; a row's score then combines its level-1 table entries up the
-// tree with the cos/sin of the higher-level angle codes (cos ψ·t_left + sin ψ·t_right) and multiplies by
-// the radius. Parameters and the budget allocation: polar_params.hpp. The codec always rotates.
+// Scoring never rebuilds keys in memory: prepare_queries rotates the query and tabulates, per level-1 pair
+// p and code c, q′₂ₚ·cos θ_c + q′₂ₚ₊₁·sin θ_c; the scalar specification combines a row's level-1 entries up
+// the tree with the cos/sin of the higher-level angle codes (cos ψ·t_left + sin ψ·t_right) and multiplies
+// by the radius. SIMD levels decode 16 values at a time in registers instead (rotated_kernels.hpp,
+// lib/simd/rotated_polar_avx2.hpp). Parameters and the budget allocation: polar_params.hpp. The codec
+// always rotates.
 #pragma once
 
 #include <cstdint>

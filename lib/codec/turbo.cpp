@@ -2,16 +2,20 @@
 #include "turbo.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../rotation/hadamard.hpp"
+#include "../simd/dispatch.hpp"
 #include "bit_codes.hpp"
 #include "lloyd_max.hpp"
 #include "qjl.hpp"
+#include "rotated_kernels.hpp"
 #include "stored_norm.hpp"
+#include "turbo_codebook.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -21,161 +25,160 @@ constexpr int kMaxQjlDim = 4096;  // the sketch keeps a dim × dim float matrix
 class TurboCodec final : public CodecImpl {
 public:
     TurboCodec(const TurboConfig& cfg, std::string name, int d, uint64_t seed)
-        : name_(std::move(name)), d_(d), n_hi_(cfg.half_split ? d / 2 : d), rot_(d, seed),
-          hi_(sphere_coordinate_codebook(cfg.bits_hi, d)), lo_(sphere_coordinate_codebook(cfg.bits_lo, d)) {
-        const size_t code_bits = size_t(n_hi_) * hi_.bits + size_t(d - n_hi_) * lo_.bits;
-        size_t off = bytes_for_bits(code_bits);
+        : name_(std::move(name)), rot_(d, seed), hi_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_hi, d))),
+          lo_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_lo, d))) {
+        l_.d = d;
+        l_.n_hi = cfg.half_split ? d / 2 : d;
+        l_.bits_hi = hi_.bits;
+        l_.bits_lo = lo_.bits;
+        l_.centroids_hi = hi_.values.data();
+        l_.centroids_lo = lo_.values.data();
+        l_.scale_hi = hi_.scale;
+        l_.ints_hi = hi_.ints.data();
+        if (l_.n_hi == d && d % 32 == 0 && (hi_.bits == 4 || hi_.bits == 2)) l_.int8_order = hi_.bits;
+        size_t off = bytes_for_bits(size_t(l_.n_hi) * hi_.bits + size_t(d - l_.n_hi) * lo_.bits);
         if (cfg.qjl) {
             qjl_ = std::make_unique<QjlSketch>(d, seed);
-            sign_off_ = off;
+            l_.qjl = true;
+            l_.sign_off = off;
             off += bytes_for_bits(d);
         }
-        norm_off_ = off;
+        l_.norm_off = off;
         off += 2;
         if (qjl_) {
-            gamma_off_ = off;
+            l_.gamma_off = off;
             off += 2;
         }
         row_bytes_ = off;
+        l_.prep_q8_off = sizeof(float) * d * (qjl_ ? 2 : 1);
+        l_.prep_scale_off = l_.prep_q8_off + (size_t(d) + 3) / 4 * 4;
+        query_bytes_ = l_.prep_scale_off + sizeof(float) * ((d + 31) / 32);
     }
 
-    int head_dim() const override { return d_; }
+    int head_dim() const override { return l_.d; }
     size_t row_bytes() const override { return row_bytes_; }
-    size_t query_bytes() const override { return sizeof(float) * d_ * (qjl_ ? 2 : 1); }
+    size_t query_bytes() const override { return query_bytes_; }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        check_norms_fit_fp16(name_, x, n_rows, d_);
-        std::vector<float> u(d_), residual(d_);
+        const int d = l_.d;
+        check_norms_fit_fp16(name_, x, n_rows, d);
+        std::vector<float> u(d), residual(d);
         for (size_t r = 0; r < n_rows; ++r) {
-            const float* xr = x + r * d_;
+            const float* xr = x + r * d;
             uint8_t* row = dst + r * dst_stride;
             std::memset(row, 0, row_bytes_);
-            const double norm = row_norm(xr, d_);
+            const double norm = row_norm(xr, d);
             rot_.apply(xr, u.data());
             const float inv = norm > 0 ? static_cast<float>(1.0 / norm) : 0.0f;
-            for (int j = 0; j < d_; ++j) {
+            for (int j = 0; j < d; ++j) {
                 u[j] *= inv;
-                const ScalarCodebook& cb = codebook(j);
-                const int code = cb.encode(u[j]);
-                put_code(row, bit_offset(j), cb.bits, static_cast<uint32_t>(code));
-                residual[j] = u[j] - cb.centroids[code];
+                const bool hi = j < l_.n_hi;
+                const TurboCodebook& cb = hi ? hi_ : lo_;
+                const uint32_t code = cb.encode(u[j]);
+                const size_t bit = hi ? size_t(j) * hi_.bits : size_t(l_.n_hi) * hi_.bits + size_t(j - l_.n_hi) * lo_.bits;
+                put_code(row, bit, cb.bits, code);
+                residual[j] = u[j] - cb.values[code];
             }
-            store_half(row + norm_off_, static_cast<float>(norm));
+            store_half(row + l_.norm_off, static_cast<float>(norm));
             if (qjl_) {
-                qjl_->sketch(residual.data(), row + sign_off_);
-                store_half(row + gamma_off_, static_cast<float>(row_norm(residual.data(), d_)));
+                qjl_->sketch(residual.data(), row + l_.sign_off);
+                store_half(row + l_.gamma_off, static_cast<float>(row_norm(residual.data(), d)));
             }
         }
     }
 
     void dequantize_rows(const uint8_t* src, size_t src_stride, size_t n_rows, float* y) const override {
+        const int d = l_.d;
+        std::vector<float> signs(qjl_ ? d : 0);
         for (size_t r = 0; r < n_rows; ++r) {
             const uint8_t* row = src + r * src_stride;
-            float* yr = y + r * d_;
-            const float norm = load_half(row + norm_off_);
-            decode_centroids(row, yr);
-            for (int j = 0; j < d_; ++j) yr[j] *= norm;
+            float* yr = y + r * d;
+            const float norm = load_half(row + l_.norm_off);
+            turbo_decode_centroids(l_, row, yr);
+            for (int j = 0; j < d; ++j) yr[j] *= norm;
             if (qjl_) {
-                std::vector<float> signs(d_);
-                decode_signs(row, signs.data());
-                qjl_->add_transposed(signs.data(), qjl_->scale() * norm * load_half(row + gamma_off_), yr);
+                turbo_decode_signs(l_, row, signs.data());
+                qjl_->add_transposed(signs.data(), qjl_->scale() * norm * load_half(row + l_.gamma_off), yr);
             }
             rot_.apply_inverse(yr, yr);
         }
     }
 
-    // Per query: the rotated query q′ = R·q, then (for _qjl) √(π/2)/d · S·q′.
+    // The layout of a prepared query is in rotated_kernels.hpp.
     void prepare_queries(const float* q, int n_q, uint8_t* prep) const override {
+        const int d = l_.d;
         for (int i = 0; i < n_q; ++i) {
-            float* p = reinterpret_cast<float*>(prep + i * query_bytes());
-            rot_.apply(q + size_t(i) * d_, p);
+            uint8_t* p = prep + i * query_bytes_;
+            float* qt = reinterpret_cast<float*>(p);
+            int8_t* q8 = reinterpret_cast<int8_t*>(p + l_.prep_q8_off);
+            float* scales = reinterpret_cast<float*>(p + l_.prep_scale_off);
+            rot_.apply(q + size_t(i) * d, qt);
+            for (int b0 = 0; b0 < d; b0 += 32) {
+                const int n = std::min(32, d - b0);
+                float amax = 0;
+                for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(qt[b0 + j]));
+                const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+                scales[b0 / 32] = scale;
+                for (int j = 0; j < n; ++j) {
+                    const int v = static_cast<int>(std::lround(qt[b0 + j] * inv));
+                    qt[b0 + j] = scale * static_cast<float>(v);
+                    q8[b0 + int8_position(j, n)] = static_cast<int8_t>(v);
+                }
+            }
             if (qjl_) {
-                qjl_->project(p, p + d_);
-                for (int k = 0; k < d_; ++k) p[d_ + k] *= qjl_->scale();
+                qjl_->project(qt, qt + d);
+                for (int k = 0; k < d; ++k) qt[d + k] *= qjl_->scale();
             }
         }
     }
 
-    // score = ‖x‖ · (Σ_j q′_j c[code_j] + ‖r‖ · Σ_k sign_k (√(π/2)/d · S·q′)_k), sums in index order.
     void score_rows(const uint8_t* prep, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows,
                     float* scores, size_t score_stride) const override {
-        std::vector<float> c(d_), signs(qjl_ ? d_ : 0);
-        for (size_t r = 0; r < n_rows; ++r) {
-            const uint8_t* row = rows + r * row_stride;
-            decode_centroids(row, c.data());
-            if (qjl_) decode_signs(row, signs.data());
-            const float norm = load_half(row + norm_off_);
-            const float gamma = qjl_ ? load_half(row + gamma_off_) : 0.0f;
-            for (int i = 0; i < n_q; ++i) {
-                const float* p = reinterpret_cast<const float*>(prep + i * query_bytes());
-                float dot = 0;
-                for (int j = 0; j < d_; ++j) dot += p[j] * c[j];
-                if (qjl_) {
-                    float sketch = 0;
-                    for (int k = 0; k < d_; ++k) sketch += p[d_ + k] * signs[k];
-                    dot += gamma * sketch;
-                }
-                scores[i * score_stride + r] = norm * dot;
-            }
-        }
+        active_rotated_kernels().turbo.score(l_, prep, query_bytes(), n_q, rows, row_stride, n_rows, scores,
+                                             score_stride);
     }
 
     // acc (rotated basis) += w·‖x‖·c[code]; the QJL parts are summed in sign space over the whole call and
     // mapped back with one Sᵀ product per query, so the d × d cost is paid once per call, not per row.
     void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                          size_t n_rows, float* acc) const override {
-        std::vector<float> c(d_), signs(qjl_ ? d_ : 0), z(qjl_ ? size_t(n_q) * d_ : 0, 0.0f);
-        for (size_t r = 0; r < n_rows; ++r) {
-            const uint8_t* row = rows + r * row_stride;
-            decode_centroids(row, c.data());
-            if (qjl_) decode_signs(row, signs.data());
-            const float norm = load_half(row + norm_off_);
-            const float gamma = qjl_ ? load_half(row + gamma_off_) : 0.0f;
-            for (int i = 0; i < n_q; ++i) {
-                const float wn = w[i * w_stride + r] * norm;
-                float* a = acc + size_t(i) * d_;
-                for (int j = 0; j < d_; ++j) a[j] += wn * c[j];
-                if (qjl_) {
-                    const float wg = wn * gamma;
-                    float* zi = z.data() + size_t(i) * d_;
-                    for (int k = 0; k < d_; ++k) zi[k] += wg * signs[k];
-                }
-            }
-        }
+        const int d = l_.d;
+        std::vector<float> sketch(qjl_ ? size_t(n_q) * d : 0, 0.0f);
+        active_rotated_kernels().turbo.accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc,
+                                                  sketch.data());
         if (qjl_) {
-            for (int i = 0; i < n_q; ++i) qjl_->add_transposed(z.data() + size_t(i) * d_, qjl_->scale(), acc + size_t(i) * d_);
+            for (int i = 0; i < n_q; ++i) {
+                qjl_->add_transposed(sketch.data() + size_t(i) * d, qjl_->scale(), acc + size_t(i) * d);
+            }
         }
     }
 
     void finish_accumulate(float* acc, int n_q) const override {
-        for (int i = 0; i < n_q; ++i) rot_.apply_inverse(acc + size_t(i) * d_, acc + size_t(i) * d_);
+        for (int i = 0; i < n_q; ++i) rot_.apply_inverse(acc + size_t(i) * l_.d, acc + size_t(i) * l_.d);
     }
 
-    // The codes are scored against the float query itself.
-    void effective_query(const float* q, float* out) const override { std::copy(q, q + d_, out); }
+    // The codes are scored against q̃: the rotated query's int8 round trip, rotated back.
+    void effective_query(const float* q, float* out) const override {
+        std::vector<uint8_t> prep(query_bytes_);
+        prepare_queries(q, 1, prep.data());
+        rot_.apply_inverse(reinterpret_cast<const float*>(prep.data()), out);
+    }
 
 private:
-    const ScalarCodebook& codebook(int j) const { return j < n_hi_ ? hi_ : lo_; }
-    size_t bit_offset(int j) const {
-        return j < n_hi_ ? size_t(j) * hi_.bits : size_t(n_hi_) * hi_.bits + size_t(j - n_hi_) * lo_.bits;
-    }
-    void decode_centroids(const uint8_t* row, float* c) const {
-        for (int j = 0; j < d_; ++j) {
-            const ScalarCodebook& cb = codebook(j);
-            c[j] = cb.centroids[get_code(row, bit_offset(j), cb.bits)];
-        }
-    }
-    void decode_signs(const uint8_t* row, float* signs) const {
-        for (int k = 0; k < d_; ++k) signs[k] = QjlSketch::sign_of(row + sign_off_, k);
+    // Where value j of a 32-block of n sits in the int8 query (rotated_kernels.hpp: int8_order).
+    int int8_position(int j, int n) const {
+        if (n != 32) return j;
+        if (l_.int8_order == 4) return (j % 2) * 16 + j / 2;
+        if (l_.int8_order == 2) return (j % 4) * 8 + j / 4;
+        return j;
     }
 
     std::string name_;
-    int d_, n_hi_;
     Rotation rot_;
-    const ScalarCodebook& hi_;
-    const ScalarCodebook& lo_;
+    TurboCodebook hi_, lo_;
     std::unique_ptr<QjlSketch> qjl_;
-    size_t sign_off_ = 0, norm_off_ = 0, gamma_off_ = 0, row_bytes_ = 0;
+    TurboLayout l_;
+    size_t row_bytes_ = 0, query_bytes_ = 0;
 };
 
 }  // namespace

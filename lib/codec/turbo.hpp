@@ -13,9 +13,11 @@
 // data the higher width). The _qjl codecs are TurboQuant-prod: the (B−1)-bit stage plus a 1-bit QJL
 // sketch of the unit vector's residual r (qjl.hpp), which makes q·k̃ an unbiased estimate of q·k.
 //
-// A row is x̃ = ‖x‖ · Rᵀ(c[code] + √(π/2)/d · ‖r‖ · Sᵀ signs), R the seeded randomized Hadamard rotation.
-// Scores work in the rotated basis: the query is rotated once (and, for _qjl, projected by S once), then
-// each row costs one pass over its codes. The codecs always rotate; "+rot" on them changes nothing.
+// A row is x̃ = ‖x‖ · Rᵀ(c[code] + √(π/2)/d · ‖r‖ · Sᵀ signs), R the seeded randomized Hadamard rotation,
+// c the Lloyd-Max centroids on an int8 grid (turbo_codebook.hpp). Scores work in the rotated basis: the
+// query is rotated and rounded to int8 per 32 values once (q̃, as ggml's q8_0 query; for _qjl also
+// projected by S once), then each row costs one pass over its codes; the score is q̃·x̃ (effective_query).
+// The codecs always rotate; "+rot" on them changes nothing.
 #pragma once
 
 #include <cstdint>

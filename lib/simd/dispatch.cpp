@@ -101,6 +101,17 @@ bool all_finite(const float* x, size_t n) {
     return true;
 }
 
+const RotatedKernels* level_rotated_kernels(SimdLevel level) {
+    if (level == SimdLevel::scalar) return &scalar_rotated_kernels();
+    const LevelKernels* k = runnable_level(level);
+    return k && k->rotated.turbo.score ? &k->rotated : nullptr;
+}
+
+const RotatedKernels& active_rotated_kernels() {
+    const RotatedKernels* k = level_rotated_kernels(simd_level());
+    return k ? *k : scalar_rotated_kernels();
+}
+
 const BlockKernels& active_kernels(BlockCodec c) {
     const BlockKernels* k = level_kernels(c, static_cast<SimdLevel>(current_level().load(std::memory_order_relaxed)));
     return k ? *k : scalar_kernels(c);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "../codec/kernels.hpp"
+#include "../codec/rotated_kernels.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {
@@ -12,6 +13,7 @@ namespace kvq::detail {
 struct LevelKernels {
     BlockKernels codec[static_cast<int>(BlockCodec::count)];
     bool (*all_finite)(const float* x, size_t n);  // no NaN or Inf in x[0..n)
+    RotatedKernels rotated{};  // polar and turbo codecs; all null where the level has none
 };
 const LevelKernels& level_sse2();
 const LevelKernels& level_avx2();
@@ -26,5 +28,10 @@ bool all_finite(const float* x, size_t n);
 const BlockKernels& active_kernels(BlockCodec c);
 // The kernels of codec c at a given level (for parity tests and benchmarks); nullptr if not compiled.
 const BlockKernels* level_kernels(BlockCodec c, SimdLevel level);
+
+// The same for the polar and turbo codecs (lib/codec/rotated_kernels.hpp): the active level's, or the
+// scalar specification where it has none; and a given level's (nullptr if it has none).
+const RotatedKernels& active_rotated_kernels();
+const RotatedKernels* level_rotated_kernels(SimdLevel level);
 
 }  // namespace kvq::detail

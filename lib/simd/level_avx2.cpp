@@ -3,11 +3,16 @@
 #include "dispatch.hpp"
 #include "ops_avx2.hpp"
 #include "kernels_impl.hpp"
+#include "rotated_avx2.hpp"
 
 namespace kvq::detail {
 
 const LevelKernels& level_avx2() {
-    static const LevelKernels kernels = simd::make_level<xsimd::fma3<xsimd::avx2>>();
+    static const LevelKernels kernels = [] {
+        LevelKernels k = simd::make_level<xsimd::fma3<xsimd::avx2>>();
+        k.rotated = simd::rotated_kernels_avx2();  // polar and turbo: 256-bit kernels at this level too
+        return k;
+    }();
     return kernels;
 }
 

@@ -4,11 +4,16 @@
 #include "dispatch.hpp"
 #include "ops_avx512.hpp"
 #include "kernels_impl.hpp"
+#include "rotated_avx2.hpp"
 
 namespace kvq::detail {
 
 const LevelKernels& level_avx512() {
-    static const LevelKernels kernels = simd::make_level<xsimd::avx512bw>();
+    static const LevelKernels kernels = [] {
+        LevelKernels k = simd::make_level<xsimd::avx512bw>();
+        k.rotated = simd::rotated_kernels_avx2();  // polar and turbo: 256-bit kernels at this level too
+        return k;
+    }();
     return kernels;
 }
 

@@ -112,7 +112,16 @@ struct Ops<xsimd::neon64> {
     static I to_i32(F v) { return vcvtq_s32_f32(v); }  // truncates toward zero
     static F to_f32(I v) { return vcvtq_f32_s32(v); }
     static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
-    static float f16_value(uint16_t h) { return detail::f16_to_f32(h); }
+    // Normal values (all scales in practice) by moving the bits; zeros, subnormals, Inf and NaN through
+    // half.hpp. Both are exact, so the bits are the same.
+    static float f16_value(uint16_t h) {
+        const uint32_t exponent = h & 0x7C00u;
+        if (exponent == 0 || exponent == 0x7C00u) return detail::f16_to_f32(h);
+        const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | (((h & 0x7FFFu) << 13) + 0x38000000u);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+    }
 
     static I load_u16(const uint16_t* p) { return vreinterpretq_s32_u32(vmovl_u16(vld1_u16(p))); }
     static void store_u16(uint16_t* p, I v) { vst1_u16(p, vmovn_u32(vreinterpretq_u32_s32(v))); }

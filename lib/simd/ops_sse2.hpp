@@ -7,6 +7,7 @@
 #include <emmintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "../codec/half.hpp"
 #include "half_batch.hpp"
@@ -134,7 +135,16 @@ struct Ops<xsimd::sse2> {
     static I to_i32(F v) { return _mm_cvttps_epi32(v); }
     static F to_f32(I v) { return _mm_cvtepi32_ps(v); }
     static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
-    static float f16_value(uint16_t h) { return detail::f16_to_f32(h); }
+    // Normal values (all scales in practice) by moving the bits; zeros, subnormals, Inf and NaN through
+    // half.hpp. Both are exact, so the bits are the same.
+    static float f16_value(uint16_t h) {
+        const uint32_t exponent = h & 0x7C00u;
+        if (exponent == 0 || exponent == 0x7C00u) return detail::f16_to_f32(h);
+        const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | (((h & 0x7FFFu) << 13) + 0x38000000u);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+    }
 
     static I load_u16(const uint16_t* p) {
         return _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());

@@ -1,0 +1,89 @@
+// The score and accumulate kernels of the always-rotated codecs (turbo.hpp, polar.hpp), over plain
+// descriptions of their row layouts. The scalar set (turbo_scalar.cpp, polar_scalar.cpp) is the
+// specification; SIMD levels (lib/simd/) may provide their own set, which must agree to float rounding.
+// Kernels never throw and never allocate.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvq::detail {
+
+inline constexpr int kPolarBatch = 16;  // values per SIMD batch of the polar layout (8 level-1 pairs)
+
+struct TurboLayout {
+    int d = 0;
+    int n_hi = 0;                          // channels 0..n_hi use bits_hi, the rest bits_lo
+    int bits_hi = 0, bits_lo = 0;
+    // The value of each code, zero-padded to at least 16 entries (turbo_codebook.hpp: sign-magnitude codes).
+    const float* centroids_hi = nullptr;
+    const float* centroids_lo = nullptr;
+    // When every channel has the same width and d is a multiple of 32 (int8_order != 0): the values are
+    // scale_hi · ints_hi[code] (16 int8 entries), and the prepared query also holds int8 blocks.
+    float scale_hi = 0;
+    const int8_t* ints_hi = nullptr;
+    int int8_order = 0;
+    bool qjl = false;
+    size_t sign_off = 0, norm_off = 0, gamma_off = 0;  // byte offsets in a row
+    size_t prep_q8_off = 0, prep_scale_off = 0;        // byte offsets in a prepared query
+};
+
+// Prepared turbo query: q̃ = the rotated query R·q rounded to int8 per block of 32 values (scale amax/127,
+// as ggml's q8_0) and dequantized (d floats); then for QJL √(π/2)/d · S·q̃ (d floats); then, at
+// prep_q8_off, the same int8 values with each 32-block in the order the int8 kernel reads codes
+// (int8_order 4: the 16 even then the 16 odd positions; 2: positions 4i, then 4i+1, 4i+2, 4i+3; else
+// index order), and at prep_scale_off the block scales (floats). Scores are q̃ · x̃.
+// accumulate: acc (rotated basis) += Σ_r w·‖x_r‖·c[code]; for QJL also sketch[i·d + k] +=
+// Σ_r w·‖x_r‖·‖r_r‖·sign_k (the caller maps it back with Sᵀ once).
+struct TurboKernels {
+    void (*score)(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+    void (*accumulate)(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                       size_t row_stride, size_t n_rows, float* acc, float* sketch);
+};
+
+struct PolarLayout {
+    int d = 0, levels = 0;
+    int bits[8] = {};
+    size_t bit_off[8] = {};              // where level ℓ+1's codes start in a row
+    // Tables are zero-padded to at least 16 entries (cos1, sin1) and 16 floats (cossin), so a SIMD level
+    // may load them as whole registers.
+    const float* cos1 = nullptr;         // level 1: cos and sin of the 2^bits[0] centroids
+    const float* sin1 = nullptr;
+    const float* cossin[8] = {};         // level ℓ+1 ≥ 2: [2c] = cos, [2c+1] = sin of centroid c
+    // For levels 2, 3, 4 (index ℓ−2), when L ≥ 4 and a 16-value batch's codes of that level (2^(4−ℓ) codes)
+    // take at most 12 bits: 8 floats per value k of those bits, lane j = the factor leaf j of the batch
+    // gets from its level-ℓ ancestor (cos or sin of the ancestor's angle). Otherwise nullptr.
+    const float* batch_factors[3] = {};
+    size_t radius_off = 0;               // fp16 radii, one per 2^levels values
+    size_t row_bytes = 0;
+};
+
+// Prepared polar query: q′ = R·q with each 16-value batch stored as its 8 even then its 8 odd values
+// (values past the last whole batch as they are), then the level-1 table T[p·n₁ + c] = q′₂ₚ·cos θ_c +
+// q′₂ₚ₊₁·sin θ_c for every pair p (the scalar specification scores with T).
+struct PolarKernels {
+    void (*score)(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+    void (*accumulate)(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                       size_t row_stride, size_t n_rows, float* acc);
+};
+
+struct RotatedKernels {
+    TurboKernels turbo;
+    PolarKernels polar;
+};
+
+// The scalar specification (rotated_scalar.cpp).
+const RotatedKernels& scalar_rotated_kernels();
+
+// Row decoding shared by dequantize and the scalar kernels. turbo: c[j] = centroid of code j (not yet
+// times the norm); signs[k] = ±1. polar: the row in the rotated basis.
+void turbo_decode_centroids(const TurboLayout& l, const uint8_t* row, float* c);
+void turbo_decode_signs(const TurboLayout& l, const uint8_t* row, float* signs);
+void polar_decode_rotated(const PolarLayout& l, const uint8_t* row, float* y);
+
+// Functions in headers that SIMD files include must not be inline (the linker could keep a copy compiled
+// with wider instructions for everyone), which is why everything here is out of line.
+
+}  // namespace kvq::detail
