@@ -4,8 +4,8 @@
 // attention for the data set's queries on the codes (key codec scores, value codec accumulates; +center
 // keys get q·mean added back per block) and compare with the FP32 reference on the original rows.
 // Errors are the metrics of kvq/eval.hpp over all queries (mean and worst). Decode time is one decode
-// step — KVCache::attend of the last query in every layer, one thread, at the full context — best of a
-// few repeats, divided by f16/f16's time measured in the same run.
+// step — KVCache::attend of the last query in each of the first 4 layers, one thread, at the full
+// context — best of a few samples, divided by f16/f16's time measured in the same run.
 #pragma once
 
 #include <cstddef>

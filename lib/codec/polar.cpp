@@ -156,6 +156,16 @@ private:
             }
             l_.batch_factors[level - 2] = table.data();
         }
+        const int w3 = 2 * l_.bits[2], w4 = l_.bits[3];
+        if (w3 + w4 > 8) return;
+        const float* t3 = l_.batch_factors[1];
+        const float* t4 = l_.batch_factors[2];
+        batch_factors34_.resize((size_t(1) << (w3 + w4)) * 8);
+        for (size_t k = 0; k < (size_t(1) << (w3 + w4)); ++k) {
+            const size_t k3 = k & ((size_t(1) << w3) - 1), k4 = k >> w3;
+            for (int j = 0; j < 8; ++j) batch_factors34_[k * 8 + j] = t3[k3 * 8 + j] * t4[k4 * 8 + j];
+        }
+        l_.batch_factors34 = batch_factors34_.data();
     }
 
     void put(uint8_t* row, int level, int node, float angle) const {
@@ -169,7 +179,7 @@ private:
     std::vector<const ScalarCodebook*> codebooks_;
     std::vector<float> cos1_, sin1_;
     std::vector<float> cossin_[kPolarMaxLevels];
-    std::vector<float> batch_factors_[3];
+    std::vector<float> batch_factors_[3], batch_factors34_;
     PolarLayout l_;
     size_t row_bytes_ = 0;
 };

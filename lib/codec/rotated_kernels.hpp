@@ -55,6 +55,9 @@ struct PolarLayout {
     // take at most 12 bits: 8 floats per value k of those bits, lane j = the factor leaf j of the batch
     // gets from its level-ℓ ancestor (cos or sin of the ancestor's angle). Otherwise nullptr.
     const float* batch_factors[3] = {};
+    // Levels 3 and 4 together, when their codes of a batch take at most 8 bits: index k3 | k4 << (2·b3),
+    // the product of the two factors. Otherwise nullptr.
+    const float* batch_factors34 = nullptr;
     size_t radius_off = 0;               // fp16 radii, one per 2^levels values
     size_t row_bytes = 0;
 };

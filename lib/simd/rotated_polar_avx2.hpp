@@ -24,6 +24,30 @@ uint32_t bits_at(const uint8_t* row, size_t bit, int width, size_t row_bytes) {
     return static_cast<uint32_t>(v & ((uint64_t(1) << width) - 1));
 }
 
+// Consecutive `width`-bit codes of a row from bit `pos` on, read 64 bits at a time.
+struct CodeStream {
+    const uint8_t* row;
+    size_t row_bytes, pos;
+    int width;
+    uint64_t mask, buf = 0;
+    int avail = 0;
+    CodeStream(const uint8_t* r, size_t bytes, size_t bit, int w)
+        : row(r), row_bytes(bytes), pos(bit), width(w), mask((uint64_t(1) << w) - 1) {}
+    uint32_t next() {
+        if (avail < width) {  // refill from the byte holding pos (ending at the row's end if need be)
+            const size_t byte = pos >> 3, start = std::min(byte, row_bytes - 8);
+            const int skip = static_cast<int>(8 * (byte - start) + (pos & 7));
+            buf = load_u64(row + start) >> skip;
+            avail = 64 - skip;
+        }
+        const uint32_t v = static_cast<uint32_t>(buf & mask);
+        buf >>= width;
+        avail -= width;
+        pos += width;
+        return v;
+    }
+};
+
 // Per-call constants for the level-2..4 lookups: lane j's shift to its ancestor's code, and its side.
 struct PolarPlan {
     __m256i shift[3], side[3];
@@ -102,7 +126,7 @@ void polar_tops(const PolarLayout& l, const uint8_t* row, float* top) {
 }
 
 // The whole-row walk over batches: fn(b, xe, xo) gets batch b's 8 even and 8 odd values (rotated basis).
-// Levels 2–4 come from the batch tables when all three exist (the usual case), else from lookups.
+// Levels 2–4 come from the batch tables when they exist, else from lookups.
 template <int B1, class Fn>
 [[gnu::always_inline]] inline void for_each_batch(const PolarLayout& l, const PolarPlan& plan, const uint8_t* row,
                                                   float* top, Fn&& fn) {
@@ -111,6 +135,22 @@ template <int B1, class Fn>
     const float* t2 = l.batch_factors[0];
     const float* t3 = l.batch_factors[1];
     const float* t4 = l.batch_factors[2];
+    const float* t34 = l.batch_factors34;
+    if (t2 && t34) {  // the usual case (PolarQuant's 4.2.2.2 included): two table rows per batch
+        const int w3 = 2 * l.bits[2];
+        CodeStream s2(row, l.row_bytes, l.bit_off[1], 4 * l.bits[1]), s3(row, l.row_bytes, l.bit_off[2], w3),
+            s4(row, l.row_bytes, l.bit_off[3], l.bits[3]);
+        for (int b = 0; b < batches; ++b) {
+            const float t = l.levels > 4 ? top[b] : half_at(row + l.radius_off + 2 * b);
+            const uint32_t k34 = s3.next() | (s4.next() << w3);
+            __m256 f = _mm256_mul_ps(_mm256_set1_ps(t), _mm256_loadu_ps(t34 + size_t(k34) * 8));
+            f = _mm256_mul_ps(f, _mm256_loadu_ps(t2 + size_t(s2.next()) * 8));
+            __m256 c, s;
+            angles8<B1>(l, codes8_wide<B1>(row + size_t(b) * B1), c, s);
+            fn(b, _mm256_mul_ps(f, c), _mm256_mul_ps(f, s));
+        }
+        return;
+    }
     if (t2 && t3 && t4) {
         const int w2 = 4 * l.bits[1], w3 = 2 * l.bits[2], w4 = l.bits[3];
         size_t p2 = l.bit_off[1], p3 = l.bit_off[2], p4 = l.bit_off[3];
@@ -187,7 +227,8 @@ void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, i
     }
 }
 
-// acc[i] += w[i][r]·row_r over a chunk of rows, one row at a time (a row is decoded once for G queries).
+// acc[i] += w[i][r]·row_r over a chunk of rows, one row at a time (a row is decoded once for G queries,
+// the accumulators stay in L1).
 template <int B1, int G>
 void polar_accumulate_group(const PolarLayout& l, const PolarPlan& plan, const float* const* w, const uint8_t* rows,
                             size_t row_stride, size_t n_rows, float* const* acc) {
@@ -208,21 +249,81 @@ void polar_accumulate_group(const PolarLayout& l, const PolarPlan& plan, const f
     }
 }
 
+// Batch b of a row, read directly (no stream): for the tile loop below, which needs the usual tables.
+template <int B1>
+[[gnu::always_inline]] inline void batch_at(const PolarLayout& l, const uint8_t* row, int b, __m256& xe, __m256& xo) {
+    float t = half_at(row + l.radius_off + 2 * (b >> (l.levels - 4)));
+    for (int level = 5; level <= l.levels; ++level) {
+        const int bits = l.bits[level - 1];
+        const uint32_t c = bits_at(row, l.bit_off[level - 1] + size_t(b >> (level - 4)) * bits, bits, l.row_bytes);
+        t *= l.cossin[level - 1][2 * c + ((b >> (level - 5)) & 1)];
+    }
+    const int w2 = 4 * l.bits[1], w3 = 2 * l.bits[2], w4 = l.bits[3];
+    const uint32_t k2 = bits_at(row, l.bit_off[1] + size_t(b) * w2, w2, l.row_bytes);
+    const uint32_t k34 = bits_at(row, l.bit_off[2] + size_t(b) * w3, w3, l.row_bytes) |
+                         (bits_at(row, l.bit_off[3] + size_t(b) * w4, w4, l.row_bytes) << w3);
+    const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(t), _mm256_loadu_ps(l.batch_factors34 + size_t(k34) * 8)),
+                                   _mm256_loadu_ps(l.batch_factors[0] + size_t(k2) * 8));
+    __m256 c, s;
+    angles8<B1>(l, codes8_wide<B1>(row + size_t(b) * B1), c, s);
+    xe = _mm256_mul_ps(f, c);
+    xo = _mm256_mul_ps(f, s);
+}
+
+// acc[i][batch b] += w[i][r]·row_r[batch b] over a chunk of rows, with the 2·G accumulators in registers.
+template <int B1, int G>
+void polar_accumulate_tile(const PolarLayout& l, const float* const* w, const uint8_t* rows, size_t row_stride,
+                           size_t n_rows, int b, float* const* acc) {
+    __m256 a[G][2];
+    for (int i = 0; i < G; ++i) {
+        a[i][0] = _mm256_loadu_ps(acc[i] + 16 * b);
+        a[i][1] = _mm256_loadu_ps(acc[i] + 16 * b + 8);
+    }
+    for (size_t r = 0; r < n_rows; ++r) {
+        __m256 xe, xo;
+        batch_at<B1>(l, rows + r * row_stride, b, xe, xo);
+        const __m256 lo = _mm256_unpacklo_ps(xe, xo), hi = _mm256_unpackhi_ps(xe, xo);
+        const __m256 v0 = _mm256_permute2f128_ps(lo, hi, 0x20), v1 = _mm256_permute2f128_ps(lo, hi, 0x31);
+        for (int i = 0; i < G; ++i) {
+            const __m256 wi = _mm256_set1_ps(w[i][r]);
+            a[i][0] = _mm256_fmadd_ps(wi, v0, a[i][0]);
+            a[i][1] = _mm256_fmadd_ps(wi, v1, a[i][1]);
+        }
+    }
+    for (int i = 0; i < G; ++i) {
+        _mm256_storeu_ps(acc[i] + 16 * b, a[i][0]);
+        _mm256_storeu_ps(acc[i] + 16 * b + 8, a[i][1]);
+    }
+}
+
 void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc) {
     if (l.levels < 4) {
         return detail::scalar_rotated_kernels().polar.accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
     }
     const PolarPlan plan(l);
-    for_groups(n_q, [&]<int G>(int i0) {
-        const float* wp[G];
-        float* ap[G];
-        for (int i = 0; i < G; ++i) {
-            wp[i] = w + (i0 + i) * w_stride;
-            ap[i] = acc + size_t(i0 + i) * l.d;
-        }
-        with_level1_bits(l.bits[0], [&]<int B1>() { polar_accumulate_group<B1, G>(l, plan, wp, rows, row_stride, n_rows, ap); });
-    });
+    // Several queries: tiles (accumulators in registers, batches decoded directly). One query, or levels
+    // above 4 to decode per batch: row by row, the row streamed once and acc in L1.
+    const bool tiles = n_q > 1 && l.levels == 4 && l.batch_factors[0] && l.batch_factors34;
+    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
+        const size_t rn = std::min(kChunk, n_rows - r0);
+        for_groups(n_q, [&]<int G>(int i0) {
+            const float* wp[G];
+            float* ap[G];
+            for (int i = 0; i < G; ++i) {
+                wp[i] = w + (i0 + i) * w_stride + r0;
+                ap[i] = acc + size_t(i0 + i) * l.d;
+            }
+            const uint8_t* chunk = rows + r0 * row_stride;
+            with_level1_bits(l.bits[0], [&]<int B1>() {
+                if (tiles) {
+                    for (int b = 0; b < l.d / detail::kPolarBatch; ++b) polar_accumulate_tile<B1, G>(l, wp, chunk, row_stride, rn, b, ap);
+                } else {
+                    polar_accumulate_group<B1, G>(l, plan, wp, chunk, row_stride, rn, ap);
+                }
+            });
+        });
+    }
 }
 
 }  // namespace avx2
