@@ -74,7 +74,9 @@ extern "C" {
 
 typedef enum kvq_status {
     KVQ_OK = 0,
-    KVQ_ERR_INVALID_ARGUMENT = 1, /* null pointer, struct size, shape, stride, n_tokens out of range */
+    KVQ_ERR_INVALID_ARGUMENT = 1, /* null pointer, struct size, shape, stride, n_tokens out of range, or a
+                                     finite value beyond what the codec can store (its fp16 scale or norm
+                                     would overflow; the message names the row and the limit) */
     KVQ_ERR_BAD_PARAMS = 2,       /* cache parameters inconsistent, or a codec spec's parameters */
     KVQ_ERR_UNKNOWN_CODEC = 3,    /* codec name not in the codec table */
     KVQ_ERR_BAD_HEAD_DIM = 4,     /* head_dim the codec cannot take (e.g. not a multiple of its block) */

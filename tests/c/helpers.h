@@ -8,7 +8,7 @@
 
 enum { D = 64 }; /* values per head in the C tests */
 
-static float next_gaussian(uint32_t* state) {
+static inline float next_gaussian(uint32_t* state) {
     float u[2];
     for (int i = 0; i < 2; ++i) {
         *state ^= *state << 13;
@@ -19,11 +19,11 @@ static float next_gaussian(uint32_t* state) {
     return sqrtf(-2.0f * logf(u[0])) * cosf(6.2831853f * u[1]);
 }
 
-static void fill_gaussian(float* x, size_t n, uint32_t seed) {
+static inline void fill_gaussian(float* x, size_t n, uint32_t seed) {
     for (size_t i = 0; i < n; ++i) x[i] = next_gaussian(&seed);
 }
 
-static double relative_l2(const float* a, const float* ref, size_t n) {
+static inline double relative_l2(const float* a, const float* ref, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; ++i) {
         num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
