@@ -105,8 +105,8 @@ public:
     // y: n_rows × head_dim floats (in the caller's basis: a rotation is undone).
     void dequantize_rows(const void* src, size_t n_rows, float* y, size_t src_stride = 0) const;
 
-    // q: n_q × head_dim floats; prep: n_q × query_bytes(). Under NanPolicy::propagate a non-finite
-    // query gives NaN scores.
+    // q: n_q × head_dim floats; prep: n_q × query_bytes() at any address (one aligned to 16 bytes avoids
+    // a copy). Under NanPolicy::propagate a non-finite query gives NaN scores.
     void prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan = NanPolicy::reject) const;
     // scores[i * score_stride + r] = (prepared query i) · (row r), for i < n_q, r < n_rows.
     void score_rows(const void* prep, int n_q, const void* rows, size_t n_rows, float* scores,

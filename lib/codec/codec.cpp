@@ -5,9 +5,13 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "../simd/dispatch.hpp"
 #include "rotated.hpp"
@@ -22,6 +26,19 @@ namespace {
 
 void require(bool ok, const std::string& codec, const char* what) {
     if (!ok) fail(codec, what);
+}
+
+// The kernels read and write a prepared query as floats and integers in place. A caller's buffer may sit
+// at any byte address (the C API and the tests pass odd ones); below this alignment it is bounced through
+// an aligned thread-local copy, so the kernels never see a misaligned field. malloc'ed buffers never bounce.
+constexpr uintptr_t kPrepAlign = alignof(std::max_align_t);
+
+bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kPrepAlign != 0; }
+
+uint8_t* bounce_buffer(size_t bytes) {
+    thread_local std::vector<uint8_t> buf;  // operator new aligns to max_align_t
+    if (buf.size() < bytes) buf.resize(bytes);
+    return buf.data();
 }
 
 std::string shortest(double v) {
@@ -130,7 +147,14 @@ void Codec::prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan) 
     require(q && prep, name_, "prepare_queries: null pointer");
     require(nan == NanPolicy::propagate || detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_), name_,
             "prepare_queries: query is not finite (NaN or Inf)");
-    impl_->prepare_queries(q, n_q, static_cast<uint8_t*>(prep));
+    if (!misaligned(prep)) {
+        impl_->prepare_queries(q, n_q, static_cast<uint8_t*>(prep));
+        return;
+    }
+    const size_t bytes = static_cast<size_t>(n_q) * query_bytes();
+    uint8_t* aligned = bounce_buffer(bytes);
+    impl_->prepare_queries(q, n_q, aligned);
+    std::memcpy(prep, aligned, bytes);
 }
 
 void Codec::score_rows(const void* prep, int n_q, const void* rows, size_t n_rows, float* scores,
@@ -141,7 +165,12 @@ void Codec::score_rows(const void* prep, int n_q, const void* rows, size_t n_row
     require(n_q == 1 || score_stride >= n_rows, name_, "score_rows: score_stride is smaller than n_rows");
     if (row_stride == 0) row_stride = row_bytes();
     require(row_stride >= row_bytes(), name_, "score_rows: row_stride is smaller than row_bytes()");
-    impl_->score_rows(static_cast<const uint8_t*>(prep), n_q, static_cast<const uint8_t*>(rows), row_stride,
+    const uint8_t* p = static_cast<const uint8_t*>(prep);
+    if (misaligned(prep)) {
+        const size_t bytes = static_cast<size_t>(n_q) * query_bytes();
+        p = static_cast<const uint8_t*>(std::memcpy(bounce_buffer(bytes), prep, bytes));
+    }
+    impl_->score_rows(p, n_q, static_cast<const uint8_t*>(rows), row_stride,
                       n_rows, scores, score_stride);
 }
 
