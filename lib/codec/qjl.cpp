@@ -3,15 +3,10 @@
 #include <cmath>
 #include <numbers>
 
+#include "../util/splitmix64.hpp"
+
 namespace kvq::detail {
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 // Uniform in (0, 1], from the top 53 bits.
 double uniform(uint64_t& state) { return (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53; }

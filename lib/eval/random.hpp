@@ -5,14 +5,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace kvq::detail {
+#include "../util/splitmix64.hpp"
 
-inline uint64_t splitmix64(uint64_t& state) {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+namespace kvq::detail {
 
 // A seed for one part of a data set (for example one layer and head), independent of the other parts.
 inline uint64_t derive_seed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvq/eval.hpp"
+#include "quantized_attention.hpp"
 
 namespace kvq {
 namespace {
@@ -16,18 +17,6 @@ using ConstMap = Eigen::Map<const RowMatrix>;
 using Map = Eigen::Map<RowMatrix>;
 
 float default_scale(float scale, int d) { return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d)); }
-
-// Row-wise softmax in place (max subtracted, sum in double).
-void softmax_rows(float* s, int n_q, size_t n_rows) {
-    for (int i = 0; i < n_q; ++i) {
-        float* row = s + i * n_rows;
-        const float m = *std::max_element(row, row + n_rows);
-        double sum = 0;
-        for (size_t r = 0; r < n_rows; ++r) sum += (row[r] = std::exp(row[r] - m));
-        const float inv = static_cast<float>(1.0 / sum);
-        for (size_t r = 0; r < n_rows; ++r) row[r] *= inv;
-    }
-}
 
 void check_shape(int n_q, size_t n_rows, int d) {
     if (n_q <= 0 || n_rows == 0 || d <= 0) {
@@ -49,7 +38,7 @@ void reference_attention(const float* q, int n_q, const float* k, const float* v
     const auto n = static_cast<Eigen::Index>(n_rows);
     Map p(weights, n_q, n);
     p.noalias() = (ConstMap(q, n_q, d) * ConstMap(k, n, d).transpose()) * default_scale(scale, d);
-    softmax_rows(weights, n_q, n_rows);
+    detail::softmax_rows(weights, n_q, n_rows, n_rows);
     Map(out, n_q, d).noalias() = p * ConstMap(v, n, d);
 }
 
@@ -65,7 +54,7 @@ AttentionErrors attention_error(const float* q, int n_q, const float* k, const f
     const auto n = static_cast<Eigen::Index>(n_rows);
     Map(ref_scores.data(), n_q, n).noalias() = (ConstMap(q, n_q, d) * ConstMap(k, n, d).transpose()) * scale;
     ref_w = ref_scores;
-    softmax_rows(ref_w.data(), n_q, n_rows);
+    detail::softmax_rows(ref_w.data(), n_q, n_rows, n_rows);
     Map(ref_out.data(), n_q, d).noalias() = Map(ref_w.data(), n_q, n) * ConstMap(v, n, d);
 
     std::vector<uint8_t> kq(n_rows * key_codec.row_bytes()), vq(n_rows * value_codec.row_bytes());
@@ -77,7 +66,7 @@ AttentionErrors attention_error(const float* q, int n_q, const float* k, const f
     key_codec.score_rows(prep.data(), n_q, kq.data(), n_rows, scores.data(), n_rows);
     for (float& s : scores) s *= scale;
     w = scores;
-    softmax_rows(w.data(), n_q, n_rows);
+    detail::softmax_rows(w.data(), n_q, n_rows, n_rows);
     value_codec.accumulate_rows(w.data(), n_rows, n_q, vq.data(), n_rows, out.data());
     value_codec.finish_accumulate(out.data(), n_q);
     return compare_attention(ref_scores.data(), ref_w.data(), ref_out.data(), scores.data(), w.data(), out.data(),

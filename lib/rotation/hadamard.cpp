@@ -4,15 +4,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "../util/splitmix64.hpp"
+
 namespace kvq::detail {
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 void hadamard_blocks(const std::vector<int>& blocks, float* y) {
     int off = 0;
