@@ -1,27 +1,23 @@
 #!/usr/bin/env bash
 # libFuzzer runs: builds every fuzz target (fuzz/fuzz_*.cpp) with clang, AddressSanitizer and
-# UndefinedBehaviorSanitizer in build-fuzz/, then runs each for KVQ_FUZZ_SECONDS seconds (default 60).
-# The corpus grows in build-fuzz/corpus/<target>/ (kept between runs); a failing input is saved as
-# build-fuzz/artifacts/<target>-crash-*, and the run fails with the command that reproduces it.
+# UndefinedBehaviorSanitizer in build-asan/ (scripts/asan_build.sh, shared with sanitize.sh), then runs
+# each for KVQ_FUZZ_SECONDS seconds (default 60).
+# The corpus grows in build-asan/corpus/<target>/ (kept between runs); a failing input is saved as
+# build-asan/artifacts/<target>-crash-*, and the run fails with the command that reproduces it.
 # Usage: scripts/fuzz.sh [target...]      (default: every target)
 #        KVQ_FUZZ_SECONDS=3600 scripts/fuzz.sh fuzz_cache_ops      (a long run; see docs/reliability.md)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-dir=${KVQ_FUZZ_DIR:-$root/build-fuzz}
+dir=${KVQ_FUZZ_DIR:-$root/build-asan}
 seconds=${KVQ_FUZZ_SECONDS:-60}
 jobs=${KVQ_JOBS:-$(nproc)}
 
 "$root/scripts/setup.sh"
-if [ ! -f "$dir/CMakeCache.txt" ]; then
-  CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DKVQ_BUILD_FUZZ=ON -DKVQ_SANITIZE=address,undefined -DKVQ_BUILD_TESTS=OFF -DKVQ_BUILD_BENCH=OFF \
-    -DKVQ_BUILD_TOOLS=OFF -DKVQ_BUILD_EXAMPLES=OFF >/dev/null
-fi
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for src in "$root"/fuzz/fuzz_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
 fi
-cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+KVQ_JOBS=$jobs "$root/scripts/asan_build.sh" "$dir" "${targets[@]}"
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

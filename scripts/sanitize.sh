@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sanitizer runs, each in its own build directory beside build/:
-#   asan  the whole C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer);
-#         the first finding fails the run (-fno-sanitize-recover)            -> build-asan/
+#   asan  the whole C++ suite and the C API tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#         (+ LeakSanitizer), built with clang (scripts/asan_build.sh; the fuzzers share the build); the
+#         first finding fails the run (-fno-sanitize-recover)                  -> build-asan/
 #   tsan  the concurrency tests (tests/test_concurrency*.cpp, test_cache_threads*.cpp) under ThreadSanitizer
 #                                                                              -> build-tsan/
 # Usage: scripts/sanitize.sh [asan|tsan|all]   (default: all). Extra doctest arguments may follow,
@@ -15,7 +16,7 @@ what=${1:-all}
 
 "$root/scripts/setup.sh"
 
-# Debug keeps Eigen's and the standard library's assertions on; -O1 keeps the run fast.
+# ThreadSanitizer with GCC. Debug keeps Eigen's and the standard library's assertions on; -O1 keeps it fast.
 build() {
   local dir=$1 sanitize=$2
   if [ ! -f "$dir/CMakeCache.txt" ]; then
@@ -25,15 +26,16 @@ build() {
   cmake --build "$dir" -j "$jobs" --target "${@:3}"
 }
 
+c_tests=()
+for src in "$root"/tests/c/test_*.c; do c_tests+=("kvq_$(basename "$src" .c)"); done
 passed=0
 run_asan() {
-  build "$parent/build-asan" address,undefined kvq_tests kvq_test_capi kvq_test_capi_cache
+  KVQ_JOBS=$jobs "$root/scripts/asan_build.sh" "$parent/build-asan" kvq_tests "${c_tests[@]}"
   echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, whole suite (C++ and C)" >&2
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:strict_init_order=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   "$parent/build-asan/tests/kvq_tests" --no-intro "$@"
-  "$parent/build-asan/tests/c/kvq_test_capi"
-  "$parent/build-asan/tests/c/kvq_test_capi_cache"
+  for t in "${c_tests[@]}"; do "$parent/build-asan/tests/c/$t"; done
   passed=$((passed + 1))
 }
 run_tsan() {
