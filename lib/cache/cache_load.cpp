@@ -207,7 +207,8 @@ std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
     const std::vector<uint32_t> refs = check_tables(*this, h, t);
     // Every payload's CRC before the pool is asked for a block: a bad file must not even grow the pool.
     const uint64_t n_payloads = h.n_blocks + h.n_staging;
-    std::vector<uint8_t> scratch(std::max(h.block_bytes, h.staging_bytes));
+    // Sized by the payloads there are: a file without any may name sizes no file could hold.
+    std::vector<uint8_t> scratch(std::max(h.n_blocks ? h.block_bytes : 0, h.n_staging ? h.staging_bytes : 0));
     for (uint64_t i = 0; i < n_payloads; ++i) read_payload(f, h, t, i, scratch.data(), ": the file is corrupted");
 
     // Sequences with their float rows, not yet in the cache.
