@@ -22,6 +22,11 @@
 // sequence id, non-finite input under NanPolicy::reject) or kvq::PoolExhausted (no free block); the cache
 // is unchanged when anything throws.
 //
+// Save and load: save() writes all sequences (or one) to a file, atomically (a temporary file renamed into
+// place); load() makes a new cache from a file, load_into() adds a file's sequences to a live cache of the
+// same configuration. Loading validates the whole file (header, CRC32C of every section and block, block
+// tables) before it changes anything; format in docs/file-format.md.
+//
 // Thread safety: different sequences may be appended to, attended, forked from and truncated from
 // different threads at once. Operations on the same sequence must not overlap with a writer of it.
 // add_sequence, remove and fork are safe with concurrent operations on other sequences.
@@ -75,6 +80,27 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+// A cache file could not be opened, read, written, synced or renamed; the message names the file and
+// holds the system's error text (errno). Saving leaves an existing file at the path as it was.
+class FileIOError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+// A file is not a cache file this version can read: wrong magic, unsupported format version, truncated,
+// a CRC32C that does not match, or contents that contradict each other. The message says which.
+class BadCacheFile : public std::invalid_argument {
+public:
+    using std::invalid_argument::invalid_argument;
+};
+
+// load_into: the file was saved by a cache whose configuration differs from this one's; the message names
+// the first field that differs, with both values.
+class ConfigMismatch : public std::invalid_argument {
+public:
+    using std::invalid_argument::invalid_argument;
+};
+
 struct PoolStats {
     size_t block_bytes = 0;      // bytes of one block
     size_t blocks_total = 0;     // allocated
@@ -116,6 +142,23 @@ public:
     size_t n_tokens(SequenceId seq, int layer = 0) const;
     std::vector<SequenceId> sequences() const;
     bool contains(SequenceId seq) const;
+
+    // Writes every sequence (or one) with its block tables, shared blocks once, the open block's float rows
+    // and the configuration to `path`: into `path.tmp.<pid>.<n>`, fsynced, renamed over `path`, directory
+    // fsynced. Throws FileIOError (the temporary file removed, an old file at `path` untouched) or
+    // std::invalid_argument (no such sequence). Reads the sequences as attend does: no writer of them may
+    // run at the same time.
+    void save(const std::string& path) const;
+    void save(const std::string& path, SequenceId seq) const;
+    // A new cache with the file's configuration (its codecs, shapes, seed, seal policy, windows,
+    // nan_policy) holding the file's sequences, numbered 0, 1, … in the file's order. Pool limits and
+    // threads are not stored in files: the cache has an unlimited pool and one thread.
+    static KVCache load(const std::string& path);
+    // Adds the file's sequences to this cache and returns their new ids, in the file's order. Throws
+    // FileIOError, BadCacheFile, ConfigMismatch (codecs, seed, shapes, block_tokens, seal, centering,
+    // scale, softcap or windows differ) or PoolExhausted, and then has changed nothing: the whole file is
+    // checked before any block is taken from the pool.
+    std::vector<SequenceId> load_into(const std::string& path);
 
     size_t bytes_used() const;         // bytes of the blocks in use (shared blocks counted once)
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored

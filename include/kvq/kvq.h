@@ -85,7 +85,10 @@ typedef enum kvq_status {
     KVQ_ERR_BAD_LAYER = 7,        /* layer outside 0..n_layers-1 */
     KVQ_ERR_NON_FINITE = 8,       /* NaN or Inf in keys, values or queries (nan_policy = reject) */
     KVQ_ERR_OUT_OF_MEMORY = 9,    /* an allocation failed */
-    KVQ_ERR_INTERNAL = 10         /* anything else; the message says what */
+    KVQ_ERR_INTERNAL = 10,        /* anything else; the message says what */
+    KVQ_ERR_IO = 11,              /* a cache file could not be opened, read, written or renamed (errno's text) */
+    KVQ_ERR_BAD_FILE = 12,        /* not a cache file this kvq reads: magic, version, truncated, CRC, contents */
+    KVQ_ERR_CONFIG_MISMATCH = 13  /* kvq_cache_load_into: the file's cache had another configuration */
 } kvq_status;
 
 /* The message of this thread's last failing kvq call ("" if none). Never NULL. */
@@ -285,6 +288,26 @@ KVQ_API kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32
 KVQ_API int32_t kvq_cache_contains(const kvq_cache* cache, int64_t seq);
 /* Writes up to capacity ids to ids (may be NULL when capacity is 0) and the total count to *count. */
 KVQ_API kvq_status kvq_cache_sequences(const kvq_cache* cache, int64_t* ids, size_t capacity, size_t* count);
+
+/* ---- save and load (file format: docs/file-format.md) ---- */
+
+/* kvq_cache_save's seq for "every sequence". */
+#define KVQ_ALL_SEQUENCES INT64_C(-1)
+
+/* Writes every sequence (seq = KVQ_ALL_SEQUENCES) or one to path: into a temporary file beside it, synced,
+ * then renamed over path, so a crash or error never leaves a partial file there (an old file stays as it
+ * was). KVQ_ERR_IO (errno's text in the message), KVQ_ERR_BAD_SEQUENCE. No writer of the saved sequences
+ * may run at the same time (as for attend). */
+KVQ_API kvq_status kvq_cache_save(const kvq_cache* cache, const char* path, int64_t seq);
+/* A new cache with the file's configuration and sequences (ids 0, 1, … in the file's order); unlimited
+ * pool, one thread. KVQ_ERR_IO, KVQ_ERR_BAD_FILE; *cache is written only on success. */
+KVQ_API kvq_status kvq_cache_load(const char* path, kvq_cache** cache);
+/* Adds the file's sequences to a cache of the same configuration. Their new ids go to ids (up to
+ * capacity of them, in the file's order; ids may be NULL when capacity is 0) and their number to *count.
+ * KVQ_ERR_IO, KVQ_ERR_BAD_FILE, KVQ_ERR_CONFIG_MISMATCH (the message names the field),
+ * KVQ_ERR_POOL_EXHAUSTED; on any failure the cache, ids and *count are unchanged. */
+KVQ_API kvq_status kvq_cache_load_into(kvq_cache* cache, const char* path, int64_t* ids, size_t capacity,
+                                       size_t* count);
 
 /* Accounting; a NULL cache gives 0. */
 KVQ_API size_t kvq_cache_bytes_used(const kvq_cache* cache);     /* blocks in use, shared ones once */

@@ -49,6 +49,11 @@ struct Sequence {
 
 }  // namespace kvq::detail
 
+namespace kvq::detail::file {
+struct Header;
+class InFile;
+}  // namespace kvq::detail::file
+
 namespace kvq {
 
 struct KVCache::Impl {
@@ -90,6 +95,12 @@ struct KVCache::Impl {
     void remove(SequenceId seq);
     void attend(int layer, SequenceId seq, const float* q, float* out) const;
     void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
+
+    // Save and load (cache_save.cpp, cache_load.cpp). save: every sequence, or only *only.
+    void save(const std::string& path, const SequenceId* only) const;
+    // Adds the sequences of an opened file whose header has been read; changes nothing if it throws.
+    std::vector<SequenceId> load(const detail::file::InFile& f, const detail::file::Header& h);
+    size_t staging_payload_bytes() const;  // a staging payload in a file: the float rows, padded
 
     // Helpers of the operations.
     void seal(detail::LayerState& st, uint8_t* block) const;

@@ -39,6 +39,12 @@ kvq_status guarded(Body&& body) noexcept {
         return body();
     } catch (const kvq::PoolExhausted& e) {
         return fail(KVQ_ERR_POOL_EXHAUSTED, e.what());
+    } catch (const kvq::FileIOError& e) {
+        return fail(KVQ_ERR_IO, e.what());
+    } catch (const kvq::BadCacheFile& e) {
+        return fail(KVQ_ERR_BAD_FILE, e.what());
+    } catch (const kvq::ConfigMismatch& e) {
+        return fail(KVQ_ERR_CONFIG_MISMATCH, e.what());
     } catch (const std::invalid_argument& e) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, e.what());
     } catch (const std::bad_alloc&) {

@@ -265,6 +265,40 @@ kvq_status kvq_cache_sequences(const kvq_cache* cache, int64_t* ids, size_t capa
     });
 }
 
+kvq_status kvq_cache_save(const kvq_cache* cache, const char* path, int64_t seq) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache && path, "kvq_cache_save", "NULL argument");
+        if (seq == KVQ_ALL_SEQUENCES) {
+            cache->cache.save(path);
+        } else {
+            KVQ_TRY(check_sequence(cache, seq, "kvq_cache_save"));
+            cache->cache.save(path, seq);
+        }
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_load(const char* path, kvq_cache** cache) {
+    return guarded([&] {
+        KVQ_REQUIRE(path && cache, "kvq_cache_load", "NULL argument");
+        kvq::KVCache made = kvq::KVCache::load(path);
+        kvq_codec key{made.key_codec()};
+        kvq_codec value{made.value_codec()};
+        *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};
+        return KVQ_OK;
+    });
+}
+
+kvq_status kvq_cache_load_into(kvq_cache* cache, const char* path, int64_t* ids, size_t capacity, size_t* count) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache && path && count && (ids || capacity == 0), "kvq_cache_load_into", "NULL argument");
+        const std::vector<kvq::SequenceId> added = cache->cache.load_into(path);
+        for (size_t i = 0; i < added.size() && i < capacity; ++i) ids[i] = added[i];
+        *count = added.size();
+        return KVQ_OK;
+    });
+}
+
 size_t kvq_cache_bytes_used(const kvq_cache* cache) {
     try {
         return cache ? cache->cache.bytes_used() : 0;

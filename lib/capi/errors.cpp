@@ -40,6 +40,9 @@ const char* kvq_status_name(kvq_status status) {
         case KVQ_ERR_NON_FINITE: return "KVQ_ERR_NON_FINITE";
         case KVQ_ERR_OUT_OF_MEMORY: return "KVQ_ERR_OUT_OF_MEMORY";
         case KVQ_ERR_INTERNAL: return "KVQ_ERR_INTERNAL";
+        case KVQ_ERR_IO: return "KVQ_ERR_IO";
+        case KVQ_ERR_BAD_FILE: return "KVQ_ERR_BAD_FILE";
+        case KVQ_ERR_CONFIG_MISMATCH: return "KVQ_ERR_CONFIG_MISMATCH";
     }
     return "unknown status";
 }

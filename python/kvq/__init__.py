@@ -17,7 +17,10 @@ attention error can be measured against an FP32 reference:
 
 from ._core import (
     DEFAULT_SEED,
+    BadCacheFile,
+    ConfigMismatch,
     Dataset,
+    FileIOError,
     KVCache,
     Plan,
     PoolExhausted,
@@ -42,7 +45,10 @@ from ._core import (
 
 __all__ = [
     "DEFAULT_SEED",
+    "BadCacheFile",
+    "ConfigMismatch",
     "Dataset",
+    "FileIOError",
     "KVCache",
     "Plan",
     "PoolExhausted",

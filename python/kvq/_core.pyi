@@ -1,5 +1,6 @@
 """Types of kvq._core, the compiled module (re-exported by kvq)."""
 
+import os
 from typing import Callable, Literal, TypedDict, overload
 
 import numpy as np
@@ -67,6 +68,15 @@ def attention_error(
 class PoolExhausted(MemoryError):
     """No free block is left in a pool with max_blocks set; the operation changed nothing."""
 
+class FileIOError(OSError):
+    """A cache file could not be opened, read, written or renamed; an existing file was left as it was."""
+
+class BadCacheFile(ValueError):
+    """Not a cache file this kvq reads: wrong magic, unsupported version, truncated or corrupted."""
+
+class ConfigMismatch(ValueError):
+    """load_into: the file was saved by a cache of another configuration (the message names the field)."""
+
 class PoolStats(TypedDict):
     block_bytes: int
     blocks_total: int
@@ -118,6 +128,10 @@ class KVCache:
     def append(self, layer: int, k: FloatArray, v: FloatArray, seq: int | None = None) -> None: ...
     def attend(self, layer: int, q: FloatArray, seq: int | None = None) -> npt.NDArray[np.float32]: ...
     def attend_prefill(self, layer: int, q: FloatArray, seq: int | None = None) -> npt.NDArray[np.float32]: ...
+    def save(self, path: str | bytes | os.PathLike[str] | os.PathLike[bytes], seq: int | None = None) -> None: ...
+    @staticmethod
+    def load(path: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> KVCache: ...
+    def load_into(self, path: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> list[int]: ...
     def n_tokens(self, seq: int | None = None, layer: int = 0) -> int: ...
     def sequences(self) -> list[int]: ...
     def __contains__(self, seq: int) -> bool: ...

@@ -2,6 +2,7 @@
 // Every call that touches K/V data releases the GIL; calls on one sequence are serialized by
 // SequenceLocks, calls on different sequences run in parallel.
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -44,9 +45,48 @@ std::vector<int> parse_sliding_window(const py::object& w, int n_layers) {
     }
 }
 
+// A path as Python gives it (str, bytes or os.PathLike) in the file system's encoding.
+std::string fs_path(const py::object& path) {
+    return py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+}
+
 class PyKVCache {
 public:
     explicit PyKVCache(const CacheConfig& config) : cache_(config) {}
+    explicit PyKVCache(KVCache&& loaded) : cache_(std::move(loaded)) {
+        for (SequenceId s : cache_.sequences()) locks_.add(s);
+    }
+
+    static std::unique_ptr<PyKVCache> load(const py::object& path) {
+        const std::string p = fs_path(path);
+        py::gil_scoped_release unlocked;
+        return std::make_unique<PyKVCache>(KVCache::load(p));
+    }
+
+    // seq=None: every sequence (each held as by a reader while it is written out).
+    void save(const py::object& path, std::optional<SequenceId> seq) const {
+        const std::string p = fs_path(path);
+        py::gil_scoped_release unlocked;
+        if (seq) {
+            SequenceGuard guard(locks_, *seq, SequenceGuard::reader);
+            cache_.save(p, *seq);
+            return;
+        }
+        std::vector<std::unique_ptr<SequenceGuard>> guards;  // writers take one lock each: no cycle
+        for (SequenceId s : cache_.sequences()) guards.push_back(std::make_unique<SequenceGuard>(locks_, s, SequenceGuard::reader));
+        cache_.save(p);
+    }
+
+    std::vector<SequenceId> load_into(const py::object& path) {
+        const std::string p = fs_path(path);
+        std::vector<SequenceId> ids;
+        {
+            py::gil_scoped_release unlocked;
+            ids = cache_.load_into(p);
+        }
+        for (SequenceId s : ids) locks_.add(s);
+        return ids;
+    }
 
     const KVCache& cache() const { return cache_; }
     const CacheConfig& config() const { return cache_.config(); }
@@ -228,6 +268,9 @@ py::dict pool_stats_dict(const PoolStats& s) {
 
 void bind_cache(py::module_& m) {
     py::register_exception<PoolExhausted>(m, "PoolExhausted", PyExc_MemoryError);
+    py::register_exception<FileIOError>(m, "FileIOError", PyExc_OSError);
+    py::register_exception<BadCacheFile>(m, "BadCacheFile", PyExc_ValueError);
+    py::register_exception<ConfigMismatch>(m, "ConfigMismatch", PyExc_ValueError);
 
     py::class_<PyKVCache>(m, "KVCache", R"doc(
 A paged KV cache that stores keys and values quantized (keys q8_0, values q4_0 by default) and computes
@@ -270,6 +313,18 @@ may be used from different threads at once (the GIL is released while kvq works)
              "query i sees the tokens up to and including its own. Returns the same shape, float32.")
         .def("_time_attend", &PyKVCache::time_attend, "layer"_a, "q"_a, "seq"_a = py::none(), "calls"_a = 1,
              "Benchmark helper: seconds per attend call when a C++ loop makes `calls` calls.")
+        .def("save", &PyKVCache::save, "path"_a, "seq"_a = py::none(),
+             "Writes every sequence (seq=None) or one to path (str or os.PathLike): a temporary file beside it,\n"
+             "synced and renamed over path, so an existing file is replaced whole or not at all. Raises\n"
+             "kvq.FileIOError (an OSError) if the file cannot be written.")
+        .def_static("load", &PyKVCache::load, "path"_a,
+                    "A new cache with the file's configuration and sequences (ids 0, 1, ... in the file's order);\n"
+                    "unlimited pool, one thread. Raises kvq.FileIOError (OSError) or kvq.BadCacheFile (ValueError:\n"
+                    "wrong magic or version, truncated, corrupted).")
+        .def("load_into", &PyKVCache::load_into, "path"_a,
+             "Adds the file's sequences to this cache and returns their new ids. Raises kvq.FileIOError,\n"
+             "kvq.BadCacheFile, kvq.ConfigMismatch (a ValueError naming the field that differs) or\n"
+             "kvq.PoolExhausted, and then has changed nothing.")
         .def("n_tokens", &PyKVCache::n_tokens, "seq"_a = py::none(), "layer"_a = 0, "Tokens of seq in a layer.")
         .def("sequences", [](const PyKVCache& c) { return c.cache().sequences(); }, "Ids of the live sequences.")
         .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })

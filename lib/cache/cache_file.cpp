@@ -1,0 +1,417 @@
+// Encoding of the header and block tables (little-endian, byte by byte, so the host's byte order does not
+// matter), and the files save and load read and write.
+#include "cache_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "crc32c.hpp"
+
+namespace kvq::detail::file {
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw BadCacheFile("cache file: " + what); }
+
+class Encoder {
+public:
+    std::vector<uint8_t> bytes;
+    void u32(uint32_t x) {
+        for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<uint8_t>(x >> (8 * i)));
+    }
+    void u64(uint64_t x) {
+        for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<uint8_t>(x >> (8 * i)));
+    }
+    void i32(int32_t x) { u32(static_cast<uint32_t>(x)); }
+    void f32(float x) {
+        uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        u32(bits);
+    }
+    void str(const std::string& s) {
+        u32(static_cast<uint32_t>(s.size()));
+        bytes.insert(bytes.end(), s.begin(), s.end());
+    }
+    void crc() { u32(crc32c(bytes.data(), bytes.size())); }
+};
+
+// Reads fields in order from a section; running past its end is a BadCacheFile naming the section.
+class Decoder {
+public:
+    Decoder(std::span<const uint8_t> bytes, const char* section) : b_(bytes), section_(section) {}
+    size_t pos() const { return pos_; }
+    size_t left() const { return b_.size() - pos_; }
+    void need(uint64_t n, const char* what) const {
+        if (n > left()) {
+            bad(std::string(section_) + ": " + what + " needs " + std::to_string(n) + " bytes at offset " +
+                std::to_string(pos_) + " but only " + std::to_string(left()) + " remain");
+        }
+    }
+    uint32_t u32(const char* what) {
+        need(4, what);
+        uint32_t x = 0;
+        for (int i = 0; i < 4; ++i) x |= uint32_t(b_[pos_ + i]) << (8 * i);
+        pos_ += 4;
+        return x;
+    }
+    uint64_t u64(const char* what) {
+        need(8, what);
+        uint64_t x = 0;
+        for (int i = 0; i < 8; ++i) x |= uint64_t(b_[pos_ + i]) << (8 * i);
+        pos_ += 8;
+        return x;
+    }
+    int32_t i32(const char* what) { return static_cast<int32_t>(u32(what)); }
+    float f32(const char* what) {
+        const uint32_t bits = u32(what);
+        float x;
+        std::memcpy(&x, &bits, 4);
+        return x;
+    }
+    std::string str(const char* what, uint32_t max) {
+        const uint32_t n = u32(what);
+        if (n > max) bad(std::string(section_) + ": " + what + " is " + std::to_string(n) + " bytes long (at most " + std::to_string(max) + ")");
+        need(n, what);
+        std::string s(reinterpret_cast<const char*>(b_.data() + pos_), n);
+        pos_ += n;
+        return s;
+    }
+
+private:
+    std::span<const uint8_t> b_;
+    const char* section_;
+    size_t pos_ = 0;
+};
+
+// The section's last 4 bytes are the CRC32C of the bytes before them.
+void check_crc(std::span<const uint8_t> bytes, const char* section) {
+    if (bytes.size() < 4) bad(std::string(section) + " is shorter than its CRC");
+    Decoder d(bytes.subspan(bytes.size() - 4), section);
+    const uint32_t stored = d.u32("CRC32C"), actual = crc32c(bytes.data(), bytes.size() - 4);
+    if (stored != actual) {
+        bad(std::string(section) + ": CRC32C mismatch (stored " + std::to_string(stored) + ", computed " +
+            std::to_string(actual) + "): the file is corrupted");
+    }
+}
+
+int dim_field(Decoder& d, const char* what) {
+    const int32_t x = d.i32(what);
+    if (x < 1 || x > kMaxDim) bad(std::string("header: ") + what + " = " + std::to_string(x) + " is outside 1.." + std::to_string(kMaxDim));
+    return x;
+}
+
+uint32_t flag_field(Decoder& d, const char* what) {
+    const uint32_t x = d.u32(what);
+    if (x > 1) bad(std::string("header: ") + what + " = " + std::to_string(x) + " (must be 0 or 1)");
+    return x;
+}
+
+// a + b, or a BadCacheFile when it overflows.
+uint64_t add(uint64_t a, uint64_t b, const char* what) {
+    if (a > std::numeric_limits<uint64_t>::max() - b) bad(std::string("header: ") + what + " overflows");
+    return a + b;
+}
+uint64_t mul(uint64_t a, uint64_t b, const char* what) {
+    if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a) bad(std::string("header: ") + what + " overflows");
+    return a * b;
+}
+
+// Offsets and sizes: sections in order, aligned, and the file's size their sum.
+void check_layout(const Header& h) {
+    if (h.payload_offset % kPayloadAlignment != 0 || h.payload_offset < h.header_bytes) {
+        bad("header: payload section offset " + std::to_string(h.payload_offset) + " is not a multiple of " +
+            std::to_string(kPayloadAlignment) + " after the header");
+    }
+    if (h.block_bytes == 0 || h.staging_bytes == 0 || h.block_bytes % kPayloadStride != 0 ||
+        h.staging_bytes % kPayloadStride != 0) {
+        bad("header: payload sizes " + std::to_string(h.block_bytes) + " and " + std::to_string(h.staging_bytes) +
+            " are not positive multiples of " + std::to_string(kPayloadStride));
+    }
+    const uint64_t payload_end =
+        add(add(h.payload_offset, mul(h.n_blocks, h.block_bytes, "block section size"), "block section end"),
+            mul(h.n_staging, h.staging_bytes, "staging section size"), "staging section end");
+    if (h.table_offset != payload_end) {
+        bad("header: block tables at offset " + std::to_string(h.table_offset) + ", but the payloads end at " +
+            std::to_string(payload_end));
+    }
+    if (add(h.table_offset, h.table_bytes, "table section end") != h.file_bytes) {
+        bad("header: sections end at " + std::to_string(h.table_offset + h.table_bytes) + " but the file size field says " +
+            std::to_string(h.file_bytes));
+    }
+}
+
+}  // namespace
+
+uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+std::vector<uint8_t> encode_header(const Header& h) {
+    const CacheConfig& c = h.config;
+    Encoder e;
+    e.bytes.assign(kMagic, kMagic + 8);
+    e.u32(h.version);
+    e.u32(0);  // header_bytes, filled in below
+    for (uint64_t x : {h.file_bytes, h.payload_offset, h.n_blocks, h.block_bytes, h.n_staging, h.staging_bytes,
+                       h.table_offset, h.table_bytes, h.n_sequences}) {
+        e.u64(x);
+    }
+    for (int x : {c.n_layers, c.n_kv_heads, c.n_heads, c.head_dim, c.block_tokens}) e.i32(x);
+    e.u32(c.seal == SealPolicy::on_block_full ? 1 : 0);
+    e.u32(c.center_keys ? 1 : 0);
+    e.u32(c.nan_policy == NanPolicy::propagate ? 1 : 0);
+    e.f32(c.scale);
+    e.f32(c.softcap);
+    e.u64(c.seed);
+    e.u64(h.key_row_bytes);
+    e.u64(h.value_row_bytes);
+    e.str(c.key_codec);
+    e.str(c.value_codec);
+    e.u32(static_cast<uint32_t>(c.sliding_window.size()));
+    for (int w : c.sliding_window) e.i32(w);
+    const uint32_t size = static_cast<uint32_t>(e.bytes.size() + 4);
+    for (int i = 0; i < 4; ++i) e.bytes[12 + i] = static_cast<uint8_t>(size >> (8 * i));
+    e.crc();
+    return e.bytes;
+}
+
+Header decode_prefix(std::span<const uint8_t> prefix) {
+    if (prefix.size() < kPrefixBytes || std::memcmp(prefix.data(), kMagic, 8) != 0) {
+        bad("not a kvq cache file (it does not start with the magic \"KVQCACHE\")");
+    }
+    Decoder d(prefix.subspan(8), "header");
+    Header h;
+    h.version = d.u32("format version");
+    if (h.version != kFormatVersion) {
+        bad("format version " + std::to_string(h.version) + " is not supported (this kvq reads version " +
+            std::to_string(kFormatVersion) + (h.version > kFormatVersion ? "; the file is from a newer kvq)" : ")"));
+    }
+    h.header_bytes = d.u32("header size");
+    if (h.header_bytes < kPrefixBytes + 4 || h.header_bytes > kMaxHeaderBytes) {
+        bad("header size " + std::to_string(h.header_bytes) + " is outside " + std::to_string(kPrefixBytes + 4) + ".." +
+            std::to_string(kMaxHeaderBytes));
+    }
+    return h;
+}
+
+Header decode_header(std::span<const uint8_t> bytes) {
+    Header h = decode_prefix(bytes);
+    if (bytes.size() != h.header_bytes) bad("header: expected " + std::to_string(h.header_bytes) + " bytes");
+    check_crc(bytes, "header");
+    Decoder d(bytes.first(bytes.size() - 4), "header");
+    d.u64("prefix");
+    d.u64("prefix");
+    h.file_bytes = d.u64("file size");
+    h.payload_offset = d.u64("payload offset");
+    h.n_blocks = d.u64("block count");
+    h.block_bytes = d.u64("block size");
+    h.n_staging = d.u64("staging count");
+    h.staging_bytes = d.u64("staging size");
+    h.table_offset = d.u64("table offset");
+    h.table_bytes = d.u64("table size");
+    h.n_sequences = d.u64("sequence count");
+    CacheConfig& c = h.config;
+    c.n_layers = dim_field(d, "n_layers");
+    c.n_kv_heads = dim_field(d, "n_kv_heads");
+    c.n_heads = dim_field(d, "n_heads");
+    c.head_dim = dim_field(d, "head_dim");
+    c.block_tokens = d.i32("block_tokens");
+    c.seal = flag_field(d, "seal") ? SealPolicy::on_block_full : SealPolicy::on_append;
+    c.center_keys = flag_field(d, "center_keys");
+    c.nan_policy = flag_field(d, "nan_policy") ? NanPolicy::propagate : NanPolicy::reject;
+    c.scale = d.f32("scale");
+    c.softcap = d.f32("softcap");
+    if (!(c.scale > 0) || !std::isfinite(c.scale)) bad("header: scale " + std::to_string(c.scale) + " is not positive and finite");
+    c.seed = d.u64("seed");
+    h.key_row_bytes = d.u64("key row size");
+    h.value_row_bytes = d.u64("value row size");
+    c.key_codec = d.str("key codec", kMaxSpecBytes);
+    c.value_codec = d.str("value codec", kMaxSpecBytes);
+    const uint32_t n_windows = d.u32("window count");
+    if (n_windows != 0 && n_windows != static_cast<uint32_t>(c.n_layers)) {
+        bad("header: " + std::to_string(n_windows) + " sliding windows for " + std::to_string(c.n_layers) + " layers");
+    }
+    for (uint32_t i = 0; i < n_windows; ++i) c.sliding_window.push_back(d.i32("sliding window"));
+    if (d.left() != 0) bad("header: " + std::to_string(d.left()) + " bytes after the last field");
+    check_layout(h);
+    return h;
+}
+
+std::vector<uint8_t> encode_tables(const Tables& t) {
+    Encoder e;
+    for (uint32_t crc : t.crcs) e.u32(crc);
+    for (const auto& layers : t.sequences) {
+        for (const LayerRecord& r : layers) {
+            e.u64(r.n_tokens);
+            e.u64(r.first_pos);
+            e.u32(r.staged);
+            e.u32(r.staging);
+            e.u32(static_cast<uint32_t>(r.blocks.size()));
+            e.u32(static_cast<uint32_t>(r.poisoned.size()));
+            for (uint32_t b : r.blocks) e.u32(b);
+            for (const auto& [pos, head] : r.poisoned) {
+                e.u64(pos);
+                e.u32(head);
+            }
+        }
+    }
+    e.crc();
+    return e.bytes;
+}
+
+Tables decode_tables(std::span<const uint8_t> bytes, const Header& h) {
+    check_crc(bytes, "block tables");
+    Decoder d(bytes.first(bytes.size() - 4), "block tables");
+    Tables t;
+    const uint64_t n_payloads = h.n_blocks + h.n_staging;  // both bounded by the file's size
+    d.need(mul(n_payloads, 4, "CRC table size"), "the payload CRCs");
+    for (uint64_t i = 0; i < n_payloads; ++i) t.crcs.push_back(d.u32("payload CRC"));
+    // Every layer record takes at least 32 bytes: this bounds the sequence count before anything is sized.
+    d.need(mul(mul(h.n_sequences, static_cast<uint64_t>(h.config.n_layers), "record count"), 32, "records"),
+           "the sequence records");
+    t.sequences.resize(h.n_sequences);
+    for (auto& layers : t.sequences) {
+        layers.resize(h.config.n_layers);
+        for (LayerRecord& r : layers) {
+            r.n_tokens = d.u64("n_tokens");
+            r.first_pos = d.u64("first position");
+            r.staged = d.u32("staged tokens");
+            r.staging = d.u32("staging index");
+            const uint32_t n_blocks = d.u32("block count"), n_poisoned = d.u32("poisoned count");
+            d.need(uint64_t(n_blocks) * 4 + uint64_t(n_poisoned) * 12, "a block table");
+            for (uint32_t i = 0; i < n_blocks; ++i) r.blocks.push_back(d.u32("block index"));
+            for (uint32_t i = 0; i < n_poisoned; ++i) {
+                const uint64_t pos = d.u64("poisoned position");
+                r.poisoned.emplace_back(pos, d.u32("poisoned head"));
+            }
+        }
+    }
+    if (d.left() != 0) bad("block tables: " + std::to_string(d.left()) + " bytes after the last record");
+    return t;
+}
+
+// ---- files ----
+
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string directory_of(const std::string& path) {
+    const size_t slash = path.find_last_of('/');
+    if (slash == std::string::npos) return ".";
+    return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::atomic<uint64_t> g_tmp_counter{0};
+
+}  // namespace
+
+OutFile::OutFile(const std::string& path) : path_(path) {
+    // Unique per process and call, so concurrent saves to one path never share a temporary file.
+    tmp_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+        const int err = errno;
+        throw FileIOError("KVCache::save: cannot create '" + tmp_ + "': " + errno_text(err));
+    }
+}
+
+OutFile::~OutFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void OutFile::fail(const std::string& what, int err) {
+    throw FileIOError("KVCache::save: " + what + ": " + errno_text(err) + "; '" + path_ + "' was not changed");
+}
+
+void OutFile::write(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (n > 0) {
+        const ssize_t w = ::write(fd_, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) fail("cannot write '" + tmp_ + "'", w < 0 ? errno : ENOSPC);
+        p += w;
+        n -= static_cast<size_t>(w);
+        offset_ += static_cast<uint64_t>(w);
+    }
+}
+
+void OutFile::zeros(size_t n) {
+    static const uint8_t zero[4096] = {};
+    while (n > 0) {
+        const size_t k = std::min(n, sizeof zero);
+        write(zero, k);
+        n -= k;
+    }
+}
+
+void OutFile::commit() {
+    if (::fsync(fd_) != 0) fail("cannot sync '" + tmp_ + "'", errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail("cannot close '" + tmp_ + "'", errno);
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename '" + tmp_ + "' to '" + path_ + "'", errno);
+    tmp_.clear();  // renamed: nothing to remove any more
+    // The rename is durable only once the directory is; it has happened, so a failure here is reported
+    // but the new file stays.
+    const std::string dir = directory_of(path_);
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || ::fsync(dfd) != 0) {
+        const int err = errno;
+        if (dfd >= 0) ::close(dfd);
+        throw FileIOError("KVCache::save: '" + path_ + "' was written but its directory '" + dir +
+                          "' could not be synced: " + errno_text(err));
+    }
+    ::close(dfd);
+}
+
+InFile::InFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+        const int err = errno;
+        throw FileIOError("cannot open cache file '" + path + "': " + errno_text(err));
+    }
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) {
+        const int err = errno;
+        ::close(fd_);
+        throw FileIOError("cannot stat cache file '" + path + "': " + errno_text(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd_);
+        throw FileIOError("cache file '" + path + "' is not a regular file");
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+}
+
+InFile::~InFile() { ::close(fd_); }
+
+void InFile::read(uint64_t offset, size_t n, void* dst, const char* what) const {
+    auto* p = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+        const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            const int err = errno;
+            throw FileIOError("cannot read cache file '" + path_ + "': " + errno_text(err));
+        }
+        if (r == 0) bad(std::string(what) + ": the file ends at byte " + std::to_string(offset) + " (truncated)");
+        p += r;
+        n -= static_cast<size_t>(r);
+        offset += static_cast<uint64_t>(r);
+    }
+}
+
+std::vector<uint8_t> InFile::read(uint64_t offset, size_t n, const char* what) const {
+    std::vector<uint8_t> bytes(n);
+    read(offset, n, bytes.data(), what);
+    return bytes;
+}
+
+}  // namespace kvq::detail::file
