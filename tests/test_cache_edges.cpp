@@ -67,7 +67,8 @@ const std::vector<std::pair<std::string, std::string>> kPairs = {
 }  // namespace
 
 TEST_CASE("rows beyond a codec's range are rejected with the cache unchanged, or poison their head under propagate") {
-    for (const auto& [kc, vc] : kPairs) {
+    for (const auto& pair : kPairs) {
+        const std::string &kc = pair.first, &vc = pair.second;  // clang 14 cannot capture bindings
         for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
             CAPTURE(kc);
             CAPTURE(vc);
@@ -122,7 +123,8 @@ TEST_CASE("centered keys: keys whose block mean or centered value would overflow
 }
 
 TEST_CASE("zero keys and values give exactly zero output; subnormal ones give finite output") {
-    for (const auto& [kc, vc] : kPairs) {
+    for (const auto& pair : kPairs) {
+        const std::string &kc = pair.first, &vc = pair.second;  // clang 14 cannot capture bindings
         for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
             CAPTURE(kc);
             CAPTURE(vc);

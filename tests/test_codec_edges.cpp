@@ -64,7 +64,9 @@ TEST_CASE("rows, strides and prepared queries at any byte address give the same 
     const auto q = kvq::test::gaussian(d, 22);
     const auto w = kvq::test::gaussian(n, 23);
     RestoreSimdLevel restore;
-    for (const auto& [level, spec] : all_cases()) {
+    for (const Case& kase : all_cases()) {
+        const kvq::SimdLevel level = kase.level;  // named copies: clang 14 cannot capture bindings in CAPTURE
+        const std::string& spec = kase.spec;
         kvq::force_simd_level(level);
         CAPTURE(spec);
         CAPTURE(std::string(kvq::simd_level_name(level)));
@@ -100,7 +102,9 @@ TEST_CASE("zero rows store exact zeros, score exactly 0 and add nothing") {
     const std::vector<float> zeros(2 * d, 0.0f);
     const auto q = kvq::test::gaussian(d, 1);
     RestoreSimdLevel restore;
-    for (const auto& [level, spec] : all_cases()) {
+    for (const Case& kase : all_cases()) {
+        const kvq::SimdLevel level = kase.level;  // named copies: clang 14 cannot capture bindings in CAPTURE
+        const std::string& spec = kase.spec;
         kvq::force_simd_level(level);
         CAPTURE(spec);
         CAPTURE(std::string(kvq::simd_level_name(level)));
@@ -130,7 +134,9 @@ TEST_CASE("subnormal and tiny values are stored within each codec's bound, never
     for (int j = 0; j < d; ++j) mixed[j] = j % 2 ? mixed[j] * 1e-40f : mixed[j];
     rows.push_back(mixed);
     RestoreSimdLevel restore;
-    for (const auto& [level, spec] : all_cases()) {
+    for (const Case& kase : all_cases()) {
+        const kvq::SimdLevel level = kase.level;  // named copies: clang 14 cannot capture bindings in CAPTURE
+        const std::string& spec = kase.spec;
         kvq::force_simd_level(level);
         CAPTURE(spec);
         CAPTURE(std::string(kvq::simd_level_name(level)));
@@ -157,7 +163,9 @@ TEST_CASE("subnormal and tiny values are stored within each codec's bound, never
 TEST_CASE("rows up to the codec's range round-trip; beyond it they are rejected and nothing is written") {
     const int d = 64;
     RestoreSimdLevel restore;
-    for (const auto& [level, spec] : all_cases()) {
+    for (const Case& kase : all_cases()) {
+        const kvq::SimdLevel level = kase.level;  // named copies: clang 14 cannot capture bindings in CAPTURE
+        const std::string& spec = kase.spec;
         kvq::force_simd_level(level);
         CAPTURE(spec);
         CAPTURE(std::string(kvq::simd_level_name(level)));
@@ -192,7 +200,9 @@ TEST_CASE("under NanPolicy::propagate NaN and Inf are stored and every read of t
     const int d = 64;
     const auto q = kvq::test::gaussian(d, 51);
     RestoreSimdLevel restore;
-    for (const auto& [level, spec] : all_cases()) {
+    for (const Case& kase : all_cases()) {
+        const kvq::SimdLevel level = kase.level;  // named copies: clang 14 cannot capture bindings in CAPTURE
+        const std::string& spec = kase.spec;
         kvq::force_simd_level(level);
         CAPTURE(spec);
         CAPTURE(std::string(kvq::simd_level_name(level)));
@@ -230,7 +240,9 @@ TEST_CASE("a NaN or Inf query is rejected by default and gives non-finite scores
     const int d = 64;
     const auto k = kvq::test::gaussian(3 * d, 61);
     RestoreSimdLevel restore;
-    for (const auto& [level, spec] : all_cases()) {
+    for (const Case& kase : all_cases()) {
+        const kvq::SimdLevel level = kase.level;  // named copies: clang 14 cannot capture bindings in CAPTURE
+        const std::string& spec = kase.spec;
         kvq::force_simd_level(level);
         CAPTURE(spec);
         CAPTURE(std::string(kvq::simd_level_name(level)));
@@ -254,7 +266,9 @@ TEST_CASE("under propagate, values beyond an fp16 codec's range are stored as th
     auto x = kvq::test::gaussian(d, 71);
     x[3] = 1e30f;
     RestoreSimdLevel restore;
-    for (const auto& [level, spec] : all_cases()) {
+    for (const Case& kase : all_cases()) {
+        const kvq::SimdLevel level = kase.level;  // named copies: clang 14 cannot capture bindings in CAPTURE
+        const std::string& spec = kase.spec;
         kvq::force_simd_level(level);
         const Codec c = Codec::make(spec, d);
         if (c.rotated() || c.input_limit().max_abs > 1e30f) continue;  // f32, bf16 hold 1e30

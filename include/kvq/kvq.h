@@ -88,7 +88,9 @@ typedef enum kvq_status {
     KVQ_ERR_INTERNAL = 10,        /* anything else; the message says what */
     KVQ_ERR_IO = 11,              /* a cache file could not be opened, read, written or renamed (errno's text) */
     KVQ_ERR_BAD_FILE = 12,        /* not a cache file this kvq reads: magic, version, truncated, CRC, contents */
-    KVQ_ERR_CONFIG_MISMATCH = 13  /* kvq_cache_load_into: the file's cache had another configuration */
+    KVQ_ERR_CONFIG_MISMATCH = 13, /* kvq_cache_load_into: the file's cache had another configuration */
+    KVQ_STATUS_MAX_ = 0x7fffffff  /* never returned: keeps every int status a valid value of the enum in
+                                     C++ too (kvq_status_name takes any; a later version may add statuses) */
 } kvq_status;
 
 /* The message of this thread's last failing kvq call ("" if none). Never NULL. */

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "../codec/rotated_kernels.hpp"
 
@@ -16,11 +17,18 @@ namespace kvq::simd {
 namespace {
 namespace avx2 {
 
-// Bits [bit, bit + width) of a row of row_bytes >= 8 bytes, width <= 32: one 8-byte load, moved back to
-// end at the row's end when it would run past it.
+// The row's bytes [byte, byte + 8) as a little-endian word: one load, or near the row's end (rows can be
+// shorter than 8 bytes) the bytes left with zeros above them, so nothing past the row is read.
+uint64_t row_word(const uint8_t* row, size_t row_bytes, size_t byte) {
+    if (byte + 8 <= row_bytes) return load_u64(row + byte);
+    uint64_t v = 0;
+    std::memcpy(&v, row + byte, row_bytes - byte);
+    return v;
+}
+
+// Bits [bit, bit + width) of a row, width <= 32 (so bit & 7 plus width fits the word).
 uint32_t bits_at(const uint8_t* row, size_t bit, int width, size_t row_bytes) {
-    const size_t byte = bit >> 3, start = std::min(byte, row_bytes - 8);
-    const uint64_t v = load_u64(row + start) >> (8 * (byte - start) + (bit & 7));
+    const uint64_t v = row_word(row, row_bytes, bit >> 3) >> (bit & 7);
     return static_cast<uint32_t>(v & ((uint64_t(1) << width) - 1));
 }
 
@@ -34,11 +42,10 @@ struct CodeStream {
     CodeStream(const uint8_t* r, size_t bytes, size_t bit, int w)
         : row(r), row_bytes(bytes), pos(bit), width(w), mask((uint64_t(1) << w) - 1) {}
     uint32_t next() {
-        if (avail < width) {  // refill from the byte holding pos (ending at the row's end if need be)
-            const size_t byte = pos >> 3, start = std::min(byte, row_bytes - 8);
-            const int skip = static_cast<int>(8 * (byte - start) + (pos & 7));
-            buf = load_u64(row + start) >> skip;
-            avail = 64 - skip;
+        if (avail < width) {  // refill from the byte holding pos
+            const int skip = static_cast<int>(pos & 7);
+            buf = row_word(row, row_bytes, pos >> 3) >> skip;
+            avail = 64 - skip;  // past the row's end these are zeros, never asked for
         }
         const uint32_t v = static_cast<uint32_t>(buf & mask);
         buf >>= width;
