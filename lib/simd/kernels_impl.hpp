@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <type_traits>
 
 #include "../codec/kernels.hpp"
 #include "plain_impl.hpp"
@@ -241,10 +242,74 @@ struct BlockTile {
     }
 };
 
+// Part p of block t of a row as its signed codes q (x = d·q), unscaled: symmetric layouts only.
+template <class A, class L>
+struct CodeTile {
+    static void load(const uint8_t* row, int64_t t, int p, xsimd::batch<float, A>* v) {
+        using O = Ops<A>;
+        const auto& b = reinterpret_cast<const typename L::Block*>(row)[t];
+#if defined(__AVX2__)
+        // 16 codes straight from their bytes: no whole-block unpack per 16-column tile.
+        if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ4_0>) {
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));  // p = 1: high nibbles
+            const __m128i c = _mm_sub_epi8(_mm_and_si128(p ? _mm_srli_epi16(x, 4) : x, _mm_set1_epi8(0x0F)),
+                                           _mm_set1_epi8(8));
+            v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+            v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c, c)));
+            return;
+        } else if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ8_0>) {
+            const auto* q = reinterpret_cast<const __m128i*>(b.qs + 16 * p);
+            v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q)));
+            v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + 16 * p + 8))));
+            return;
+        }
+#endif
+        O::widen_pair(L::template bytes<O>(b), p, v);
+    }
+};
+
+// Symmetric layouts (x = d·q): w·x = (w·d)·q, so each block's scale folds into the weights once per
+// (row, block), and the tile loop only widens codes and issues fmas (4 queries × 2 registers).
+template <class A, class L>
+struct AccumulateScaled {
+    template <int G>
+    struct Pass {
+        static void run(int i0, const float* w, size_t w_stride, const uint8_t* rows, size_t row_stride,
+                        size_t n_rows, int64_t n, float* acc) {
+            using O = Ops<A>;
+            float wt[kRowChunk * G], wd[kRowChunk * G];
+            float* ap[G];
+            for (int i = 0; i < G; ++i) {
+                ap[i] = acc + (i0 + i) * n;
+                for (size_t r = 0; r < n_rows; ++r) wt[r * G + i] = w[(i0 + i) * w_stride + r];
+            }
+            for (int64_t t = 0; t < n / kQK; ++t) {
+                for (size_t r = 0; r < n_rows; ++r) {
+                    const float d = O::f16_value(reinterpret_cast<const typename L::Block*>(rows + r * row_stride)[t].d);
+                    for (int i = 0; i < G; ++i) wd[r * G + i] = wt[r * G + i] * d;
+                }
+                for (int p = 0; p < kTilesPerBlock<A>; ++p)
+                    accumulate_tile<A, CodeTile<A, L>, G>(wd, rows, row_stride, n_rows, t, p, ap);
+            }
+        }
+    };
+    static void run(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                    size_t n_rows, int64_t n, float* acc) {
+        for (size_t r0 = 0; r0 < n_rows; r0 += kRowChunk) {
+            const size_t rn = std::min(kRowChunk, n_rows - r0);
+            for_query_groups<4, Pass>(n_q, w + r0, w_stride, rows + r0 * row_stride, row_stride, rn, n, acc);
+        }
+    }
+};
+
 template <class A, class L>
 void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                        size_t n_rows, int64_t n, float* acc) {
-    AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    if constexpr (L::has_min) {
+        AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    } else {
+        AccumulateScaled<A, L>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    }
 }
 
 template <class A, class L>
