@@ -20,6 +20,9 @@
 #include "plain_impl.hpp"
 #include "loops.hpp"
 #include "quantize_impl.hpp"
+#if defined(__AVX2__)
+#include "accumulate_avx2.hpp"
+#endif
 
 namespace kvq::simd {
 namespace {
@@ -248,22 +251,6 @@ struct CodeTile {
     static void load(const uint8_t* row, int64_t t, int p, xsimd::batch<float, A>* v) {
         using O = Ops<A>;
         const auto& b = reinterpret_cast<const typename L::Block*>(row)[t];
-#if defined(__AVX2__)
-        // 16 codes straight from their bytes: no whole-block unpack per 16-column tile.
-        if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ4_0>) {
-            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));  // p = 1: high nibbles
-            const __m128i c = _mm_sub_epi8(_mm_and_si128(p ? _mm_srli_epi16(x, 4) : x, _mm_set1_epi8(0x0F)),
-                                           _mm_set1_epi8(8));
-            v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
-            v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c, c)));
-            return;
-        } else if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ8_0>) {
-            const auto* q = reinterpret_cast<const __m128i*>(b.qs + 16 * p);
-            v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q)));
-            v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + 16 * p + 8))));
-            return;
-        }
-#endif
         O::widen_pair(L::template bytes<O>(b), p, v);
     }
 };
@@ -305,6 +292,13 @@ struct AccumulateScaled {
 template <class A, class L>
 void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                        size_t n_rows, int64_t n, float* acc) {
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ4_0>) {
+        return accumulate_sym_avx2<detail::BlockQ4_0, CodesQ4_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    } else if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ8_0>) {
+        return accumulate_sym_avx2<detail::BlockQ8_0, CodesQ8_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    }
+#endif
     if constexpr (L::has_min) {
         AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
     } else {
