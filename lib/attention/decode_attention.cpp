@@ -60,6 +60,10 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
         for (int h = 0; h < shape.n_kv_heads; ++h) {
             const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krb;
             const uint8_t* values = block + lay.v_offset + h * lay.v_head_stride + lo * vrb;
+            // The values are read only after the scores and the softmax: ask for them now, so that their
+            // first touch overlaps the scoring instead of stalling the accumulate (measured: 6-10% of a
+            // q8_0/q4_0 step at 4k and 32k tokens; prefetching the next head's keys as well was slower).
+            for (size_t o = 0; o < n * vrb; o += 64) __builtin_prefetch(values + o, 0, 3);
             src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krb, n, scores, n);
             float* head_acc = acc + static_cast<size_t>(h) * g * d;
             float* offsets = nullptr;
