@@ -78,6 +78,15 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             // q8_0/q4_0 step at 4k and 32k tokens; prefetching the next head's keys as well was slower).
             for (size_t o = 0; o < n * vrb; o += 64) __builtin_prefetch(values + o, 0, 3);
             src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krb, n, scores, n);
+            // And the first half of the next head's keys (the hardware prefetcher streams the rest once it
+            // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
+            // (all of them, or at score time, was no better or slower).
+            const uint8_t* next_keys = h + 1 < shape.n_kv_heads ? keys + lay.k_head_stride
+                                       : b + 1 < b1             ? src.blocks[b + 1] + lay.k_offset
+                                                                : nullptr;
+            if (next_keys) {
+                for (size_t o = 0; o < bt * krb / 2; o += 64) __builtin_prefetch(next_keys + o, 0, 3);
+            }
             float* head_acc = acc + static_cast<size_t>(h) * g * d;
             float* offsets = nullptr;
             if (centered) {  // q·mean, added back to the scores of keys stored minus their block mean
