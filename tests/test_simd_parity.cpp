@@ -283,3 +283,53 @@ TEST_CASE("every fp16 scale (all 65536 bit patterns) dequantizes to the same bit
         CHECK(diff == 0);
     }
 }
+
+// The value kernels of the decode step (lib/simd/accumulate_avx2.hpp and the generic ones): every group
+// of queries (4 at a time, then the rest), row counts around the 64-row chunk, head sizes whose block
+// count is and is not a multiple of the 4 scales folded together, every code value (extreme rows), and
+// accumulators that already hold values.
+TEST_CASE("every SIMD level accumulates symmetric block codes as the scalar specification, every group and chunk") {
+    for (auto level : simd_levels()) {
+        for (const auto& c : block_codecs()) {
+            if (c.codec != BlockCodec::q8_0 && c.codec != BlockCodec::q4_0 && c.codec != BlockCodec::q5_0) continue;
+            const BlockKernels& ref = kvq::detail::scalar_kernels(c.codec);
+            const BlockKernels& simd = *kvq::detail::level_kernels(c.codec, level);
+            for (int n : {32, 96, 128, 160, 256}) {
+                for (size_t rows : {size_t(1), size_t(32), size_t(63), size_t(64), size_t(65), size_t(129)}) {
+                    for (bool extreme : {false, true}) {
+                        const size_t row_bytes = size_t(n / c.block) * c.bytes_per_block, stride = row_bytes + 1;
+                        const auto v = make_rows(rows, n, 31 * n + rows, extreme);
+                        std::vector<uint8_t> vals(rows * stride);
+                        for (size_t r = 0; r < rows; ++r) ref.quantize(v.data() + r * n, vals.data() + r * stride, n);
+                        std::vector<float> vd(rows * n);
+                        for (size_t r = 0; r < rows; ++r) ref.dequantize(vals.data() + r * stride, vd.data() + r * n, n);
+                        for (int n_q : {1, 2, 3, 4, 5, 8}) {
+                            CAPTURE(kvq::simd_level_name(level));
+                            CAPTURE(c.name);
+                            CAPTURE(n);
+                            CAPTURE(rows);
+                            CAPTURE(extreme);
+                            CAPTURE(n_q);
+                            const size_t w_stride = rows + 3;
+                            std::vector<float> w = make_rows(n_q, static_cast<int>(w_stride), 7 + rows, false);
+                            for (auto& x : w) x = std::fabs(x);  // softmax weights are non-negative
+                            const std::vector<float> acc0 = make_rows(n_q, n, 3 + n, false);
+                            std::vector<float> aa = acc0, ab = acc0;
+                            ref.accumulate(w.data(), w_stride, n_q, vals.data(), stride, rows, n, aa.data());
+                            simd.accumulate(w.data(), w_stride, n_q, vals.data(), stride, rows, n, ab.data());
+                            size_t bad = 0;
+                            for (int i = 0; i < n_q; ++i) {
+                                for (int j = 0; j < n; ++j) {
+                                    double mag = std::fabs(acc0[i * n + j]);
+                                    for (size_t r = 0; r < rows; ++r) mag += std::fabs(double(w[i * w_stride + r]) * vd[r * n + j]);
+                                    bad += !close(ab[i * n + j], aa[i * n + j], 2e-6 * mag + 1e-35);
+                                }
+                            }
+                            CHECK_MESSAGE(bad == 0, bad << " accumulated values differ beyond float rounding");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "../codec/half.hpp"
@@ -17,6 +19,17 @@ constexpr size_t kMinBlocksPerPart = 16;
 // caller idle for a whole part, 11% of a 128k-token step). Each part keeps its own (max, sum, acc) so
 // that the merge order, hence the result, never depends on which thread ran which part.
 constexpr size_t kMaxParts = 64;
+
+constexpr size_t kLine = 64;  // bytes of a cache line
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// The first cache-line boundary at or after p (the buffer holds a line's worth of slack).
+template <class T>
+T* align_line(T* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    return reinterpret_cast<T*>((a + kLine - 1) / kLine * kLine);
+}
 
 struct WorkItem {
     size_t source;
@@ -60,7 +73,20 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
         for (int h = 0; h < shape.n_kv_heads; ++h) {
             const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krb;
             const uint8_t* values = block + lay.v_offset + h * lay.v_head_stride + lo * vrb;
+            // The values are read only after the scores and the softmax: ask for them now, so that their
+            // first touch overlaps the scoring instead of stalling the accumulate (measured: 6-10% of a
+            // q8_0/q4_0 step at 4k and 32k tokens; prefetching the next head's keys as well was slower).
+            for (size_t o = 0; o < n * vrb; o += 64) __builtin_prefetch(values + o, 0, 3);
             src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krb, n, scores, n);
+            // And the first half of the next head's keys (the hardware prefetcher streams the rest once it
+            // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
+            // (all of them, or at score time, was no better or slower).
+            const uint8_t* next_keys = h + 1 < shape.n_kv_heads ? keys + lay.k_head_stride
+                                       : b + 1 < b1             ? src.blocks[b + 1] + lay.k_offset
+                                                                : nullptr;
+            if (next_keys) {
+                for (size_t o = 0; o < bt * krb / 2; o += 64) __builtin_prefetch(next_keys + o, 0, 3);
+            }
             float* head_acc = acc + static_cast<size_t>(h) * g * d;
             float* offsets = nullptr;
             if (centered) {  // q·mean, added back to the scores of keys stored minus their block mean
@@ -121,12 +147,20 @@ void decode_attention(const AttentionShape& shape, std::span<const RowSource> so
 
     if (!pool) threads = 1;
     const std::vector<WorkItem> items = plan_work(sources, threads);
-    std::vector<SoftmaxState> states(items.size() * heads);
-    std::vector<float> accs(items.size() * heads * d, 0.0f);
+    // Each part's (max, sum) states and accumulators on cache lines of their own: parts run on different
+    // threads at once, and both are written at every block. Each part zeroes its own accumulators.
+    const size_t state_stride = round_up(heads, kLine / sizeof(SoftmaxState));
+    const size_t acc_stride = round_up(heads * d, kLine / sizeof(float));
+    std::vector<SoftmaxState> state_buf(items.size() * state_stride + kLine / sizeof(SoftmaxState));
+    const std::unique_ptr<float[]> acc_buf(new float[items.size() * acc_stride + kLine / sizeof(float)]);
+    SoftmaxState* const states = align_line(state_buf.data());
+    float* const accs = align_line(acc_buf.get());
     auto run_item = [&](int i) {
         const WorkItem& it = items[i];
+        float* acc = accs + i * acc_stride;
+        std::fill(acc, acc + heads * d, 0.0f);
         attend_blocks(shape, sources[it.source], preps[it.source].data(), q, it.block_begin, it.block_end,
-                      states.data() + i * heads, accs.data() + i * heads * d);
+                      states + i * state_stride, acc);
     };
     if (pool && threads > 1 && items.size() > 1) {
         pool->run(static_cast<int>(items.size()), run_item);
@@ -139,21 +173,23 @@ void decode_attention(const AttentionShape& shape, std::span<const RowSource> so
     SoftmaxState* total = nullptr;
     float* total_acc = nullptr;
     for (size_t i = 0; i < items.size();) {
+        SoftmaxState* st_i = states + i * state_stride;
+        float* acc_i = accs + i * acc_stride;
         size_t j = i + 1;
         for (; j < items.size() && items[j].source == items[i].source; ++j) {
+            const SoftmaxState* st_j = states + j * state_stride;
+            const float* acc_j = accs + j * acc_stride;
             for (size_t h = 0; h < heads; ++h) {
-                merge_softmax(states[i * heads + h], &accs[(i * heads + h) * d], states[j * heads + h],
-                              &accs[(j * heads + h) * d], shape.head_dim);
+                merge_softmax(st_i[h], acc_i + h * d, st_j[h], acc_j + h * d, shape.head_dim);
             }
         }
-        sources[items[i].source].value->finish_accumulate(&accs[i * heads * d], shape.n_heads);
+        sources[items[i].source].value->finish_accumulate(acc_i, shape.n_heads);
         if (!total) {
-            total = &states[i * heads];
-            total_acc = &accs[i * heads * d];
+            total = st_i;
+            total_acc = acc_i;
         } else {
             for (size_t h = 0; h < heads; ++h) {
-                merge_softmax(total[h], total_acc + h * d, states[i * heads + h], &accs[(i * heads + h) * d],
-                              shape.head_dim);
+                merge_softmax(total[h], total_acc + h * d, st_i[h], acc_i + h * d, shape.head_dim);
             }
         }
         i = j;

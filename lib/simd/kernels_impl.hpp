@@ -14,11 +14,15 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <type_traits>
 
 #include "../codec/kernels.hpp"
 #include "plain_impl.hpp"
 #include "loops.hpp"
 #include "quantize_impl.hpp"
+#if defined(__AVX2__)
+#include "accumulate_avx2.hpp"
+#endif
 
 namespace kvq::simd {
 namespace {
@@ -241,10 +245,65 @@ struct BlockTile {
     }
 };
 
+// Part p of block t of a row as its signed codes q (x = d·q), unscaled: symmetric layouts only.
+template <class A, class L>
+struct CodeTile {
+    static void load(const uint8_t* row, int64_t t, int p, xsimd::batch<float, A>* v) {
+        using O = Ops<A>;
+        const auto& b = reinterpret_cast<const typename L::Block*>(row)[t];
+        O::widen_pair(L::template bytes<O>(b), p, v);
+    }
+};
+
+// Symmetric layouts (x = d·q): w·x = (w·d)·q, so each block's scale folds into the weights once per
+// (row, block), and the tile loop only widens codes and issues fmas (4 queries × 2 registers).
+template <class A, class L>
+struct AccumulateScaled {
+    template <int G>
+    struct Pass {
+        static void run(int i0, const float* w, size_t w_stride, const uint8_t* rows, size_t row_stride,
+                        size_t n_rows, int64_t n, float* acc) {
+            using O = Ops<A>;
+            float wt[kRowChunk * G], wd[kRowChunk * G];
+            float* ap[G];
+            for (int i = 0; i < G; ++i) {
+                ap[i] = acc + (i0 + i) * n;
+                for (size_t r = 0; r < n_rows; ++r) wt[r * G + i] = w[(i0 + i) * w_stride + r];
+            }
+            for (int64_t t = 0; t < n / kQK; ++t) {
+                for (size_t r = 0; r < n_rows; ++r) {
+                    const float d = O::f16_value(reinterpret_cast<const typename L::Block*>(rows + r * row_stride)[t].d);
+                    for (int i = 0; i < G; ++i) wd[r * G + i] = wt[r * G + i] * d;
+                }
+                for (int p = 0; p < kTilesPerBlock<A>; ++p)
+                    accumulate_tile<A, CodeTile<A, L>, G>(wd, rows, row_stride, n_rows, t, p, ap);
+            }
+        }
+    };
+    static void run(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                    size_t n_rows, int64_t n, float* acc) {
+        for (size_t r0 = 0; r0 < n_rows; r0 += kRowChunk) {
+            const size_t rn = std::min(kRowChunk, n_rows - r0);
+            for_query_groups<4, Pass>(n_q, w + r0, w_stride, rows + r0 * row_stride, row_stride, rn, n, acc);
+        }
+    }
+};
+
 template <class A, class L>
 void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                        size_t n_rows, int64_t n, float* acc) {
-    AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ4_0>) {
+        return accumulate_sym_avx2<detail::BlockQ4_0, CodesQ4_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    } else if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ8_0>) {
+        return accumulate_sym_avx2<detail::BlockQ8_0, CodesQ8_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    }
+#endif
+    if constexpr (L::has_min) {
+        AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    } else {
+        AccumulateScaled<A, L>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    }
 }
 
 template <class A, class L>
