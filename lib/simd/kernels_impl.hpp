@@ -266,6 +266,7 @@ detail::LevelKernels make_level() {
     k.codec[int(BlockCodec::q5_0)] = block_kernels<A, LayoutQ5_0>(quantize_sym<A, 5>);
     k.codec[int(BlockCodec::q5_1)] = block_kernels<A, LayoutQ5_1>(quantize_asym<A, 5>);
     k.all_finite = all_finite<A>;
+    k.finite_max_abs = finite_max_abs<A>;
     return k;
 }
 
