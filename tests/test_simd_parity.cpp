@@ -396,3 +396,47 @@ TEST_CASE("finite_max_abs: the largest |x|, or NaN for any NaN or Inf, at every 
     }
     kvq::force_simd_level(active);
 }
+
+TEST_CASE("q4 scores at the int16 limits: every nibble 15 or random, query codes ±127, 4 queries, even and odd block counts") {
+    for (auto level : simd_levels()) {
+        for (BlockCodec codec : {BlockCodec::q4_0, BlockCodec::q4_1}) {
+            const BlockKernels& ref = kvq::detail::scalar_kernels(codec);
+            const BlockKernels& simd = *kvq::detail::level_kernels(codec, level);
+            const int bpb = codec == BlockCodec::q4_0 ? 18 : 20;
+            for (int n : {32, 64, 96, 128, 256, 2048, 2080}) {
+                CAPTURE(kvq::simd_level_name(level));
+                CAPTURE(static_cast<int>(codec));
+                CAPTURE(n);
+                const size_t rows = 70, row_bytes = size_t(n / 32) * bpb;
+                std::vector<uint8_t> keys(rows * row_bytes);
+                std::mt19937 rng(n);
+                for (size_t r = 0; r < rows; ++r) {
+                    for (int b = 0; b < n / 32; ++b) {
+                        uint8_t* blk = keys.data() + r * row_bytes + b * bpb;
+                        const uint16_t d = 0x3C00 + static_cast<uint16_t>(rng() % 64);  // about 1.0
+                        std::memcpy(blk, &d, 2);
+                        if (bpb == 20) std::memcpy(blk + 2, &d, 2);
+                        for (int j = bpb - 16; j < bpb; ++j) blk[j] = r % 3 == 0 ? 0xFF : static_cast<uint8_t>(rng());
+                    }
+                }
+                const int n_q = 4;
+                std::vector<float> q(n_q * n);
+                for (int i = 0; i < n_q; ++i) {
+                    for (int j = 0; j < n; ++j) q[i * n + j] = i == 0 ? 1.0f : i == 1 ? -1.0f : (j % 2 ? 1.0f : -1.0f) * (i == 2 ? 1.0f : float(j % 7));
+                }
+                const size_t qbytes = size_t(n / 32) * 40;
+                std::vector<uint8_t> prep(n_q * qbytes);
+                for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
+                std::vector<float> sa(n_q * rows), sb(n_q * rows);
+                ref.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sa.data(), rows);
+                simd.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sb.data(), rows);
+                size_t bad = 0;
+                for (size_t i = 0; i < sa.size(); ++i) {
+                    // |score| <= n · 2 · 16 · |dq| at most; float rounding over n/32 blocks
+                    bad += !close(sb[i], sa[i], 1e-6 * n * 40.0 + 1e-30);
+                }
+                CHECK_MESSAGE(bad == 0, bad << " scores differ");
+            }
+        }
+    }
+}

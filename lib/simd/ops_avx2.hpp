@@ -103,6 +103,35 @@ struct Avx2Blocks {
 
     static uint16_t f16_bits(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
     static float f16_value(uint16_t h) { return _cvtsh_ss(h); }
+
+    // Two nibble blocks at once, one per 128-bit half (kernels_impl.hpp's score_group4_pairs): a block's
+    // 16 bytes hold values 0..15 in their low and 16..31 in their high nibbles, so the low nibbles of
+    // both blocks make one register and the high nibbles another, and the query is laid out to match.
+    static constexpr bool kBlockPairs = true;
+    static void load_nibble_pair(const uint8_t* qs0, const uint8_t* qs1, __m256i& lo, __m256i& hi) {
+        const __m256i t = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
+        const __m256i m = _mm256_set1_epi8(0x0F);
+        lo = _mm256_and_si256(t, m);
+        hi = _mm256_and_si256(_mm256_srli_epi16(t, 4), m);
+    }
+    // Lane i of the low half: Σ over block 0 of code·y for query i; of the high half: the same for block 1.
+    // ylo[i] / yhi[i]: query i's values 0..15 / 16..31 of block 0, then of block 1 (32 bytes each).
+    // Codes are at most 15 and |y| <= 128, so the int16 sums of up to 16 products stay below 2^15.
+    static IDot dot4_pair(__m256i lo, __m256i hi, const int8_t (*ylo)[32], const int8_t (*yhi)[32]) {
+        __m256i m[4];
+        for (int i = 0; i < 4; ++i) {
+            m[i] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256(reinterpret_cast<const __m256i*>(ylo[i]))),
+                                    _mm256_maddubs_epi16(hi, _mm256_load_si256(reinterpret_cast<const __m256i*>(yhi[i]))));
+        }
+        const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3]));
+        return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+    }
+    // Two fp16 values, each broadcast to one 128-bit half, as floats.
+    static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> f16_pair(uint16_t d0, uint16_t d1) {
+        return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<short>(d0)), _mm_set1_epi16(static_cast<short>(d1))));
+    }
 };
 
 template <>
