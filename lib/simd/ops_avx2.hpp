@@ -128,6 +128,20 @@ struct Avx2Blocks {
         const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3]));
         return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
     }
+    // out[i][r] = result[r][i] + result[r][i + 4] for i < 4, r < n: the two halves of each row's sums
+    // added and transposed, four rows at a time.
+    static void store_half_sums4(const float (*result)[8], size_t n, float* const* out) {
+        size_t r = 0;
+        for (; r + 4 <= n; r += 4) {
+            __m128 x[4];
+            for (int k = 0; k < 4; ++k) x[k] = _mm_add_ps(_mm_load_ps(result[r + k]), _mm_load_ps(result[r + k] + 4));
+            _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
+            for (int i = 0; i < 4; ++i) _mm_storeu_ps(out[i] + r, x[i]);
+        }
+        for (; r < n; ++r) {
+            for (int i = 0; i < 4; ++i) out[i][r] = result[r][i] + result[r][i + 4];
+        }
+    }
     // Two fp16 values, each broadcast to one 128-bit half, as floats.
     static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> f16_pair(uint16_t d0, uint16_t d1) {
         return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<short>(d0)), _mm_set1_epi16(static_cast<short>(d1))));
