@@ -48,6 +48,12 @@ struct Avx2Blocks {
         const __m128i hi = _mm_and_si128(_mm256_extracti128_si256(b, 1), m);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
     }
+    // store_nibbles for codes known to lie in 0..15: no masking (a 16-bit shift by 4 keeps each byte's
+    // code in its own byte).
+    static void store_nibbles15(Bytes b, uint8_t* qs) {
+        const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
+    }
     // Bit j = bit 4 of byte j.
     static uint32_t bit4_mask(Bytes b) { return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(b, 3))); }
     // The low byte of each of 32 int32 values (4 registers of 8), in order: C's int -> int8_t conversion.
@@ -160,6 +166,12 @@ struct Ops<xsimd::fma3<xsimd::avx2>> : Avx2Blocks {
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
         return _mm_cvtss_f32(m);
+    }
+    // hmax(v) in every lane.
+    static F hmax_all(F v) {
+        __m256 m = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+        m = _mm256_max_ps(m, _mm256_permute_ps(m, 0x4E));
+        return _mm256_max_ps(m, _mm256_permute_ps(m, 0xB1));
     }
     static I to_i32(F v) { return _mm256_cvttps_epi32(v); }  // truncation, as C's float -> int
     static F to_f32(I v) { return _mm256_cvtepi32_ps(v); }

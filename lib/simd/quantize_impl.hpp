@@ -35,6 +35,36 @@ xsimd::batch<float, A> add_round_half_away(xsimd::batch<float, A> v) {
     return v + (xsimd::bitofsign(v) | F(0x1.fffffep-2f));
 }
 
+// The quantizers read their input once from memory (the second pass over a block hits L1): software
+// prefetch this far ahead keeps more of the stream in flight than the hardware prefetcher alone
+// (measured: q8_0 about +20%, q4_0 +6% from memory on one AVX2 thread; nothing in cache).
+inline constexpr size_t kQuantizePrefetchFloats = 1024;
+inline void prefetch_block(const float* xb) {
+    __builtin_prefetch(xb + kQuantizePrefetchFloats);
+    __builtin_prefetch(xb + kQuantizePrefetchFloats + 16);
+}
+
+// hmax(v) in every lane: in registers where Ops has it (then the group's maxima are gathered with
+// blends, not with scalar stores that a vector load would wait for), else a broadcast of hmax.
+template <class O, class F>
+F hmax_all(F v) {
+    if constexpr (requires { O::hmax_all(v); }) {
+        return O::hmax_all(v);
+    } else {
+        return F(O::hmax(v));
+    }
+}
+template <class A>
+xsimd::batch<float, A> lane_indices() {
+    constexpr int N = kLanes<A>;
+    alignas(64) static const float idx[64] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                              16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                                              32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+                                              48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+    static_assert(N <= 64);
+    return xsimd::batch<float, A>::load_aligned(idx);
+}
+
 template <class A>
 void load_block(const float* x, xsimd::batch<float, A>* v) {
     for (int k = 0; k < kPerBlock<A>; ++k) v[k] = xsimd::batch<float, A>::load_unaligned(x + k * kLanes<A>);
@@ -117,15 +147,16 @@ void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
     const int64_t nb = n / kQK;
     for (int64_t i0 = 0; i0 < nb; i0 += N) {
         const int count = static_cast<int>(std::min<int64_t>(N, nb - i0));
-        alignas(64) float amax[N];
+        const F lane = lane_indices<A>();
+        F amax(0.0f);  // lane c: block i0 + c
         for (int c = 0; c < count; ++c) {
+            prefetch_block(x + (i0 + c) * kQK);
             F v[kPerBlock<A>];
             load_block<A>(x + (i0 + c) * kQK, v);
-            amax[c] = O::hmax(block_amax_capped<A>(v));
+            amax = xsimd::select(lane == F(float(c)), hmax_all<O>(block_amax_capped<A>(v)), amax);
         }
-        for (int c = count; c < N; ++c) amax[c] = 0.0f;
         BlockScales<A> s;
-        s.compute(F::load_aligned(amax), (1 << 7) - 1);
+        s.compute(amax, (1 << 7) - 1);
         alignas(64) float irregular[N];
         irregular_scales<A>(s.d, irregular);
         for (int c = 0; c < count; ++c) {
@@ -170,9 +201,14 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
     const int64_t nb = n / kQK;
     for (int64_t i0 = 0; i0 < nb; i0 += N) {
         const int count = static_cast<int>(std::min<int64_t>(N, nb - i0));
-        alignas(64) float extreme[N];
+        // Lane c: the largest value and the negated smallest of block i0 + c, then the one of larger
+        // magnitude with its sign. Equal magnitudes (+a and -a both present, zero blocks, NaN) take the
+        // specification's scan, which keeps the first.
+        const F lane = lane_indices<A>();
+        F vmax(0.0f), neg_vmin(0.0f);
         for (int c = 0; c < count; ++c) {
             const float* xb = x + (i0 + c) * kQK;
+            prefetch_block(xb);
             F v[kPerBlock<A>];
             load_block<A>(xb, v);
             F hi = v[0], lo = v[0];
@@ -180,12 +216,23 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
                 hi = xsimd::max(hi, v[k]);
                 lo = xsimd::min(lo, v[k]);
             }
-            const float vmax = O::hmax(hi), vmin = -O::hmax(-lo);
-            extreme[c] = vmax > -vmin ? vmax : -vmin > vmax ? vmin : signed_extreme(xb);
+            const auto here = lane == F(float(c));
+            vmax = xsimd::select(here, hmax_all<O>(hi), vmax);
+            neg_vmin = xsimd::select(here, hmax_all<O>(-lo), neg_vmin);
         }
-        for (int c = count; c < N; ++c) extreme[c] = 0.0f;
+        const auto pos = vmax > neg_vmin, neg = neg_vmin > vmax;
+        F extreme_v = xsimd::select(pos, vmax, xsimd::select(neg, -neg_vmin, F(0.0f)));
+        if (xsimd::any(!(pos || neg) && lane < F(float(count)))) {
+            alignas(64) float ext[N], tie[N];
+            extreme_v.store_aligned(ext);
+            xsimd::select(pos || neg, F(0.0f), F(1.0f)).store_aligned(tie);
+            for (int c = 0; c < count; ++c) {
+                if (tie[c] != 0.0f) ext[c] = signed_extreme(x + (i0 + c) * kQK);
+            }
+            extreme_v = F::load_aligned(ext);
+        }
         BlockScales<A> s;
-        s.compute(F::load_aligned(extreme), -half);
+        s.compute(extreme_v, -half);
         alignas(64) float irregular[N];
         irregular_scales<A>(s.d, irregular);
         for (int c = 0; c < count; ++c) {
@@ -206,7 +253,11 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
                         const uint32_t qh = O::bit4_mask(bytes);
                         std::memcpy(b.qh, &qh, 4);
                     }
-                    O::store_nibbles(bytes, b.qs);
+                    if constexpr (Bits == 4 && requires { O::store_nibbles15(bytes, b.qs); }) {
+                        O::store_nibbles15(bytes, b.qs);
+                    } else {
+                        O::store_nibbles(bytes, b.qs);
+                    }
                     continue;
                 }
             }
