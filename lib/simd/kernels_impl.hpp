@@ -187,19 +187,19 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
         acc = xsimd::fma(O::dot_to_f32(p), FD(dk) * FD::load_aligned(dq[b]), acc);
     };
     alignas(64) float result[kRowChunk][N];
+    // 256-bit dot products (AVX2, AVX-512): two rows per step, more independent work between the loads;
+    // 128-bit ones keep one row per step (their four-query sums need more registers).
+    constexpr size_t R = N == 8 ? 2 : 1;
     size_t r = 0;
-    for (; r + 2 <= n_rows; r += 2) {  // two rows per step: more independent work between the loads
+    for (; r + R <= n_rows; r += R) {
         const uint8_t* row = rows + r * row_stride;
-        for (size_t ahead = 0; ahead < 2 * row_stride; ahead += 64) __builtin_prefetch(row + kPrefetchBytes + ahead);
-        const auto* blk0 = reinterpret_cast<const Block*>(row);
-        const auto* blk1 = reinterpret_cast<const Block*>(row + row_stride);
-        FD acc0(0.0f), bias0(0.0f), acc1(0.0f), bias1(0.0f);
+        for (size_t ahead = 0; ahead < R * row_stride; ahead += 64) __builtin_prefetch(row + kPrefetchBytes + ahead);
+        FD acc[R], bias[R];
+        for (size_t k = 0; k < R; ++k) acc[k] = bias[k] = FD(0.0f);
         for (int64_t b = 0; b < nb; ++b) {
-            step(blk0, b, acc0, bias0);
-            step(blk1, b, acc1, bias1);
+            for (size_t k = 0; k < R; ++k) step(reinterpret_cast<const Block*>(row + k * row_stride), b, acc[k], bias[k]);
         }
-        (acc0 + bias0).store_aligned(result[r]);
-        (acc1 + bias1).store_aligned(result[r + 1]);
+        for (size_t k = 0; k < R; ++k) (acc[k] + bias[k]).store_aligned(result[r + k]);
     }
     for (; r < n_rows; ++r) {
         const auto* blk = reinterpret_cast<const Block*>(rows + r * row_stride);
