@@ -6,6 +6,7 @@
 // in the same run): 1.0 is the physical floor, 1.67 is 60% of the read bandwidth.
 //
 //   ./build/bench/kvq_bench --benchmark_filter='codec/score/(q8_0|q4_0|f16)/'
+//   ./build/bench/kvq_bench --benchmark_filter='codec/quantize(_cached|_api)?/(q8_0|q4_0)/'
 //   ./build/bench/kvq_bench --benchmark_filter='codec/' --benchmark_format=json > codecs.json
 #include <benchmark/benchmark.h>
 
@@ -57,7 +58,7 @@ std::vector<float> gaussian(size_t n, uint64_t seed) {
 // Times each pass of the body (wall clock) and sets the counters from the fastest pass, as the bandwidth
 // probe keeps its fastest pass: on a shared machine, noise only ever makes a pass slower.
 template <class Body>
-void run(benchmark::State& state, size_t values, size_t bytes_read, Body&& body) {
+void run(benchmark::State& state, size_t values, size_t bytes_read, Body&& body, size_t bytes_written = 0) {
     const double floor_s = double(bytes_read) / read_bandwidth(1);
     double best = 1e300;
     for (auto _ : state) {
@@ -68,16 +69,39 @@ void run(benchmark::State& state, size_t values, size_t bytes_read, Body&& body)
     state.counters["values/s"] = benchmark::Counter(double(values) / best);
     state.counters["bytes/s"] = benchmark::Counter(double(bytes_read) / best);
     state.counters["x_floor"] = benchmark::Counter(best / floor_s);
+    // quantize also writes its blocks: x_floor_rw counts them too (as if written at the read bandwidth)
+    if (bytes_written) state.counters["x_floor_rw"] = benchmark::Counter(best / (floor_s * double(bytes_read + bytes_written) / double(bytes_read)));
 }
 
 void quantize(benchmark::State& state, CodecShape s, const BlockKernels* k) {
     const size_t rows = kQuantizeValues / kDim;
     const auto x = gaussian(kQuantizeValues, 1);
     std::vector<uint8_t> out(rows * s.row_bytes, 1);
-    run(state, kQuantizeValues, kQuantizeValues * sizeof(float), [&] {
-        for (size_t r = 0; r < rows; ++r) k->quantize(x.data() + r * kDim, out.data() + r * s.row_bytes, kDim);
-        benchmark::DoNotOptimize(out.data());
-    });
+    run(
+        state, kQuantizeValues, kQuantizeValues * sizeof(float),
+        [&] {
+            for (size_t r = 0; r < rows; ++r) k->quantize(x.data() + r * kDim, out.data() + r * s.row_bytes, kDim);
+            benchmark::DoNotOptimize(out.data());
+        },
+        out.size());
+}
+
+// The same on 64 K floats (256 KiB, in L2), repeated: the kernel's own speed, not the memory's
+// (x_floor there is only a scale, the data never leaves the caches).
+void quantize_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    constexpr size_t values = size_t(64) << 10, repeats = 64;
+    const size_t rows = values / kDim;
+    const auto x = gaussian(values, 1);
+    std::vector<uint8_t> out(rows * s.row_bytes, 1);
+    run(
+        state, values * repeats, values * repeats * sizeof(float),
+        [&] {
+            for (size_t i = 0; i < repeats; ++i) {
+                for (size_t r = 0; r < rows; ++r) k->quantize(x.data() + r * kDim, out.data() + r * s.row_bytes, kDim);
+                benchmark::DoNotOptimize(out.data());
+            }
+        },
+        out.size() * repeats);
 }
 
 // The public path: Codec::quantize_rows at the active level, with its finiteness check (a second read of
@@ -89,10 +113,13 @@ void quantize_api(benchmark::State& state, CodecShape s, SimdLevel level) {
     const size_t rows = kQuantizeValues / kDim;
     const auto x = gaussian(kQuantizeValues, 1);
     std::vector<uint8_t> out(rows * s.row_bytes, 1);
-    run(state, kQuantizeValues, kQuantizeValues * sizeof(float), [&] {
-        codec.quantize_rows(x.data(), rows, out.data());
-        benchmark::DoNotOptimize(out.data());
-    });
+    run(
+        state, kQuantizeValues, kQuantizeValues * sizeof(float),
+        [&] {
+            codec.quantize_rows(x.data(), rows, out.data());
+            benchmark::DoNotOptimize(out.data());
+        },
+        out.size());
     force_simd_level(before);
 }
 
@@ -151,7 +178,7 @@ void accumulate(benchmark::State& state, CodecShape s, const BlockKernels* k) {
 
 // codec/<op>/<codec>/<level>, for every block codec and every level this CPU runs.
 const bool registered = [] {
-    for (const char* op : {"quantize", "quantize_api", "dequantize", "score", "accumulate"}) {
+    for (const char* op : {"quantize", "quantize_cached", "quantize_api", "dequantize", "score", "accumulate"}) {
         for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
             const CodecShape s = shape(static_cast<BlockCodec>(c));
             for (SimdLevel level : available_simd_levels()) {
@@ -161,6 +188,7 @@ const bool registered = [] {
                 const std::string o = op;
                 benchmark::internal::Benchmark* b = nullptr;
                 if (o == "quantize") b = benchmark::RegisterBenchmark(name.c_str(), quantize, s, k);
+                if (o == "quantize_cached") b = benchmark::RegisterBenchmark(name.c_str(), quantize_cached, s, k);
                 if (o == "quantize_api") b = benchmark::RegisterBenchmark(name.c_str(), quantize_api, s, level);
                 if (o == "dequantize") b = benchmark::RegisterBenchmark(name.c_str(), dequantize, s, k);
                 if (o == "score") b = benchmark::RegisterBenchmark(name.c_str(), score, s, k);

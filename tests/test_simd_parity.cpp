@@ -4,7 +4,9 @@
 // queries, random data and edge cases (zeros, signed zeros, ties, equal values, huge and tiny scales).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <limits>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -329,6 +331,161 @@ TEST_CASE("every SIMD level accumulates symmetric block codes as the scalar spec
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+namespace {
+
+// Blocks that probe the quantizers' fast-path tests and rounding: NaN and Inf in every position (alone,
+// together, with a larger finite value), exact rounding ties and their neighbours at scale 1, ±0, huge
+// and subnormal scales. Each block is 32 values; blocks are grouped so that every lane of a group of
+// 4, 8 or 16 blocks sees each kind.
+std::vector<float> edge_blocks() {
+    std::vector<float> x;
+    std::mt19937_64 rng(77);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto block = [&](auto&& fill) {
+        float b[32];
+        for (float& v : b) v = normal(rng);
+        fill(b);
+        x.insert(x.end(), b, b + 32);
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    for (int p = 0; p < 32; ++p) {
+        for (float bad : {nan, -nan, inf, -inf}) block([&](float* b) { b[p] = bad; });
+        block([&](float* b) { b[p] = nan; b[31 - p] = inf; });
+        block([&](float* b) { b[p] = -inf; b[(p + 7) % 32] = nan; });
+        block([&](float* b) { b[p] = nan; b[(p + 1) % 32] = 1e30f; });
+        block([&](float* b) { for (int j = 0; j < 32; ++j) b[j] = j == p ? nan : 0.0f; });
+    }
+    // Scale exactly 1 for q8_0 (amax 127) and q4_0 (extreme -8) / q5_0 (-16): x·id = x, and the rounding
+    // sees the ties themselves.
+    const float ties[] = {0.5f, 1.5f, 2.5f, 126.5f, 0.49999997f, 0.50000006f, 1.4999999f, 2.5000002f,
+                          0.0f, -0.0f, 1e-45f, 7.5f, 8.5f, 15.5f, 3.4999998f};
+    for (float extreme : {127.0f, -8.0f, -16.0f, 8.0f, 16.0f}) {
+        for (float sign : {1.0f, -1.0f}) {
+            block([&](float* b) {
+                for (int j = 0; j < 32; ++j) {
+                    const float t = ties[j % (sizeof ties / sizeof ties[0])] * sign;
+                    b[j] = std::fabs(t) <= std::fabs(extreme) ? t : t / 16.0f;
+                }
+                b[(extreme > 0) ? 3 : 29] = extreme;
+            });
+        }
+    }
+    for (float s : {0.0f, -0.0f}) block([&](float* b) { for (int j = 0; j < 32; ++j) b[j] = (j % 3) ? s : -s; });
+    for (float m : {FLT_MAX, -FLT_MAX, 8.3e6f, 65504.0f * 127, 65504.0f * 127 * 1.001f, 1e-38f, 1e-40f, 1e-44f,
+                    FLT_MIN * 127, FLT_MIN * 126}) {
+        block([&](float* b) {
+            for (int j = 0; j < 32; ++j) b[j] = m * (j % 5 - 2) / 2.0f;
+        });
+        block([&](float* b) { for (int j = 0; j < 32; ++j) b[j] *= std::fabs(m) / 4.0f; b[11] = m; });
+    }
+    while (x.size() % (16 * 32) != 0) block([](float*) {});
+    return x;
+}
+
+}  // namespace
+
+TEST_CASE("every SIMD level quantizes NaN/Inf anywhere, rounding ties, ±0, huge and subnormal scales as the specification") {
+    const auto x = edge_blocks();
+    for (auto level : simd_levels()) {
+        for (const auto& c : block_codecs()) {
+            if (c.block != 32) continue;
+            CAPTURE(kvq::simd_level_name(level));
+            CAPTURE(c.name);
+            const BlockKernels& ref = kvq::detail::scalar_kernels(c.codec);
+            const BlockKernels& simd = *kvq::detail::level_kernels(c.codec, level);
+            // One long call (full groups of blocks) and rows of 1..9 blocks (partial groups).
+            for (int per_call : {0, 1, 3, 4, 5, 8, 9}) {
+                CAPTURE(per_call);
+                const size_t blocks = x.size() / 32;
+                std::vector<uint8_t> a(blocks * c.bytes_per_block, 0xAB), b(blocks * c.bytes_per_block, 0xCD);
+                const size_t step = per_call ? per_call : blocks;
+                for (size_t i = 0; i < blocks; i += step) {
+                    const size_t nb = std::min(step, blocks - i);
+                    ref.quantize(x.data() + i * 32, a.data() + i * c.bytes_per_block, int64_t(nb) * 32);
+                    simd.quantize(x.data() + i * 32, b.data() + i * c.bytes_per_block, int64_t(nb) * 32);
+                }
+                size_t bad = 0;
+                for (size_t i = 0; i < blocks; ++i) {
+                    bad += std::memcmp(a.data() + i * c.bytes_per_block, b.data() + i * c.bytes_per_block,
+                                       c.bytes_per_block) != 0;
+                }
+                CHECK_MESSAGE(bad == 0, bad << " of " << blocks << " edge blocks quantize differently");
+            }
+        }
+    }
+}
+
+TEST_CASE("finite_max_abs: the largest |x|, or NaN for any NaN or Inf, at every level") {
+    const kvq::SimdLevel active = kvq::simd_level();
+    for (auto level : kvq::available_simd_levels()) {
+        kvq::force_simd_level(level);
+        CAPTURE(kvq::simd_level_name(level));
+        std::vector<float> x(301);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * 3.0f;
+        float m = 0.0f;
+        for (float v : x) m = std::max(m, std::fabs(v));
+        CHECK(kvq::detail::finite_max_abs(x.data(), x.size()) == m);
+        CHECK(kvq::detail::finite_max_abs(x.data(), 0) == 0.0f);
+        for (size_t pos : {size_t(0), size_t(7), size_t(64), size_t(255), size_t(300)}) {
+            CAPTURE(pos);
+            for (float bad : {NAN, INFINITY, -INFINITY}) {
+                const float keep = x[pos];
+                x[pos] = bad;
+                CHECK(std::isnan(kvq::detail::finite_max_abs(x.data(), x.size())));
+                CHECK_FALSE(std::isnan(kvq::detail::finite_max_abs(x.data(), pos)));  // stops before it
+                x[pos] = -FLT_MAX;
+                CHECK(kvq::detail::finite_max_abs(x.data(), x.size()) == FLT_MAX);
+                x[pos] = keep;
+            }
+        }
+    }
+    kvq::force_simd_level(active);
+}
+
+TEST_CASE("q4 scores at the int16 limits: every nibble 15 or random, query codes ±127, 4 queries, even and odd block counts") {
+    for (auto level : simd_levels()) {
+        for (BlockCodec codec : {BlockCodec::q4_0, BlockCodec::q4_1}) {
+            const BlockKernels& ref = kvq::detail::scalar_kernels(codec);
+            const BlockKernels& simd = *kvq::detail::level_kernels(codec, level);
+            const int bpb = codec == BlockCodec::q4_0 ? 18 : 20;
+            for (int n : {32, 64, 96, 128, 256, 2048, 2080}) {
+                CAPTURE(kvq::simd_level_name(level));
+                CAPTURE(static_cast<int>(codec));
+                CAPTURE(n);
+                const size_t rows = 70, row_bytes = size_t(n / 32) * bpb;
+                std::vector<uint8_t> keys(rows * row_bytes);
+                std::mt19937 rng(n);
+                for (size_t r = 0; r < rows; ++r) {
+                    for (int b = 0; b < n / 32; ++b) {
+                        uint8_t* blk = keys.data() + r * row_bytes + b * bpb;
+                        const uint16_t d = 0x3C00 + static_cast<uint16_t>(rng() % 64);  // about 1.0
+                        std::memcpy(blk, &d, 2);
+                        if (bpb == 20) std::memcpy(blk + 2, &d, 2);
+                        for (int j = bpb - 16; j < bpb; ++j) blk[j] = r % 3 == 0 ? 0xFF : static_cast<uint8_t>(rng());
+                    }
+                }
+                const int n_q = 4;
+                std::vector<float> q(n_q * n);
+                for (int i = 0; i < n_q; ++i) {
+                    for (int j = 0; j < n; ++j) q[i * n + j] = i == 0 ? 1.0f : i == 1 ? -1.0f : (j % 2 ? 1.0f : -1.0f) * (i == 2 ? 1.0f : float(j % 7));
+                }
+                const size_t qbytes = size_t(n / 32) * 40;
+                std::vector<uint8_t> prep(n_q * qbytes);
+                for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
+                std::vector<float> sa(n_q * rows), sb(n_q * rows);
+                ref.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sa.data(), rows);
+                simd.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sb.data(), rows);
+                size_t bad = 0;
+                for (size_t i = 0; i < sa.size(); ++i) {
+                    // |score| <= n · 2 · 16 · |dq| at most; float rounding over n/32 blocks
+                    bad += !close(sb[i], sa[i], 1e-6 * n * 40.0 + 1e-30);
+                }
+                CHECK_MESSAGE(bad == 0, bad << " scores differ");
             }
         }
     }

@@ -120,7 +120,10 @@ void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_s
     require(dst_stride >= row_bytes(), name_, "quantize_rows: dst_stride is smaller than row_bytes()");
     if (nan == NanPolicy::reject) {
         const size_t n = n_rows * head_dim_;
-        if (!detail::all_finite(x, n)) {  // vectorized; the scalar pass only runs to name the bad value
+        // One vectorized pass checks finiteness and the largest |x| together; the scalar passes only run
+        // to name the bad value or row (or for codecs whose limit is on the row's norm).
+        const float amax = detail::finite_max_abs(x, n);
+        if (std::isnan(amax)) {
             for (size_t i = 0; i < n; ++i) {
                 if (!std::isfinite(x[i])) {
                     fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
@@ -128,7 +131,8 @@ void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_s
                 }
             }
         }
-        check_range(x, n_rows);
+        const InputLimit limit = input_limit();
+        if (limit.on_norm || amax > limit.max_abs) check_range(x, n_rows);
     }
     impl_->quantize_rows(x, n_rows, static_cast<uint8_t*>(dst), dst_stride);
 }

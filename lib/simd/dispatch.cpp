@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #if defined(KVQ_SIMD_X86)
@@ -110,6 +112,16 @@ bool all_finite(const float* x, size_t n) {
         if (!std::isfinite(x[i])) return false;
     }
     return true;
+}
+
+float finite_max_abs(const float* x, size_t n) {
+    if (const LevelKernels* k = runnable_level(simd_level())) return k->finite_max_abs(x, n);
+    float m = 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(x[i])) return std::numeric_limits<float>::quiet_NaN();
+        m = std::max(m, std::fabs(x[i]));
+    }
+    return m;
 }
 
 const RotatedKernels* level_rotated_kernels(SimdLevel level) {

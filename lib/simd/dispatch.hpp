@@ -13,6 +13,7 @@ namespace kvq::detail {
 struct LevelKernels {
     BlockKernels codec[static_cast<int>(BlockCodec::count)];
     bool (*all_finite)(const float* x, size_t n);  // no NaN or Inf in x[0..n)
+    float (*finite_max_abs)(const float* x, size_t n);  // max |x_j| (0 for n = 0), or NaN if any is NaN or Inf
     RotatedKernels rotated{};  // polar and turbo codecs; all null where the level has none
 };
 const LevelKernels& level_sse2();
@@ -22,6 +23,9 @@ const LevelKernels& level_neon();
 
 // True if x[0..n) holds no NaN or Inf (vectorized at the active level).
 bool all_finite(const float* x, size_t n);
+// The largest |x_j| of x[0..n) (0 for n = 0), or NaN if some x_j is NaN or Inf: one vectorized pass that
+// checks finiteness and an input limit together.
+float finite_max_abs(const float* x, size_t n);
 
 // The kernels of codec c at the active level (falling back to the scalar specification where a level
 // has no kernel for c).

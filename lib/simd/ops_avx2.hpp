@@ -48,6 +48,12 @@ struct Avx2Blocks {
         const __m128i hi = _mm_and_si128(_mm256_extracti128_si256(b, 1), m);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
     }
+    // store_nibbles for codes known to lie in 0..15: no masking (a 16-bit shift by 4 keeps each byte's
+    // code in its own byte).
+    static void store_nibbles15(Bytes b, uint8_t* qs) {
+        const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
+    }
     // Bit j = bit 4 of byte j.
     static uint32_t bit4_mask(Bytes b) { return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(b, 3))); }
     // The low byte of each of 32 int32 values (4 registers of 8), in order: C's int -> int8_t conversion.
@@ -103,6 +109,49 @@ struct Avx2Blocks {
 
     static uint16_t f16_bits(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
     static float f16_value(uint16_t h) { return _cvtsh_ss(h); }
+
+    // Two nibble blocks at once, one per 128-bit half (kernels_impl.hpp's score_group4_pairs): a block's
+    // 16 bytes hold values 0..15 in their low and 16..31 in their high nibbles, so the low nibbles of
+    // both blocks make one register and the high nibbles another, and the query is laid out to match.
+    static constexpr bool kBlockPairs = true;
+    static void load_nibble_pair(const uint8_t* qs0, const uint8_t* qs1, __m256i& lo, __m256i& hi) {
+        const __m256i t = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
+        const __m256i m = _mm256_set1_epi8(0x0F);
+        lo = _mm256_and_si256(t, m);
+        hi = _mm256_and_si256(_mm256_srli_epi16(t, 4), m);
+    }
+    // Lane i of the low half: Σ over block 0 of code·y for query i; of the high half: the same for block 1.
+    // ylo[i] / yhi[i]: query i's values 0..15 / 16..31 of block 0, then of block 1 (32 bytes each).
+    // Codes are at most 15 and |y| <= 128, so the int16 sums of up to 16 products stay below 2^15.
+    static IDot dot4_pair(__m256i lo, __m256i hi, const int8_t (*ylo)[32], const int8_t (*yhi)[32]) {
+        __m256i m[4];
+        for (int i = 0; i < 4; ++i) {
+            m[i] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256(reinterpret_cast<const __m256i*>(ylo[i]))),
+                                    _mm256_maddubs_epi16(hi, _mm256_load_si256(reinterpret_cast<const __m256i*>(yhi[i]))));
+        }
+        const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3]));
+        return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+    }
+    // out[i][r] = result[r][i] + result[r][i + 4] for i < 4, r < n: the two halves of each row's sums
+    // added and transposed, four rows at a time.
+    static void store_half_sums4(const float (*result)[8], size_t n, float* const* out) {
+        size_t r = 0;
+        for (; r + 4 <= n; r += 4) {
+            __m128 x[4];
+            for (int k = 0; k < 4; ++k) x[k] = _mm_add_ps(_mm_load_ps(result[r + k]), _mm_load_ps(result[r + k] + 4));
+            _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
+            for (int i = 0; i < 4; ++i) _mm_storeu_ps(out[i] + r, x[i]);
+        }
+        for (; r < n; ++r) {
+            for (int i = 0; i < 4; ++i) out[i][r] = result[r][i] + result[r][i + 4];
+        }
+    }
+    // Two fp16 values, each broadcast to one 128-bit half, as floats.
+    static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> f16_pair(uint16_t d0, uint16_t d1) {
+        return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<short>(d0)), _mm_set1_epi16(static_cast<short>(d1))));
+    }
 };
 
 template <>
@@ -117,6 +166,12 @@ struct Ops<xsimd::fma3<xsimd::avx2>> : Avx2Blocks {
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
         return _mm_cvtss_f32(m);
+    }
+    // hmax(v) in every lane.
+    static F hmax_all(F v) {
+        __m256 m = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+        m = _mm256_max_ps(m, _mm256_permute_ps(m, 0x4E));
+        return _mm256_max_ps(m, _mm256_permute_ps(m, 0xB1));
     }
     static I to_i32(F v) { return _mm256_cvttps_epi32(v); }  // truncation, as C's float -> int
     static F to_f32(I v) { return _mm256_cvtepi32_ps(v); }

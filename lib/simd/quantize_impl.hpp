@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../codec/blocks.hpp"
 #include "../codec/kernels.hpp"
@@ -32,6 +33,36 @@ template <class A>
 xsimd::batch<float, A> add_round_half_away(xsimd::batch<float, A> v) {
     using F = xsimd::batch<float, A>;
     return v + (xsimd::bitofsign(v) | F(0x1.fffffep-2f));
+}
+
+// The quantizers read their input once from memory (the second pass over a block hits L1): software
+// prefetch this far ahead keeps more of the stream in flight than the hardware prefetcher alone
+// (measured: q8_0 about +20%, q4_0 +6% from memory on one AVX2 thread; nothing in cache).
+inline constexpr size_t kQuantizePrefetchFloats = 1024;
+inline void prefetch_block(const float* xb) {
+    __builtin_prefetch(xb + kQuantizePrefetchFloats);
+    __builtin_prefetch(xb + kQuantizePrefetchFloats + 16);
+}
+
+// hmax(v) in every lane: in registers where Ops has it (then the group's maxima are gathered with
+// blends, not with scalar stores that a vector load would wait for), else a broadcast of hmax.
+template <class O, class F>
+F hmax_all(F v) {
+    if constexpr (requires { O::hmax_all(v); }) {
+        return O::hmax_all(v);
+    } else {
+        return F(O::hmax(v));
+    }
+}
+template <class A>
+xsimd::batch<float, A> lane_indices() {
+    constexpr int N = kLanes<A>;
+    alignas(64) static const float idx[64] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                              16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                                              32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+                                              48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+    static_assert(N <= 64);
+    return xsimd::batch<float, A>::load_aligned(idx);
 }
 
 template <class A>
@@ -83,6 +114,30 @@ struct BlockScales {
     }
 };
 
+// |x| as integer bits are ordered as the floats for finite values and lie above every finite value
+// (0x7F800000 and up) for Inf and NaN. Their maximum, capped at Inf's bits, is the block's max |x| as a
+// float: exact, and +Inf exactly when the block holds a NaN or an Inf (whatever the order of the lanes;
+// a float max would drop or keep a NaN depending on its operand order).
+template <class A>
+xsimd::batch<float, A> block_amax_capped(const xsimd::batch<float, A>* v) {
+    using I = xsimd::batch<int32_t, A>;
+    I m = bit_cast<int32_t>(xsimd::abs(v[0]));
+    for (int k = 1; k < kPerBlock<A>; ++k) m = xsimd::max(m, bit_cast<int32_t>(xsimd::abs(v[k])));
+    return bit_cast<float>(xsimd::min(m, I(0x7F800000)));
+}
+
+// out[c] != 0 for the lanes of d that are neither normal nor zero (NaN and Inf included): the blocks
+// that go through the specification. One vector test for all the blocks of a group.
+template <class A>
+void irregular_scales(const float* d, float* out) {
+    using F = xsimd::batch<float, A>;
+    const F dv = F::load_aligned(d), a = xsimd::abs(dv);
+    const auto ok = (a >= F(FLT_MIN) && a <= F(FLT_MAX)) || dv == F(0.0f);
+    xsimd::select(ok, F(0.0f), F(1.0f)).store_aligned(out);
+}
+
+// One pass over each block for its maximum (which also finds NaN and Inf: their block's scale is Inf),
+// the scales of kLanes blocks together, then a second pass from L1: x·id, rounded, packed, stored.
 template <class A>
 void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
     using O = Ops<A>;
@@ -92,26 +147,30 @@ void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
     const int64_t nb = n / kQK;
     for (int64_t i0 = 0; i0 < nb; i0 += N) {
         const int count = static_cast<int>(std::min<int64_t>(N, nb - i0));
-        alignas(64) float amax[N] = {};
+        const F lane = lane_indices<A>();
+        F amax(0.0f);  // lane c: block i0 + c
         for (int c = 0; c < count; ++c) {
+            prefetch_block(x + (i0 + c) * kQK);
             F v[kPerBlock<A>];
             load_block<A>(x + (i0 + c) * kQK, v);
-            amax[c] = block_amax<A>(v);
+            amax = xsimd::select(lane == F(float(c)), hmax_all<O>(block_amax_capped<A>(v)), amax);
         }
         BlockScales<A> s;
-        s.compute(F::load_aligned(amax), (1 << 7) - 1);
+        s.compute(amax, (1 << 7) - 1);
+        alignas(64) float irregular[N];
+        irregular_scales<A>(s.d, irregular);
         for (int c = 0; c < count; ++c) {
-            F v[kPerBlock<A>];
-            load_block<A>(x + (i0 + c) * kQK, v);
-            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
-                detail::kScalarQ8_0.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * sizeof(detail::BlockQ8_0), kQK);
+            const float* xb = x + (i0 + c) * kQK;
+            if (irregular[c] != 0.0f) {  // NaN or Inf in the block, or a subnormal scale
+                detail::kScalarQ8_0.quantize(xb, dst + (i0 + c) * sizeof(detail::BlockQ8_0), kQK);
                 continue;
             }
             const F id(s.id[c]);
             typename O::I q[kPerBlock<A>];
-            for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(add_round_half_away<A>(v[k] * id));
+            for (int k = 0; k < kPerBlock<A>; ++k)
+                q[k] = O::to_i32(add_round_half_away<A>(F::load_unaligned(xb + k * kLanes<A>) * id));
             y[i0 + c].d = s.d16[c];
-            O::store(pack_codes<A>(q, s.d[c]), y[i0 + c].qs);
+            O::store(O::pack_small(q), y[i0 + c].qs);  // a regular scale: codes in -127..127
         }
     }
 }
@@ -128,6 +187,9 @@ inline float signed_extreme(const float* xb) {
     return max;
 }
 
+// NaN and Inf: a block holding Inf but no NaN has exact maxima, so an infinite extreme and an infinite
+// scale; a block holding NaN (whatever its maxima became) has NaN among its products x·id, which are
+// otherwise finite (|x·id| <= half + a few ulps). Both go through the specification.
 template <class A, int Bits>
 void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
     using O = Ops<A>;
@@ -135,12 +197,18 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
     constexpr int N = kLanes<A>;
     constexpr int half = 1 << (Bits - 1);
     constexpr int top = (1 << Bits) - 1;
+    using Block = std::conditional_t<Bits == 4, detail::BlockQ4_0, detail::BlockQ5_0>;
     const int64_t nb = n / kQK;
     for (int64_t i0 = 0; i0 < nb; i0 += N) {
         const int count = static_cast<int>(std::min<int64_t>(N, nb - i0));
-        alignas(64) float extreme[N] = {};
+        // Lane c: the largest value and the negated smallest of block i0 + c, then the one of larger
+        // magnitude with its sign. Equal magnitudes (+a and -a both present, zero blocks, NaN) take the
+        // specification's scan, which keeps the first.
+        const F lane = lane_indices<A>();
+        F vmax(0.0f), neg_vmin(0.0f);
         for (int c = 0; c < count; ++c) {
             const float* xb = x + (i0 + c) * kQK;
+            prefetch_block(xb);
             F v[kPerBlock<A>];
             load_block<A>(xb, v);
             F hi = v[0], lo = v[0];
@@ -148,35 +216,53 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
                 hi = xsimd::max(hi, v[k]);
                 lo = xsimd::min(lo, v[k]);
             }
-            const float vmax = O::hmax(hi), vmin = -O::hmax(-lo);
-            extreme[c] = vmax > -vmin ? vmax : -vmin > vmax ? vmin : signed_extreme(xb);
+            const auto here = lane == F(float(c));
+            vmax = xsimd::select(here, hmax_all<O>(hi), vmax);
+            neg_vmin = xsimd::select(here, hmax_all<O>(-lo), neg_vmin);
+        }
+        const auto pos = vmax > neg_vmin, neg = neg_vmin > vmax;
+        F extreme_v = xsimd::select(pos, vmax, xsimd::select(neg, -neg_vmin, F(0.0f)));
+        if (xsimd::any(!(pos || neg) && lane < F(float(count)))) {
+            alignas(64) float ext[N], tie[N];
+            extreme_v.store_aligned(ext);
+            xsimd::select(pos || neg, F(0.0f), F(1.0f)).store_aligned(tie);
+            for (int c = 0; c < count; ++c) {
+                if (tie[c] != 0.0f) ext[c] = signed_extreme(x + (i0 + c) * kQK);
+            }
+            extreme_v = F::load_aligned(ext);
         }
         BlockScales<A> s;
-        s.compute(F::load_aligned(extreme), -half);
+        s.compute(extreme_v, -half);
+        alignas(64) float irregular[N];
+        irregular_scales<A>(s.d, irregular);
         for (int c = 0; c < count; ++c) {
-            F v[kPerBlock<A>];
-            load_block<A>(x + (i0 + c) * kQK, v);
-            if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
-                const auto& spec = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
-                constexpr size_t bytes = Bits == 4 ? sizeof(detail::BlockQ4_0) : sizeof(detail::BlockQ5_0);
-                spec.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * bytes, kQK);
-                continue;
+            const float* xb = x + (i0 + c) * kQK;
+            auto& b = reinterpret_cast<Block*>(dst)[i0 + c];
+            if (irregular[c] == 0.0f) {
+                const F id(s.id[c]);
+                F p[kPerBlock<A>];
+                for (int k = 0; k < kPerBlock<A>; ++k) p[k] = F::load_unaligned(xb + k * kLanes<A>) * id;
+                F t = p[0];
+                for (int k = 1; k < kPerBlock<A>; ++k) t += p[k];
+                if (!xsimd::any(xsimd::isnan(t))) {
+                    typename O::I q[kPerBlock<A>];
+                    for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(p[k] + F(half + 0.5f));
+                    const auto bytes = O::min(O::pack_small(q), top);  // codes in 0..top+1 before the clamp
+                    b.d = s.d16[c];
+                    if constexpr (Bits == 5) {
+                        const uint32_t qh = O::bit4_mask(bytes);
+                        std::memcpy(b.qh, &qh, 4);
+                    }
+                    if constexpr (Bits == 4 && requires { O::store_nibbles15(bytes, b.qs); }) {
+                        O::store_nibbles15(bytes, b.qs);
+                    } else {
+                        O::store_nibbles(bytes, b.qs);
+                    }
+                    continue;
+                }
             }
-            const F id(s.id[c]);
-            typename O::I q[kPerBlock<A>];
-            for (int k = 0; k < kPerBlock<A>; ++k) q[k] = O::to_i32(v[k] * id + F(half + 0.5f));
-            const auto bytes = O::min(pack_codes<A>(q, s.d[c]), top);
-            if constexpr (Bits == 4) {
-                auto& b = reinterpret_cast<detail::BlockQ4_0*>(dst)[i0 + c];
-                b.d = s.d16[c];
-                O::store_nibbles(bytes, b.qs);
-            } else {
-                auto& b = reinterpret_cast<detail::BlockQ5_0*>(dst)[i0 + c];
-                b.d = s.d16[c];
-                const uint32_t qh = O::bit4_mask(bytes);
-                std::memcpy(b.qh, &qh, 4);
-                O::store_nibbles(bytes, b.qs);
-            }
+            const auto& spec = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
+            spec.quantize(xb, dst + (i0 + c) * sizeof(Block), kQK);
         }
     }
 }
@@ -293,6 +379,30 @@ bool all_finite(const float* x, size_t n) {
     float tail = 0.0f;
     for (; j < n; ++j) tail += x[j] - x[j];
     return !xsimd::any(xsimd::isnan((a + b) + (c + d))) && tail == 0.0f;
+}
+
+// max |x_j|, or NaN if any x_j is NaN or Inf (x - x is NaN exactly then; the maxima ignore it).
+template <class A>
+float finite_max_abs(const float* x, size_t n) {
+    using F = xsimd::batch<float, A>;
+    constexpr size_t N = F::size;
+    F t0(0.0f), t1(0.0f), m0(0.0f), m1(0.0f);
+    size_t j = 0;
+    for (; j + 4 * N <= n; j += 4 * N) {
+        const F v0 = F::load_unaligned(x + j), v1 = F::load_unaligned(x + j + N);
+        const F v2 = F::load_unaligned(x + j + 2 * N), v3 = F::load_unaligned(x + j + 3 * N);
+        t0 += (v0 - v0) + (v1 - v1);
+        t1 += (v2 - v2) + (v3 - v3);
+        m0 = xsimd::max(m0, xsimd::max(xsimd::abs(v0), xsimd::abs(v1)));
+        m1 = xsimd::max(m1, xsimd::max(xsimd::abs(v2), xsimd::abs(v3)));
+    }
+    float tail = 0.0f, m = 0.0f;
+    for (; j < n; ++j) {
+        tail += x[j] - x[j];
+        m = std::max(m, std::fabs(x[j]));
+    }
+    if (xsimd::any(xsimd::isnan(t0 + t1)) || tail != 0.0f) return NAN;
+    return std::max(m, Ops<A>::hmax(xsimd::max(m0, m1)));
 }
 
 }  // namespace
