@@ -92,11 +92,11 @@ TEST_CASE("forks, appends to the forks and removes while other threads read the 
         for (int r = 0; r < 2; ++r) {
             threads.emplace_back([&] {
                 std::vector<float> out(q.size());
-                while (!stop) {
+                do {  // at least one read each, however late the scheduler starts this thread
                     cache.attend(0, parent, q.data(), out.data());
                     mismatches += out != baseline;
                     ++reads;
-                }
+                } while (!stop);
             });
         }
         for (int f = 0; f < 2; ++f) {

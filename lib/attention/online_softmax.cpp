@@ -9,7 +9,17 @@
 namespace kvq::detail {
 namespace {
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// ThreadSanitizer instruments the clones' ifunc resolver, which the loader runs before TSan's runtime
+// is up (a crash at startup), so a TSan build keeps the default clone only: the same bits, by design.
+#if defined(__SANITIZE_THREAD__)
+#define KVQ_NO_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVQ_NO_CLONES 1
+#endif
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(KVQ_NO_CLONES)
 #define KVQ_SOFTMAX_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define KVQ_SOFTMAX_CLONES
