@@ -361,26 +361,6 @@ void prepare_query_q8(const float* q, uint8_t* prep, int64_t n) {
     }
 }
 
-// True if no value is NaN or Inf: x - x is 0 for finite x and NaN otherwise.
-template <class A>
-bool all_finite(const float* x, size_t n) {
-    using F = xsimd::batch<float, A>;
-    constexpr size_t N = F::size;
-    F a(0.0f), b(0.0f), c(0.0f), d(0.0f);
-    size_t j = 0;
-    for (; j + 4 * N <= n; j += 4 * N) {
-        const F v0 = F::load_unaligned(x + j), v1 = F::load_unaligned(x + j + N);
-        const F v2 = F::load_unaligned(x + j + 2 * N), v3 = F::load_unaligned(x + j + 3 * N);
-        a += v0 - v0;
-        b += v1 - v1;
-        c += v2 - v2;
-        d += v3 - v3;
-    }
-    float tail = 0.0f;
-    for (; j < n; ++j) tail += x[j] - x[j];
-    return !xsimd::any(xsimd::isnan((a + b) + (c + d))) && tail == 0.0f;
-}
-
 // max |x_j|, or NaN if any x_j is NaN or Inf (x - x is NaN exactly then; the maxima ignore it).
 template <class A>
 float finite_max_abs(const float* x, size_t n) {
@@ -403,6 +383,12 @@ float finite_max_abs(const float* x, size_t n) {
     }
     if (xsimd::any(xsimd::isnan(t0 + t1)) || tail != 0.0f) return NAN;
     return std::max(m, Ops<A>::hmax(xsimd::max(m0, m1)));
+}
+
+// True if no value is NaN or Inf (the same pass; the maxima cost nothing beside the loads).
+template <class A>
+bool all_finite(const float* x, size_t n) {
+    return !std::isnan(finite_max_abs<A>(x, n));
 }
 
 }  // namespace

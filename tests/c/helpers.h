@@ -2,6 +2,8 @@
 #ifndef KVQ_TESTS_C_HELPERS_H
 #define KVQ_TESTS_C_HELPERS_H
 
+#include <kvq/kvq.h>
+
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +32,21 @@ static inline double relative_l2(const float* a, const float* ref, size_t n) {
         den += (double)ref[i] * ref[i];
     }
     return sqrt(num / den);
+}
+
+/* A q8_0/q4_0 cache of D-value heads that quantizes on append. */
+static inline kvq_cache_params test_cache_params(int32_t n_layers, int32_t n_kv_heads, int32_t n_heads,
+                                                 int32_t block_tokens) {
+    kvq_cache_params p = kvq_cache_params_default();
+    p.n_layers = n_layers;
+    p.n_kv_heads = n_kv_heads;
+    p.n_heads = n_heads;
+    p.head_dim = D;
+    p.key_codec = "q8_0";
+    p.value_codec = "q4_0";
+    p.block_tokens = block_tokens;
+    p.seal = KVQ_SEAL_ON_APPEND;
+    return p;
 }
 
 #endif

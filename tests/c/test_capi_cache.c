@@ -14,18 +14,7 @@
 
 enum { L = 2, KVH = 2, QH = 4, BT = 8 };
 
-static kvq_cache_params small_params(void) {
-    kvq_cache_params p = kvq_cache_params_default();
-    p.n_layers = L;
-    p.n_kv_heads = KVH;
-    p.n_heads = QH;
-    p.head_dim = D;
-    p.key_codec = "q8_0";
-    p.value_codec = "q4_0";
-    p.block_tokens = BT;
-    p.seal = KVQ_SEAL_ON_APPEND;
-    return p;
-}
+static kvq_cache_params small_params(void) { return test_cache_params(L, KVH, QH, BT); }
 
 static void test_cache_params_errors(void) {
     kvq_cache* cache = NULL;

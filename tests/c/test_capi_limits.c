@@ -63,15 +63,7 @@ static void test_codec_ranges(void) {
 }
 
 static kvq_cache* make_cache(int32_t nan_policy, size_t max_blocks) {
-    kvq_cache_params p = kvq_cache_params_default();
-    p.n_layers = 1;
-    p.n_kv_heads = KVH;
-    p.n_heads = QH;
-    p.head_dim = D;
-    p.key_codec = "q8_0";
-    p.value_codec = "q4_0";
-    p.block_tokens = BT;
-    p.seal = KVQ_SEAL_ON_APPEND;
+    kvq_cache_params p = test_cache_params(1, KVH, QH, BT);
     p.nan_policy = nan_policy;
     p.max_blocks = max_blocks;
     kvq_cache* cache = NULL;
