@@ -156,10 +156,12 @@ inline constexpr size_t kPrefetchBytes = 2048;
 // Four queries at once, in one register: per key block, the four integer dot products are transposed into
 // one vector (lane i of each 128-bit half holds query i), converted once and scaled by dk·[dq of each
 // query]; nibble codes are taken unsigned (maddubs needs no sign trick) and their offset or minimum comes
-// back per block as bias·[s of each query].
-template <class A, class L>
+// back per block as bias·[s of each query]. NB > 0 fixes the block count (d = 128: 4) so the block loop
+// unrolls.
+template <class A, class L, int NB = 0>
 void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
-                  int64_t nb, float* const* out) {
+                  int64_t nb_run, float* const* out) {
+    const int64_t nb = NB > 0 ? NB : nb_run;
     using O = Ops<A>;
     using FD = xsimd::batch<float, typename O::DotArch>;
     constexpr int N = static_cast<int>(FD::size);
@@ -313,6 +315,9 @@ struct ScoreBlocks {
                         if (nb == 4) return score_group4_pairs<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
                         return score_group4_pairs<A, L, 0>(p, rows, row_stride, n_rows, nb, out);
                     }
+                }
+                if constexpr (std::is_same_v<L, LayoutQ8_0>) {
+                    if (nb == 4) return score_group4<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
                 }
                 if (nb <= kMaxGroupBlocks) return score_group4<A, L>(p, rows, row_stride, n_rows, nb, out);
             }

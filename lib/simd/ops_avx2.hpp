@@ -97,10 +97,13 @@ struct Avx2Blocks {
         const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3]));
         return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
     }
+    // Signed keys (q8_0): the pair sums reach 2·128·127, so each query's are widened (madd) before the
+    // four are transposed and added, by unpacks rather than hadd (hadd is several uops on AMD: measured
+    // 10-15% faster on one Zen 3 thread, 4 queries × 32 rows per call).
     static IDot dot4_signed(const Key& k, const int8_t* const* y) {
         IDot p[4];
         for (int i = 0; i < 4; ++i) p[i] = dot_signed(k, y[i]);
-        return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        return reduce4(p);
     }
     // Eight partial sums of k·y (exact integers, as floats).
     static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> dot(const Key& key, const int8_t* y) {
