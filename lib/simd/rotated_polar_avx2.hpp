@@ -203,7 +203,7 @@ void polar_score_group(const PolarLayout& l, const PolarPlan& plan, const float*
     for (size_t r = 0; r < n_rows; ++r) {
         __m256 even[G], odd[G];  // two fma chains per query
         for (int i = 0; i < G; ++i) even[i] = odd[i] = _mm256_setzero_ps();
-        for_each_batch<B1>(l, plan, rows + r * row_stride, top, [&](int b, __m256 xe, __m256 xo) [[gnu::always_inline]] {
+        for_each_batch<B1>(l, plan, rows + r * row_stride, top, [&](int b, __m256 xe, __m256 xo) __attribute__((always_inline)) {
             for (int i = 0; i < G; ++i) {  // the prepared query holds each batch as evens, then odds
                 even[i] = _mm256_fmadd_ps(xe, _mm256_loadu_ps(q[i] + 16 * b), even[i]);
                 odd[i] = _mm256_fmadd_ps(xo, _mm256_loadu_ps(q[i] + 16 * b + 8), odd[i]);
@@ -243,7 +243,7 @@ void polar_accumulate_group(const PolarLayout& l, const PolarPlan& plan, const f
     for (size_t r = 0; r < n_rows; ++r) {
         __m256 wi[G];
         for (int i = 0; i < G; ++i) wi[i] = _mm256_set1_ps(w[i][r]);
-        for_each_batch<B1>(l, plan, rows + r * row_stride, top, [&](int b, __m256 xe, __m256 xo) [[gnu::always_inline]] {
+        for_each_batch<B1>(l, plan, rows + r * row_stride, top, [&](int b, __m256 xe, __m256 xo) __attribute__((always_inline)) {
             // Back to index order: (e0 o0 e1 o1 e2 o2 e3 o3), (e4 o4 … e7 o7).
             const __m256 lo = _mm256_unpacklo_ps(xe, xo), hi = _mm256_unpackhi_ps(xe, xo);
             const __m256 v0 = _mm256_permute2f128_ps(lo, hi, 0x20), v1 = _mm256_permute2f128_ps(lo, hi, 0x31);
