@@ -104,7 +104,11 @@ inline std::string check_round_trip(const Codec& c, const float* x, const float*
     }
     norm = std::sqrt(norm), err = std::sqrt(err);
     if (!value_bounds(base, y.data(), n, bound.data())) {
-        return err <= norm * (1 + 1e-5) ? "" : "error " + num(err) + " exceeds ||x|| = " + num(norm);
+        // polar/turbo: the error stays below ||x||, plus what rounding the stored fp16 norms (row and, for
+        // QJL, residual) can add: half an fp16 step each, coarse where the norm is an fp16 subnormal.
+        const double fp16_half_step = std::max(norm * 0x1p-11, 0x1p-25);
+        const double allowed_err = norm * (1 + 1e-5) + 2 * fp16_half_step;
+        return err <= allowed_err ? "" : "error " + num(err) + " exceeds ||x|| = " + num(norm) + " by more than fp16 rounding of the norm";
     }
     if (!c.rotated()) {
         for (int j = 0; j < n; ++j) {
