@@ -447,6 +447,31 @@ TEST_CASE("finite_max_abs: the largest |x|, or NaN for any NaN or Inf, at every 
     kvq::force_simd_level(active);
 }
 
+namespace {
+
+// The scores of 4 queries with codes at ±127 (all +1, all −1, alternating, alternating times j % 7)
+// against the given key rows, at a level and in the specification: equal to float rounding, for scores
+// of at most n · `per_value` · |d·dq|.
+void check_limit_scores(const BlockKernels& ref, const BlockKernels& simd, const std::vector<uint8_t>& keys,
+                        size_t row_bytes, size_t rows, int n, double per_value) {
+    const int n_q = 4;
+    std::vector<float> q(n_q * n);
+    for (int i = 0; i < n_q; ++i) {
+        for (int j = 0; j < n; ++j) q[i * n + j] = i == 0 ? 1.0f : i == 1 ? -1.0f : (j % 2 ? 1.0f : -1.0f) * (i == 2 ? 1.0f : float(j % 7));
+    }
+    const size_t qbytes = size_t(n / 32) * 40;
+    std::vector<uint8_t> prep(n_q * qbytes);
+    for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
+    std::vector<float> sa(n_q * rows), sb(n_q * rows);
+    ref.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sa.data(), rows);
+    simd.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sb.data(), rows);
+    size_t bad = 0;
+    for (size_t i = 0; i < sa.size(); ++i) bad += !close(sb[i], sa[i], 1e-6 * n * per_value + 1e-30);
+    CHECK_MESSAGE(bad == 0, bad << " scores differ");
+}
+
+}  // namespace
+
 TEST_CASE("q4 scores at the int16 limits: every nibble 15 or random, query codes ±127, 4 queries, even and odd block counts") {
     for (auto level : simd_levels()) {
         for (BlockCodec codec : {BlockCodec::q4_0, BlockCodec::q4_1}) {
@@ -469,23 +494,7 @@ TEST_CASE("q4 scores at the int16 limits: every nibble 15 or random, query codes
                         for (int j = bpb - 16; j < bpb; ++j) blk[j] = r % 3 == 0 ? 0xFF : static_cast<uint8_t>(rng());
                     }
                 }
-                const int n_q = 4;
-                std::vector<float> q(n_q * n);
-                for (int i = 0; i < n_q; ++i) {
-                    for (int j = 0; j < n; ++j) q[i * n + j] = i == 0 ? 1.0f : i == 1 ? -1.0f : (j % 2 ? 1.0f : -1.0f) * (i == 2 ? 1.0f : float(j % 7));
-                }
-                const size_t qbytes = size_t(n / 32) * 40;
-                std::vector<uint8_t> prep(n_q * qbytes);
-                for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
-                std::vector<float> sa(n_q * rows), sb(n_q * rows);
-                ref.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sa.data(), rows);
-                simd.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sb.data(), rows);
-                size_t bad = 0;
-                for (size_t i = 0; i < sa.size(); ++i) {
-                    // |score| <= n · 2 · 16 · |dq| at most; float rounding over n/32 blocks
-                    bad += !close(sb[i], sa[i], 1e-6 * n * 40.0 + 1e-30);
-                }
-                CHECK_MESSAGE(bad == 0, bad << " scores differ");
+                check_limit_scores(ref, simd, keys, row_bytes, rows, n, 40.0);
             }
         }
     }
@@ -514,23 +523,7 @@ TEST_CASE("q8_0 scores at the int16 limits: key codes -128, 127 or random, query
                         }
                     }
                 }
-                const int n_q = 4;
-                std::vector<float> q(n_q * n);
-                for (int i = 0; i < n_q; ++i) {
-                    for (int j = 0; j < n; ++j) q[i * n + j] = i == 0 ? 1.0f : i == 1 ? -1.0f : (j % 2 ? 1.0f : -1.0f) * (i == 2 ? 1.0f : float(j % 7));
-                }
-                const size_t qbytes = size_t(n / 32) * 40;
-                std::vector<uint8_t> prep(n_q * qbytes);
-                for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
-                std::vector<float> sa(n_q * rows), sb(n_q * rows);
-                ref.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sa.data(), rows);
-                simd.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sb.data(), rows);
-                size_t bad = 0;
-                for (size_t i = 0; i < sa.size(); ++i) {
-                    // |score| <= n · 128 · |dq| at most; float rounding over n/32 blocks
-                    bad += !close(sb[i], sa[i], 1e-6 * n * 160.0 + 1e-30);
-                }
-                CHECK_MESSAGE(bad == 0, bad << " scores differ");
+                check_limit_scores(ref, simd, keys, row_bytes, rows, n, 160.0);
             }
         }
     }
