@@ -142,7 +142,7 @@ void score_group(const uint8_t* const* prep, const uint8_t* rows, size_t row_str
             }
         }
         float s[G];
-        reduce_add_rows(acc, G, s);
+        Ops<typename O::DotArch>::reduce_add_rows(acc, G, s);
         for (int i = 0; i < G; ++i) out[i][r] = s[i] + acc_min[i];
     }
 }
@@ -401,9 +401,10 @@ template <class A, class L>
 void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                        size_t n_rows, int64_t n, float* acc) {
 #if defined(__AVX2__)
-    if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ4_0>) {
+    // By capability, not by level: every level compiled with AVX2 (avx2, avx512) takes the 256-bit kernel.
+    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
         return accumulate_sym_avx2<detail::BlockQ4_0, CodesQ4_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    } else if constexpr (std::is_same_v<A, xsimd::fma3<xsimd::avx2>> && std::is_same_v<L, LayoutQ8_0>) {
+    } else if constexpr (std::is_same_v<L, LayoutQ8_0>) {
         return accumulate_sym_avx2<detail::BlockQ8_0, CodesQ8_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
     }
 #endif

@@ -151,6 +151,18 @@ struct Avx2Blocks {
             for (int i = 0; i < 4; ++i) out[i][r] = result[r][i] + result[r][i + 4];
         }
     }
+    // out[k] = the sum of the 8 lanes of rows[k], for k < count (rows past count are not read): four
+    // rows at a time, two hadds transpose them into one register per 128-bit half, whose halves are added.
+    static void reduce_add_rows(const xsimd::batch<float, xsimd::fma3<xsimd::avx2>>* rows, int count, float* out) {
+        for (int k0 = 0; k0 < count; k0 += 4) {
+            __m256 r[4];
+            for (int k = 0; k < 4; ++k) r[k] = k0 + k < count ? __m256(rows[k0 + k]) : _mm256_setzero_ps();
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(r[0], r[1]), _mm256_hadd_ps(r[2], r[3]));
+            alignas(16) float s[4];
+            _mm_store_ps(s, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+            for (int k = 0; k < 4 && k0 + k < count; ++k) out[k0 + k] = s[k];
+        }
+    }
     // Two fp16 values, each broadcast to one 128-bit half, as floats.
     static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> f16_pair(uint16_t d0, uint16_t d1) {
         return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<short>(d0)), _mm_set1_epi16(static_cast<short>(d1))));

@@ -6,6 +6,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "ops_avx2.hpp"
 
 namespace kvq::simd {
@@ -18,6 +20,20 @@ struct Ops<xsimd::avx512bw> : Avx2Blocks {
     using I = xsimd::batch<int32_t, A>;
     using DotArch = xsimd::fma3<xsimd::avx2>;
 
+    // out[k] = the sum of the 16 lanes of rows[k], k < count: each row folded to 256 bits (its halves
+    // added), then the AVX2 transpose.
+    static void reduce_add_rows(const F* rows, int count, float* out) {
+        using F8 = xsimd::batch<float, DotArch>;
+        for (int k0 = 0; k0 < count; k0 += 4) {
+            F8 half[4];
+            const int n = std::min(4, count - k0);
+            for (int k = 0; k < n; ++k) {
+                const __m512 v = rows[k0 + k];
+                half[k] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+            }
+            Avx2Blocks::reduce_add_rows(half, n, out + k0);
+        }
+    }
     static float hmax(F v) { return _mm512_reduce_max_ps(v); }
     static I to_i32(F v) { return _mm512_cvttps_epi32(v); }
     static F to_f32(I v) { return _mm512_cvtepi32_ps(v); }

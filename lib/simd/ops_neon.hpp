@@ -108,6 +108,16 @@ struct Ops<xsimd::neon64> {
     static F dot_to_f32(IDot v) { return vcvtq_f32_s32(v); }
     static F dot(const Key& k, const int8_t* y) { return vcvtq_f32_s32(dot_signed(k, y)); }
 
+    // out[k] = the sum of the 4 lanes of rows[k], k < count: pairwise adds transpose four rows.
+    static void reduce_add_rows(const F* rows, int count, float* out) {
+        for (int k0 = 0; k0 < count; k0 += 4) {
+            float32x4_t r[4];
+            for (int k = 0; k < 4; ++k) r[k] = k0 + k < count ? float32x4_t(rows[k0 + k]) : vdupq_n_f32(0.0f);
+            float s[4];
+            vst1q_f32(s, vpaddq_f32(vpaddq_f32(r[0], r[1]), vpaddq_f32(r[2], r[3])));
+            for (int k = 0; k < 4 && k0 + k < count; ++k) out[k0 + k] = s[k];
+        }
+    }
     static float hmax(F v) { return vmaxvq_f32(v); }
     static I to_i32(F v) { return vcvtq_s32_f32(v); }  // truncates toward zero
     static F to_f32(I v) { return vcvtq_f32_s32(v); }

@@ -127,6 +127,17 @@ struct Ops<xsimd::sse2> {
     static IDot dot4_unsigned(const UKey& k, const int8_t* const* y) { return dot4_signed(k, y); }
     static F dot(const Key& k, const int8_t* y) { return _mm_cvtepi32_ps(dot_signed(k, y)); }
 
+    // out[k] = the sum of the 4 lanes of rows[k], k < count: four rows transposed, then added.
+    static void reduce_add_rows(const F* rows, int count, float* out) {
+        for (int k0 = 0; k0 < count; k0 += 4) {
+            __m128 r[4];
+            for (int k = 0; k < 4; ++k) r[k] = k0 + k < count ? __m128(rows[k0 + k]) : _mm_setzero_ps();
+            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
+            alignas(16) float s[4];
+            _mm_store_ps(s, _mm_add_ps(_mm_add_ps(r[0], r[1]), _mm_add_ps(r[2], r[3])));
+            for (int k = 0; k < 4 && k0 + k < count; ++k) out[k0 + k] = s[k];
+        }
+    }
     static float hmax(F v) {
         __m128 m = _mm_max_ps(v, _mm_movehl_ps(v, v));
         m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));

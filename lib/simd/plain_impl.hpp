@@ -114,7 +114,7 @@ void score_plain_group(const float* const* q, const uint8_t* rows, size_t row_st
             for (int i = 0; i < G; ++i) acc[i] = xsimd::fma(F::load_aligned(q_tail[i]), v, acc[i]);
         }
         float s[G];
-        reduce_add_rows(acc, G, s);
+        Ops<A>::reduce_add_rows(acc, G, s);
         for (int i = 0; i < G; ++i) out[i][r] = s[i];
     }
 }

@@ -1,8 +1,13 @@
 // The one place that knows which xsimd version is installed. Debian 12 ships xsimd 8.1, whose horizontal
 // sum is `hadd` (xsimd 9+: `reduce_add`, `hadd` later deprecated) and whose bitwise_cast takes the target
 // batch type (xsimd 9+: the target element type), and on arm64 its float division is a reciprocal
-// estimate refined by Newton steps, not IEEE division. Kernels call kvq::simd::reduce_add,
-// reduce_add_rows, bit_cast and divide instead.
+// estimate refined by Newton steps, not IEEE division. Kernels call kvq::simd::reduce_add, bit_cast and
+// divide instead.
+//
+// xsimd's transposing sum `haddp` is not used: xsimd 8.1's AVX-512 haddp returns the row sums in lane
+// order 0,1,4,5,2,3,6,7,8,9,12,13,10,11,14,15, not row k in lane k (its own test cannot see it). Each
+// level's Ops<A>::reduce_add_rows does that job with a stated contract, checked at every level by
+// ops_check.hpp.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
@@ -39,19 +44,6 @@ inline xsimd::batch<float, A> divide(const xsimd::batch<float, A>& a, const xsim
     if constexpr (std::is_same_v<A, xsimd::neon64>) return vdivq_f32(a, b);
 #endif
     return a / b;
-}
-
-// out[k] = sum of the lanes of rows[k], for k < count <= batch size: one transposing reduction instead
-// of `count` separate horizontal sums.
-template <class A>
-inline void reduce_add_rows(const xsimd::batch<float, A>* rows, int count, float* out) noexcept {
-    using F = xsimd::batch<float, A>;
-    constexpr int N = static_cast<int>(F::size);
-    F padded[N];
-    for (int k = 0; k < N; ++k) padded[k] = k < count ? rows[k] : F(0.0f);
-    alignas(64) float sums[N];
-    xsimd::haddp(padded).store_aligned(sums);
-    for (int k = 0; k < count; ++k) out[k] = sums[k];
 }
 
 }  // namespace kvq::simd
