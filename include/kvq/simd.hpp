@@ -1,6 +1,9 @@
-// SIMD levels. kvq compiles kernels for several instruction sets into one binary and picks the best the
-// CPU supports at run time. KVQ_SIMD=scalar|sse2|avx2|avx512|neon forces a level (if compiled and
-// supported); force_simd_level() does the same from code, for tests and benchmarks.
+// SIMD levels. kvq compiles kernels for several instruction sets into one binary and picks one at run
+// time: the best level the CPU runs that passes its self-check, a few milliseconds of known-answer
+// checks against the scalar specification run the first time a level is about to be used. A level that
+// fails is not used: kvq falls back to the best level below it that passes, and simd_report() says why.
+// KVQ_SIMD=scalar|sse2|avx2|avx512|neon asks for a level (if compiled and supported), KVQ_SELFCHECK=0
+// skips the self-check; force_simd_level() does the same from code, for tests and benchmarks.
 #pragma once
 
 #include <string>
@@ -14,12 +17,34 @@ enum class SimdLevel : int { scalar = 0, sse2, avx2, avx512, neon };
 std::string_view simd_level_name(SimdLevel level);
 // Parses a level name; throws std::invalid_argument for an unknown one.
 SimdLevel parse_simd_level(std::string_view name);
-// Levels compiled into this build that this CPU can run, scalar first.
+// Levels compiled into this build that this CPU can run, scalar first (whether or not they pass their
+// self-check: see simd_report()).
 std::vector<SimdLevel> available_simd_levels();
-// The level in use.
+// The level in use (chosen, and its self-check run, on the first call of anything that computes).
 SimdLevel simd_level();
-// Uses `level` from now on; throws std::invalid_argument if it is not available. Not thread-safe with
-// concurrent kernel calls: set it before starting work.
+// Uses `level` from now on, or, if it fails its self-check, the best level below it that passes; throws
+// std::invalid_argument if it is not available. Not thread-safe with concurrent kernel calls: set it
+// before starting work.
 void force_simd_level(SimdLevel level);
+
+struct SimdLevelStatus {
+    SimdLevel level = SimdLevel::scalar;
+    bool cpu_runs = false;  // compiled into this build and run by this CPU
+    bool checked = false;   // the self-check has run
+    bool passed = false;    // and found nothing
+    std::string detail;     // what the self-check found, or why it has not run
+    double check_ms = 0;    // how long the self-check took
+};
+
+struct SimdReport {
+    std::vector<SimdLevelStatus> levels;  // every level compiled into this build, scalar first
+    SimdLevel in_use = SimdLevel::scalar;
+    std::string reason;                   // why that level is in use
+};
+
+// The levels, their self-checks and the level in use (choosing it first if nothing has).
+SimdReport simd_report();
+// One line per level ("* " marks the one in use), then "in use: LEVEL (reason)".
+std::string format_simd_report(const SimdReport& report);
 
 }  // namespace kvq

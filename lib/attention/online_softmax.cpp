@@ -1,121 +1,14 @@
-// The block softmax works on 8 scores at a time with GCC/Clang vector extensions, compiled once per x86
-// instruction set (target_clones, chosen at load time): float reductions do not auto-vectorize without
-// -ffast-math, and a decode step takes n_heads × context exponentials. The lanes and their summation
-// order are fixed, so every instruction set gives the same bits.
+// The online softmax's merge of partial states; the block update runs at the active SIMD level
+// (lib/simd/softmax_impl.hpp, specification lib/codec/softmax.cpp).
 #include "online_softmax.hpp"
 
-#include <cstring>
+#include "../simd/dispatch.hpp"
 
 namespace kvq::detail {
-namespace {
 
-// ThreadSanitizer instruments the clones' ifunc resolver, which the loader runs before TSan's runtime
-// is up (a crash at startup), so a TSan build keeps the default clone only: the same bits, by design.
-#if defined(__SANITIZE_THREAD__)
-#define KVQ_NO_CLONES 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define KVQ_NO_CLONES 1
-#endif
-#endif
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(KVQ_NO_CLONES)
-#define KVQ_SOFTMAX_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define KVQ_SOFTMAX_CLONES
-#endif
-
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-constexpr size_t kLanes = 8;
-
-// Vectors pass by reference only: a 256-bit vector passed by value between a function compiled for AVX2
-// (a clone) and one that is not changes the calling convention (an error in Clang).
-#define KVQ_INLINE inline __attribute__((always_inline))
-
-KVQ_INLINE void load8(const float* p, f32x8& v) { std::memcpy(&v, p, sizeof v); }
-KVQ_INLINE void store8(float* p, const f32x8& v) { std::memcpy(p, &v, sizeof v); }
-
-// x ← exp_nonpositive(x), lane by lane, with the same operations in the same order.
-KVQ_INLINE void exp8(f32x8& x) {
-    const f32x8 lo = f32x8{} - 87.3f;
-    x = x < lo ? lo : x;
-    const float magic = 12582912.0f;
-    const f32x8 t = x * 1.44269504088896341f + magic;
-    const f32x8 n = t - magic;
-    u32x8 bits;
-    std::memcpy(&bits, &t, sizeof bits);
-    bits = (bits - 0x4B400000u + 127u) << 23;  // 2^n
-    f32x8 pow2;
-    std::memcpy(&pow2, &bits, sizeof pow2);
-    const f32x8 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    f32x8 p = f32x8{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    x = (p * r * r + r + 1.0f) * pow2;
-}
-
-KVQ_INLINE float lane_sum(const f32x8& v) {
-    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
-
-}  // namespace
-
-KVQ_SOFTMAX_CLONES
 void softmax_update(float* scores, int g, size_t n, const float* offsets, float scale, SoftmaxState* state,
                     float* acc, int d) {
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    for (int i = 0; i < g; ++i) {
-        float* s = scores + i * n;
-        const float offset = offsets ? offsets[i] : 0.0f;
-        // Scale, and the block's max (a NaN score is skipped here; it still turns the sum, hence the
-        // output, into NaN).
-        f32x8 max8 = f32x8{} + kNegInf;
-        size_t r = 0;
-        for (; r + kLanes <= n; r += kLanes) {
-            f32x8 v;
-            load8(s + r, v);
-            v = (v + offset) * scale;
-            store8(s + r, v);
-            max8 = v > max8 ? v : max8;
-        }
-        float block_max = kNegInf;
-        for (size_t k = 0; k < kLanes; ++k) block_max = max8[k] > block_max ? max8[k] : block_max;
-        for (; r < n; ++r) {
-            s[r] = (s[r] + offset) * scale;
-            block_max = s[r] > block_max ? s[r] : block_max;
-        }
-
-        SoftmaxState& st = state[i];
-        if (block_max > st.max) {
-            // From −inf (no rows yet) the factor is exactly 0 and the accumulator is still all zeros.
-            const float rescale = st.max == kNegInf ? 0.0f : exp_nonpositive(st.max - block_max);
-            st.sum *= rescale;
-            st.max = block_max;
-            float* a = acc + static_cast<size_t>(i) * d;
-            for (int j = 0; j < d; ++j) a[j] *= rescale;
-        }
-        const float m = st.max;
-        f32x8 sum8 = {};
-        r = 0;
-        for (; r + kLanes <= n; r += kLanes) {
-            f32x8 e;
-            load8(s + r, e);
-            e -= m;
-            exp8(e);
-            store8(s + r, e);
-            sum8 += e;
-        }
-        float sum = lane_sum(sum8);
-        for (; r < n; ++r) {
-            s[r] = exp_nonpositive(s[r] - m);
-            sum += s[r];
-        }
-        st.sum += sum;
-    }
+    active_softmax()(scores, g, n, offsets, scale, state, acc, d);
 }
 
 void merge_softmax(SoftmaxState& a, float* acc_a, const SoftmaxState& b, const float* acc_b, int d) {

@@ -29,6 +29,12 @@ enum class BlockCodec : int { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, coun
 
 const BlockKernels& scalar_kernels(BlockCodec c);
 
+static inline const char* codec_name(BlockCodec c) {  // static: SIMD files include this header
+    constexpr const char* names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"};
+    static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(BlockCodec::count));
+    return names[static_cast<int>(c)];
+}
+
 // The query side of every quantized-key codec (scalar specification, ggml_quant.cpp): int8 per block,
 // float scale d = amax/127.
 void prepare_query_q8(const float* q, uint8_t* prep, int64_t n);

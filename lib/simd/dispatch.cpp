@@ -1,16 +1,21 @@
 #include "dispatch.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <algorithm>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #if defined(KVQ_SIMD_X86)
 #include <cpuid.h>
 #endif
+
+#include "selfcheck.hpp"
 
 namespace kvq {
 namespace detail {
@@ -24,21 +29,58 @@ const BlockKernels& scalar_kernels(BlockCodec c) {
 
 namespace {
 
-SimdLevel best_level() {
-    const auto levels = available_simd_levels();
-    SimdLevel level = levels.back();
-    if (const char* env = std::getenv("KVQ_SIMD"); env && *env) {
-        const SimdLevel wanted = parse_simd_level(env);
-        for (SimdLevel l : levels) {
-            if (l == wanted) level = l;
-        }
+constexpr int kLevels = 5;
+constexpr SimdLevel kAllLevels[kLevels] = {SimdLevel::scalar, SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512,
+                                           SimdLevel::neon};
+
+bool scalar_all_finite(const float* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(x[i])) return false;
     }
-    return level;
+    return true;
 }
 
-std::atomic<int>& current_level() {
-    static std::atomic<int> level{static_cast<int>(best_level())};
-    return level;
+float scalar_finite_max_abs(const float* x, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(x[i])) return std::numeric_limits<float>::quiet_NaN();
+        m = std::max(m, std::fabs(x[i]));
+    }
+    return m;
+}
+
+LevelKernels scalar_level() {
+    LevelKernels k{};
+    for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) k.codec[c] = scalar_kernels(static_cast<BlockCodec>(c));
+    k.all_finite = scalar_all_finite;
+    k.finite_max_abs = scalar_finite_max_abs;
+    k.rotated = scalar_rotated_kernels();
+    k.softmax = softmax_update_scalar;
+    return k;
+}
+
+// Every kernel a level lacks comes from the specification, so a lookup never returns a null call.
+template <class T>
+void fill(T*& p, T* spec) {
+    if (!p) p = spec;
+}
+void fill_missing(LevelKernels& k, const LevelKernels& spec) {
+    for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
+        BlockKernels& b = k.codec[c];
+        const BlockKernels& s = spec.codec[c];
+        fill(b.quantize, s.quantize);
+        fill(b.dequantize, s.dequantize);
+        fill(b.prepare_query, s.prepare_query);
+        fill(b.score, s.score);
+        fill(b.accumulate, s.accumulate);
+    }
+    fill(k.all_finite, spec.all_finite);
+    fill(k.finite_max_abs, spec.finite_max_abs);
+    fill(k.rotated.turbo.score, spec.rotated.turbo.score);
+    fill(k.rotated.turbo.accumulate, spec.rotated.turbo.accumulate);
+    fill(k.rotated.polar.score, spec.rotated.polar.score);
+    fill(k.rotated.polar.accumulate, spec.rotated.polar.accumulate);
+    fill(k.softmax, spec.softmax);
 }
 
 // The kernels compiled for a level in this build (nullptr if none), whether or not this CPU can run them.
@@ -52,6 +94,20 @@ const LevelKernels* compiled_level(SimdLevel level) {
         case SimdLevel::neon: return &level_neon();
 #endif
         default: return nullptr;
+    }
+}
+
+bool compiled(SimdLevel level) {
+    switch (level) {
+        case SimdLevel::scalar: return true;
+#if defined(KVQ_SIMD_X86)
+        case SimdLevel::sse2:
+        case SimdLevel::avx2:
+        case SimdLevel::avx512: return true;
+#elif defined(KVQ_SIMD_NEON)
+        case SimdLevel::neon: return true;
+#endif
+        default: return false;
     }
 }
 
@@ -82,62 +138,193 @@ bool cpu_runs(SimdLevel level) {
     }
 }
 
-// Compiled and supported by this CPU, decided once. A level's kernels are not even constructed on a CPU
-// that cannot run them (its file may use the wider instructions anywhere).
-const LevelKernels* runnable_level(SimdLevel level) {
-    static const auto table = [] {
-        std::array<const LevelKernels*, 5> t{};
+struct LevelState {
+    bool present = false;      // compiled, and this CPU runs it
+    bool own_rotated = false;  // has polar/turbo kernels of its own
+    LevelKernels kernels{};    // gaps filled from the specification
+    bool checked = false, passed = false;
+    std::string finding;       // what the self-check found
+    double check_ms = 0;
+};
+
+// Every level's table and check state. The tables are written once (and by the test hook); the active
+// level is chosen under the mutex on first use and read lock-free afterwards.
+struct Dispatch {
+    std::mutex mu;
+    std::array<LevelState, kLevels> levels;
+    std::atomic<int> active{-1};
+    std::string reason;
+
+    Dispatch() {
 #if defined(KVQ_SIMD_X86)
         __builtin_cpu_init();  // may run before libgcc's own initializer (static initialization order)
 #endif
-        for (SimdLevel l : {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::neon}) {
-            t[static_cast<int>(l)] = cpu_runs(l) ? compiled_level(l) : nullptr;
+        const LevelKernels spec = scalar_level();
+        for (SimdLevel l : kAllLevels) {
+            LevelState& s = levels[static_cast<int>(l)];
+            // A level's kernels are not even constructed on a CPU that cannot run them (its file may use
+            // the wider instructions anywhere).
+            const LevelKernels* k = l == SimdLevel::scalar ? &spec : cpu_runs(l) ? compiled_level(l) : nullptr;
+            if (!k) continue;
+            s.present = true;
+            s.kernels = *k;
+            s.own_rotated = l != SimdLevel::scalar && k->rotated.turbo.score != nullptr;
+            fill_missing(s.kernels, spec);
         }
-        return t;
-    }();
-    return table[static_cast<int>(level)];
+        LevelState& scalar = levels[0];
+        scalar.checked = scalar.passed = true;
+        scalar.finding = "the specification";
+    }
+};
+
+Dispatch& dispatch() {
+    static Dispatch d;
+    return d;
+}
+
+thread_local int t_override = -1;
+
+bool selfcheck_enabled() {
+    const char* env = std::getenv("KVQ_SELFCHECK");
+    return !(env && std::string(env) == "0");
+}
+
+// Runs the level's self-check once (under d.mu).
+bool passes(Dispatch& d, SimdLevel level) {
+    LevelState& s = d.levels[static_cast<int>(level)];
+    if (!s.checked) {
+        const auto t0 = std::chrono::steady_clock::now();
+        s.finding = quick_check_level(level);
+        s.check_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        s.checked = true;
+        s.passed = s.finding.empty();
+    }
+    return s.passed;
+}
+
+// The best runnable level at or below `wanted` that passes its self-check (under d.mu).
+void choose(Dispatch& d, SimdLevel wanted, std::string why) {
+    const bool check = selfcheck_enabled();
+    std::string fallen;
+    for (int i = static_cast<int>(wanted); i >= 0; --i) {
+        const SimdLevel l = static_cast<SimdLevel>(i);
+        if (l == SimdLevel::neon && wanted != SimdLevel::neon) continue;
+        if (!d.levels[i].present) continue;
+        if (check && !passes(d, l)) {
+            fallen += std::string(fallen.empty() ? "" : "; ") + std::string(simd_level_name(l)) +
+                      " failed its self-check (" + d.levels[i].finding + ")";
+            continue;
+        }
+        if (!check) why += "; self-check skipped (KVQ_SELFCHECK=0)";
+        d.reason = fallen.empty() ? why : why + "; " + fallen + ": using the best level below that passes";
+        d.active.store(i);
+        return;
+    }
+}
+
+SimdLevel best_runnable(const Dispatch& d) {
+    for (int i = kLevels - 1; i >= 0; --i) {
+        if (d.levels[i].present) return static_cast<SimdLevel>(i);
+    }
+    return SimdLevel::scalar;
+}
+
+int active_index() {
+    if (t_override >= 0) return t_override;
+    Dispatch& d = dispatch();
+    const int a = d.active.load(std::memory_order_acquire);
+    if (a >= 0) return a;
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.active.load() < 0) {
+        SimdLevel wanted = best_runnable(d);
+        std::string why = "the best level this CPU runs";
+        if (const char* env = std::getenv("KVQ_SIMD"); env && *env) {
+            const SimdLevel asked = parse_simd_level(env);  // an unknown name is an error
+            if (d.levels[static_cast<int>(asked)].present) {
+                wanted = asked;
+                why = "KVQ_SIMD=" + std::string(env);
+            } else {
+                why = "KVQ_SIMD=" + std::string(env) + " is not compiled or not run by this CPU; the best level it runs";
+            }
+        }
+        choose(d, wanted, why);
+    }
+    return d.active.load();
+}
+
+const LevelKernels& active_level() { return dispatch().levels[active_index()].kernels; }
+
+const LevelState* present_level(SimdLevel level) {
+    const LevelState& s = dispatch().levels[static_cast<int>(level)];
+    return s.present ? &s : nullptr;
+}
+
+// The test hook's kernel: the real one, plus one on every score.
+template <int C>
+void faulty_score(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows, size_t row_stride,
+                  size_t n_rows, int64_t n, float* scores, size_t score_stride) {
+    scalar_kernels(static_cast<BlockCodec>(C)).score(prep, prep_bytes, n_q, rows, row_stride, n_rows, n, scores, score_stride);
+    for (int i = 0; i < n_q; ++i)
+        for (size_t r = 0; r < n_rows; ++r) scores[i * score_stride + r] += 1.0f;
+}
+template <int... C>
+constexpr auto faulty_table(std::integer_sequence<int, C...>) {
+    return std::array<decltype(&faulty_score<0>), sizeof...(C)>{&faulty_score<C>...};
 }
 
 }  // namespace
 
 const BlockKernels* level_kernels(BlockCodec c, SimdLevel level) {
-    if (level == SimdLevel::scalar) return &scalar_kernels(c);
-    const LevelKernels* k = runnable_level(level);
-    return k ? &k->codec[static_cast<int>(c)] : nullptr;
+    const LevelState* s = present_level(level);
+    return s ? &s->kernels.codec[static_cast<int>(c)] : nullptr;
 }
 
-bool all_finite(const float* x, size_t n) {
-    if (const LevelKernels* k = runnable_level(simd_level())) return k->all_finite(x, n);
-    for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(x[i])) return false;
-    }
-    return true;
-}
-
-float finite_max_abs(const float* x, size_t n) {
-    if (const LevelKernels* k = runnable_level(simd_level())) return k->finite_max_abs(x, n);
-    float m = 0.0f;
-    for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(x[i])) return std::numeric_limits<float>::quiet_NaN();
-        m = std::max(m, std::fabs(x[i]));
-    }
-    return m;
-}
+bool all_finite(const float* x, size_t n) { return active_level().all_finite(x, n); }
+float finite_max_abs(const float* x, size_t n) { return active_level().finite_max_abs(x, n); }
+const BlockKernels& active_kernels(BlockCodec c) { return active_level().codec[static_cast<int>(c)]; }
+const RotatedKernels& active_rotated_kernels() { return active_level().rotated; }
+SoftmaxUpdate active_softmax() { return active_level().softmax; }
 
 const RotatedKernels* level_rotated_kernels(SimdLevel level) {
+    const LevelState* s = present_level(level);
+    if (!s) return nullptr;
     if (level == SimdLevel::scalar) return &scalar_rotated_kernels();
-    const LevelKernels* k = runnable_level(level);
-    return k && k->rotated.turbo.score ? &k->rotated : nullptr;
+    return s->own_rotated ? &s->kernels.rotated : nullptr;
 }
 
-const RotatedKernels& active_rotated_kernels() {
-    const RotatedKernels* k = level_rotated_kernels(simd_level());
-    return k ? *k : scalar_rotated_kernels();
+SoftmaxUpdate level_softmax(SimdLevel level) {
+    const LevelState* s = present_level(level);
+    return s ? s->kernels.softmax : nullptr;
 }
 
-const BlockKernels& active_kernels(BlockCodec c) {
-    const BlockKernels* k = level_kernels(c, static_cast<SimdLevel>(current_level().load(std::memory_order_relaxed)));
-    return k ? *k : scalar_kernels(c);
+const char* (*level_check_ops(SimdLevel level))() {
+    const LevelState* s = present_level(level);
+    return s ? s->kernels.check_ops : nullptr;
+}
+
+LevelOverride::LevelOverride(SimdLevel level) : previous_(t_override) {
+    if (!present_level(level)) {
+        throw std::invalid_argument("SIMD level '" + std::string(simd_level_name(level)) +
+                                    "' is not available in this build on this CPU");
+    }
+    t_override = static_cast<int>(level);
+}
+LevelOverride::~LevelOverride() { t_override = previous_; }
+
+void inject_kernel_fault_for_testing(SimdLevel level, BlockCodec c, bool fault) {
+    Dispatch& d = dispatch();
+    std::lock_guard<std::mutex> lock(d.mu);
+    LevelState& s = d.levels[static_cast<int>(level)];
+    if (!s.present) return;
+    static constexpr auto faulty = faulty_table(std::make_integer_sequence<int, static_cast<int>(BlockCodec::count)>{});
+    const LevelKernels* real = level == SimdLevel::scalar ? nullptr : compiled_level(level);
+    auto& score = s.kernels.codec[static_cast<int>(c)].score;
+    score = fault ? faulty[static_cast<int>(c)]
+                  : (real && real->codec[static_cast<int>(c)].score ? real->codec[static_cast<int>(c)].score
+                                                                    : scalar_kernels(c).score);
+    s.checked = s.passed = level == SimdLevel::scalar;
+    s.finding.clear();
+    d.active.store(-1);
 }
 
 }  // namespace detail
@@ -154,7 +341,7 @@ std::string_view simd_level_name(SimdLevel level) {
 }
 
 SimdLevel parse_simd_level(std::string_view name) {
-    for (SimdLevel l : {SimdLevel::scalar, SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::neon}) {
+    for (SimdLevel l : detail::kAllLevels) {
         if (simd_level_name(l) == name) return l;
     }
     throw std::invalid_argument("unknown SIMD level '" + std::string(name) +
@@ -162,24 +349,60 @@ SimdLevel parse_simd_level(std::string_view name) {
 }
 
 std::vector<SimdLevel> available_simd_levels() {
-    std::vector<SimdLevel> levels{SimdLevel::scalar};
-    for (SimdLevel l : {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::neon}) {
-        if (detail::runnable_level(l)) levels.push_back(l);
+    std::vector<SimdLevel> levels;
+    for (SimdLevel l : detail::kAllLevels) {
+        if (detail::present_level(l)) levels.push_back(l);
     }
     return levels;
 }
 
-SimdLevel simd_level() { return static_cast<SimdLevel>(detail::current_level().load()); }
+SimdLevel simd_level() { return static_cast<SimdLevel>(detail::active_index()); }
 
 void force_simd_level(SimdLevel level) {
-    for (SimdLevel l : available_simd_levels()) {
-        if (l == level) {
-            detail::current_level().store(static_cast<int>(level));
-            return;
-        }
+    auto& d = detail::dispatch();
+    if (!detail::present_level(level)) {
+        throw std::invalid_argument("SIMD level '" + std::string(simd_level_name(level)) +
+                                    "' is not available in this build on this CPU");
     }
-    throw std::invalid_argument("SIMD level '" + std::string(simd_level_name(level)) +
-                                "' is not available in this build on this CPU");
+    std::lock_guard<std::mutex> lock(d.mu);
+    detail::choose(d, level, "force_simd_level(" + std::string(simd_level_name(level)) + ")");
+}
+
+SimdReport simd_report() {
+    const SimdLevel in_use = simd_level();  // chooses (and checks) first if nothing is chosen yet
+    auto& d = detail::dispatch();
+    std::lock_guard<std::mutex> lock(d.mu);
+    SimdReport r;
+    r.in_use = in_use;
+    r.reason = d.reason;
+    for (SimdLevel l : detail::kAllLevels) {
+        const auto& s = d.levels[static_cast<int>(l)];
+        if (!detail::compiled(l)) continue;
+        SimdLevelStatus st;
+        st.level = l;
+        st.cpu_runs = s.present;
+        st.checked = s.checked;
+        st.passed = s.passed;
+        st.check_ms = s.check_ms;
+        st.detail = !s.present ? "this CPU lacks its instructions"
+                    : !s.checked ? "not checked (not used yet)"
+                    : s.passed   ? (l == SimdLevel::scalar ? s.finding : "self-check passed")
+                                 : "self-check failed: " + s.finding;
+        r.levels.push_back(st);
+    }
+    return r;
+}
+
+std::string format_simd_report(const SimdReport& r) {
+    std::string s;
+    for (const auto& l : r.levels) {
+        char ms[32] = "";
+        if (l.checked && l.level != SimdLevel::scalar) std::snprintf(ms, sizeof ms, " (%.1f ms)", l.check_ms);
+        s += std::string(l.level == r.in_use ? "* " : "  ") + std::string(simd_level_name(l.level)) +
+             std::string(8 - simd_level_name(l.level).size(), ' ') + l.detail + ms + "\n";
+    }
+    s += "in use: " + std::string(simd_level_name(r.in_use)) + " (" + r.reason + ")\n";
+    return s;
 }
 
 }  // namespace kvq

@@ -1,20 +1,30 @@
 // Run-time choice of SIMD level. Each level's kernels are compiled in their own file with that level's
-// flags only; this file (compiled without them) picks one level at run time, once, from what the CPU
-// supports, overridable by the KVQ_SIMD environment variable or force_simd_level().
+// flags only; this file (compiled without them) keeps one table per level that the CPU runs, with every
+// kernel a level lacks taken from the scalar specification (never a null call), and picks the level in
+// use on first use: the best level the CPU runs (or the one KVQ_SIMD / force_simd_level() asks for) that
+// passes its self-check (selfcheck.hpp), falling back level by level to scalar.
 #pragma once
+
+#include <string>
 
 #include "../codec/kernels.hpp"
 #include "../codec/rotated_kernels.hpp"
+#include "../codec/softmax.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {
 
 // The kernels of one SIMD level, made by lib/simd/level_<isa>.cpp (each compiled with its own flags).
+// Any pointer may be null (the level has no such kernel): dispatch fills it from the specification.
 struct LevelKernels {
     BlockKernels codec[static_cast<int>(BlockCodec::count)];
     bool (*all_finite)(const float* x, size_t n);  // no NaN or Inf in x[0..n)
     float (*finite_max_abs)(const float* x, size_t n);  // max |x_j| (0 for n = 0), or NaN if any is NaN or Inf
-    RotatedKernels rotated{};  // polar and turbo codecs; all null where the level has none
+    RotatedKernels rotated{};  // polar and turbo codecs
+    SoftmaxUpdate softmax = nullptr;
+    // The contract check of the level's primitives (ops_check.hpp): null if all hold, else the first
+    // broken one. Null pointer: nothing to check (scalar).
+    const char* (*check_ops)() = nullptr;
 };
 const LevelKernels& level_sse2();
 const LevelKernels& level_avx2();
@@ -27,15 +37,39 @@ bool all_finite(const float* x, size_t n);
 // checks finiteness and an input limit together.
 float finite_max_abs(const float* x, size_t n);
 
-// The kernels of codec c at the active level (falling back to the scalar specification where a level
-// has no kernel for c).
+// The kernels of codec c at the active level.
 const BlockKernels& active_kernels(BlockCodec c);
-// The kernels of codec c at a given level (for parity tests and benchmarks); nullptr if not compiled.
+// The kernels of codec c at a given level, whether or not it passed its self-check (for parity tests
+// and benchmarks); nullptr if the level is not compiled or this CPU cannot run it.
 const BlockKernels* level_kernels(BlockCodec c, SimdLevel level);
 
-// The same for the polar and turbo codecs (lib/codec/rotated_kernels.hpp): the active level's, or the
-// scalar specification where it has none; and a given level's (nullptr if it has none).
+// The same for the polar and turbo codecs: the active level's; and a given level's own (nullptr if it
+// has none and uses the scalar specification).
 const RotatedKernels& active_rotated_kernels();
 const RotatedKernels* level_rotated_kernels(SimdLevel level);
+
+// The online softmax's block update at the active level, and at a given one (nullptr as above).
+SoftmaxUpdate active_softmax();
+SoftmaxUpdate level_softmax(SimdLevel level);
+// The contract check of a level's primitives (ops_check.hpp); nullptr if it has none.
+const char* (*level_check_ops(SimdLevel level))();
+
+// While alive, this thread's kernels come from `level` (compiled and run by the CPU, or scalar),
+// whatever level is in use: the self-check and selftest run a level through the whole codec path.
+class LevelOverride {
+public:
+    explicit LevelOverride(SimdLevel level);
+    ~LevelOverride();
+    LevelOverride(const LevelOverride&) = delete;
+    LevelOverride& operator=(const LevelOverride&) = delete;
+
+private:
+    int previous_;
+};
+
+// Test hook: replaces the score kernel of codec c at `level` by one that is off by one per score (or
+// restores the real kernels with fault = false) and forgets the level's self-check and the choice of
+// level, so the next use chooses again.
+void inject_kernel_fault_for_testing(SimdLevel level, BlockCodec c, bool fault);
 
 }  // namespace kvq::detail

@@ -19,7 +19,9 @@
 #include "../codec/kernels.hpp"
 #include "plain_impl.hpp"
 #include "loops.hpp"
+#include "ops_check.hpp"
 #include "quantize_impl.hpp"
+#include "softmax_impl.hpp"
 #if defined(__AVX2__)
 #include "accumulate_avx2.hpp"
 #endif
@@ -435,6 +437,8 @@ detail::LevelKernels make_level() {
     k.codec[int(BlockCodec::q5_1)] = block_kernels<A, LayoutQ5_1>(quantize_asym<A, 5>);
     k.all_finite = all_finite<A>;
     k.finite_max_abs = finite_max_abs<A>;
+    k.softmax = softmax_update_lanes;
+    k.check_ops = check_ops<A>;
     return k;
 }
 

@@ -1,5 +1,6 @@
 // The avx2 level: AVX2 + FMA + F16C (compiled with -mavx2 -mfma -mf16c only).
-// Every kernel comes from kernels_impl.hpp; this file only picks the instruction set.
+// The block-codec kernels, the softmax and the primitive checks come from kernels_impl.hpp; this file
+// picks the instruction set (and, where it has them, the polar/turbo kernels).
 #include "dispatch.hpp"
 #include "ops_avx2.hpp"
 #include "kernels_impl.hpp"

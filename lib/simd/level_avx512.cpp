@@ -1,6 +1,7 @@
 // The avx512 level: AVX-512 F/BW/VL/DQ (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq, plus the
 // AVX2/FMA/F16C every such CPU has).
-// Every kernel comes from kernels_impl.hpp; this file only picks the instruction set.
+// The block-codec kernels, the softmax and the primitive checks come from kernels_impl.hpp; this file
+// picks the instruction set (and, where it has them, the polar/turbo kernels).
 #include "dispatch.hpp"
 #include "ops_avx512.hpp"
 #include "kernels_impl.hpp"

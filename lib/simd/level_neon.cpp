@@ -1,5 +1,6 @@
 // The neon level: NEON on arm64 (the baseline of every arm64 CPU).
-// Every kernel comes from kernels_impl.hpp; this file only picks the instruction set.
+// The block-codec kernels, the softmax and the primitive checks come from kernels_impl.hpp; this file
+// picks the instruction set (and, where it has them, the polar/turbo kernels).
 #include "dispatch.hpp"
 #include "ops_neon.hpp"
 #include "kernels_impl.hpp"

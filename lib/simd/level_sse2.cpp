@@ -1,5 +1,6 @@
 // The sse2 level: SSE2, the x86-64 baseline (compiled with the default flags).
-// Every kernel comes from kernels_impl.hpp; this file only picks the instruction set.
+// The block-codec kernels, the softmax and the primitive checks come from kernels_impl.hpp; this file
+// picks the instruction set (and, where it has them, the polar/turbo kernels).
 #include "dispatch.hpp"
 #include "ops_sse2.hpp"
 #include "kernels_impl.hpp"

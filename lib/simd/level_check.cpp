@@ -1,0 +1,305 @@
+#include "level_check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "dispatch.hpp"
+#include "kvq/codec.hpp"
+
+namespace kvq::detail {
+namespace {
+
+// Rows of n values, each row a different kind of data, cycling through the kinds (zeros, signed zeros,
+// equal values, exact rounding ties, alternating signs, huge, tiny, subnormal scales, a narrow range
+// around an offset, N(0, 1)).
+std::vector<float> make_rows(size_t rows, int n, uint64_t seed, bool extreme) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> small(-4, 4);
+    std::vector<float> x(rows * n);
+    for (size_t r = 0; r < rows; ++r) {
+        float* row = x.data() + r * n;
+        const int kind = static_cast<int>((r + seed) % 10);
+        for (int j = 0; j < n; ++j) {
+            float v = normal(rng);
+            switch (kind) {
+                case 0: v = 0.0f; break;
+                case 1: v = (j % 3 == 0) ? -0.0f : 0.0f; break;
+                case 2: v = 1.25f; break;
+                case 3: v = static_cast<float>(small(rng)) * 0.5f; break;
+                case 4: v = (j % 2 ? 1.0f : -1.0f) * (j % 32 == 5 ? 2.0f : 0.5f); break;
+                case 5: v *= extreme ? 1e30f : 1e4f; break;
+                case 6: v *= extreme ? 1e-30f : 1e-6f; break;
+                case 7: v *= extreme ? 1e-41f : 3e-5f; break;
+                case 8: v = v * 1e-3f + 5.0f; break;
+                default: break;
+            }
+            row[j] = v;
+        }
+        if (kind == 3 && n >= 2) row[n - 1] = -row[0];  // a +a/-a tie in the last block
+    }
+    return x;
+}
+
+std::vector<float> gaussian_rows(size_t rows, int d, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(rows * d);
+    for (size_t r = 0; r < rows; ++r) {
+        const float scale = r % 5 == 1 ? 0.0f : r % 5 == 2 ? 300.0f : r % 5 == 3 ? 1e-3f : 1.0f;
+        for (int j = 0; j < d; ++j) x[r * d + j] = normal(rng) * scale;
+    }
+    return x;
+}
+
+bool same_float(float a, float b) {
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a, 4);
+    std::memcpy(&ub, &b, 4);
+    return ua == ub || (std::isnan(a) && std::isnan(b));
+}
+
+bool close(float got, float want, double tol) {
+    if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
+    if (std::isinf(want) || std::isinf(got)) return got == want;
+    return std::fabs(double(got) - double(want)) <= tol;
+}
+
+double norm(const float* x, int d) {
+    double s = 0;
+    for (int j = 0; j < d; ++j) s += double(x[j]) * x[j];
+    return std::sqrt(s);
+}
+
+// The first difference, as "what: at i, got G, want W".
+template <class T>
+std::string differs(const char* what, size_t at, T got, T want) {
+    std::ostringstream s;
+    s.precision(9);
+    s << what << " at " << at << ": " << +got << ", the specification gives " << +want;
+    return s.str();
+}
+
+constexpr double kRounding = 2e-6;  // relative to the sum of the magnitudes of a result's terms
+
+}  // namespace
+
+std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows, int n_q, bool extreme, uint64_t seed,
+                              size_t& checks) {
+    const BlockKernels& ref = scalar_kernels(c);
+    const BlockKernels* level_k = level_kernels(c, level);
+    if (!level_k) return "level not available";
+    const BlockKernels& simd = *level_k;
+    const bool plain = c == BlockCodec::f32 || c == BlockCodec::f16 || c == BlockCodec::bf16;
+    const size_t value_bytes = c == BlockCodec::f32 ? 4 : 2;
+    const int block = plain ? 1 : 32;
+    const size_t block_bytes = plain ? value_bytes
+                               : c == BlockCodec::q8_0 ? 34
+                               : c == BlockCodec::q4_0 ? 18
+                               : c == BlockCodec::q4_1 ? 20
+                               : c == BlockCodec::q5_0 ? 22
+                                                       : 24;
+    const size_t row_bytes = size_t(n / block) * block_bytes, stride = row_bytes + 3;
+    const size_t qbytes = plain ? n * sizeof(float) : size_t(n / 32) * 40;
+
+    // Quantize and prepare: the same bytes.
+    const auto x = make_rows(rows, n, seed, extreme);
+    std::vector<uint8_t> a(rows * stride, 0xAB), b(rows * stride, 0xAB);
+    for (size_t r = 0; r < rows; ++r) {
+        ref.quantize(x.data() + r * n, a.data() + r * stride, n);
+        simd.quantize(x.data() + r * n, b.data() + r * stride, n);
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i] != b[i]) return differs("quantize: byte", i, b[i], a[i]);
+    }
+    checks += a.size();
+    std::vector<uint8_t> pa(qbytes), pb(qbytes);
+    for (size_t r = 0; r < rows; ++r) {
+        ref.prepare_query(x.data() + r * n, pa.data(), n);
+        simd.prepare_query(x.data() + r * n, pb.data(), n);
+        for (size_t i = 0; i < qbytes; ++i) {
+            if (pa[i] != pb[i]) return differs("prepare_query: byte", r * qbytes + i, pb[i], pa[i]);
+        }
+        checks += qbytes;
+    }
+    // Dequantize the quantized rows, and rows of random bytes (any scale bits at all): the same bits.
+    std::vector<uint8_t> random(rows * stride);
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    for (auto& v : random) v = static_cast<uint8_t>(rng());
+    for (const auto* bytes : {&a, &random}) {
+        std::vector<float> ya(n), yb(n);
+        for (size_t r = 0; r < rows; ++r) {
+            ref.dequantize(bytes->data() + r * stride, ya.data(), n);
+            simd.dequantize(bytes->data() + r * stride, yb.data(), n);
+            for (int j = 0; j < n; ++j) {
+                if (!same_float(ya[j], yb[j])) return differs("dequantize: value", r * n + j, yb[j], ya[j]);
+            }
+            checks += n;
+        }
+    }
+
+    // Scores and accumulations on ordinary data, to float rounding.
+    const auto k = make_rows(rows, n, seed + 7, false);
+    std::vector<uint8_t> keys(rows * stride);
+    for (size_t r = 0; r < rows; ++r) ref.quantize(k.data() + r * n, keys.data() + r * stride, n);
+    std::vector<float> kd(rows * n);  // dequantized keys, for the error bound
+    for (size_t r = 0; r < rows; ++r) ref.dequantize(keys.data() + r * stride, kd.data() + r * n, n);
+    const auto q = make_rows(n_q, n, seed + 99, false);
+    std::vector<uint8_t> prep(n_q * qbytes);
+    for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
+    std::vector<float> qe(n_q * n);  // the query the kernels see
+    for (int i = 0; i < n_q; ++i) {
+        for (int j = 0; j < n; ++j) {
+            if (plain) {
+                qe[i * n + j] = q[i * n + j];
+                continue;
+            }
+            const uint8_t* blk = prep.data() + i * qbytes + (j / 32) * 40;
+            float d;
+            std::memcpy(&d, blk, 4);
+            qe[i * n + j] = d * static_cast<int8_t>(blk[8 + j % 32]);
+        }
+    }
+    const size_t score_stride = rows + 5;
+    std::vector<float> sa(n_q * score_stride, -1.0f), sb(n_q * score_stride, -1.0f);
+    ref.score(prep.data(), qbytes, n_q, keys.data(), stride, rows, n, sa.data(), score_stride);
+    simd.score(prep.data(), qbytes, n_q, keys.data(), stride, rows, n, sb.data(), score_stride);
+    for (int i = 0; i < n_q; ++i) {
+        for (size_t r = 0; r < score_stride; ++r) {
+            const size_t at = i * score_stride + r;
+            if (r >= rows) {
+                if (sb[at] != -1.0f) return differs("score: writes outside the rows, at", at, sb[at], -1.0f);
+                continue;
+            }
+            double mag = 0, row_max = 0;
+            for (int j = 0; j < n; ++j) row_max = std::max(row_max, double(std::fabs(kd[r * n + j])));
+            for (int j = 0; j < n; ++j) mag += std::fabs(double(qe[i * n + j])) * (std::fabs(double(kd[r * n + j])) + row_max);
+            if (!close(sb[at], sa[at], kRounding * mag + 1e-35)) return differs("score: query i, row r =", at, sb[at], sa[at]);
+        }
+    }
+    checks += n_q * rows;
+    const size_t w_stride = rows + 2;
+    const auto w = make_rows(n_q, static_cast<int>(w_stride), seed + 5, false);
+    const std::vector<float> acc0 = make_rows(n_q, n, seed + 17, false);
+    std::vector<float> aa = acc0, ab = acc0;
+    ref.accumulate(w.data(), w_stride, n_q, keys.data(), stride, rows, n, aa.data());
+    simd.accumulate(w.data(), w_stride, n_q, keys.data(), stride, rows, n, ab.data());
+    for (int i = 0; i < n_q; ++i) {
+        for (int j = 0; j < n; ++j) {
+            double mag = std::fabs(acc0[i * n + j]);
+            for (size_t r = 0; r < rows; ++r) mag += std::fabs(double(w[i * w_stride + r]) * kd[r * n + j]);
+            if (!close(ab[i * n + j], aa[i * n + j], kRounding * mag + 1e-35))
+                return differs("accumulate: query i, column j =", i * n + j, ab[i * n + j], aa[i * n + j]);
+        }
+    }
+    checks += n_q * n;
+    return {};
+}
+
+std::string check_codec_path(SimdLevel level, const std::string& spec, int d, size_t rows, int n_q, uint64_t seed,
+                             size_t& checks) {
+    const Codec c = Codec::make(spec, d);
+    const size_t stride = c.row_bytes() + (rows % 2) * 5;
+    const auto x = gaussian_rows(rows, d, seed);
+    const auto q = gaussian_rows(n_q, d, seed + 1);
+    const auto w = gaussian_rows(n_q, static_cast<int>(rows), seed + 2);
+    std::vector<uint8_t> codes(rows * stride, 0xEE);
+    std::vector<float> xd(rows * d);
+    {
+        LevelOverride spec_level(SimdLevel::scalar);
+        c.quantize_rows(x.data(), rows, codes.data(), stride);
+        c.dequantize_rows(codes.data(), rows, xd.data(), stride);
+    }
+    struct Result {
+        std::vector<uint8_t> codes, prep;
+        std::vector<float> scores, acc;
+    };
+    auto run = [&](SimdLevel l) {
+        LevelOverride at(l);
+        Result r{std::vector<uint8_t>(rows * stride, 0xEE), std::vector<uint8_t>(n_q * c.query_bytes()),
+                 std::vector<float>(n_q * rows), std::vector<float>(n_q * d, 0.0f)};
+        c.quantize_rows(x.data(), rows, r.codes.data(), stride);
+        c.prepare_queries(q.data(), n_q, r.prep.data());
+        c.score_rows(r.prep.data(), n_q, codes.data(), rows, r.scores.data(), rows, stride);
+        c.accumulate_rows(w.data(), rows, n_q, codes.data(), rows, r.acc.data(), stride);
+        c.finish_accumulate(r.acc.data(), n_q);
+        return r;
+    };
+    const Result want = run(SimdLevel::scalar), got = run(level);
+    for (size_t i = 0; i < want.codes.size(); ++i) {
+        if (got.codes[i] != want.codes[i]) return differs("quantize: byte", i, got.codes[i], want.codes[i]);
+    }
+    for (size_t i = 0; i < want.prep.size(); ++i) {
+        if (got.prep[i] != want.prep[i]) return differs("prepare_queries: byte", i, got.prep[i], want.prep[i]);
+    }
+    checks += want.codes.size() + want.prep.size();
+    for (int i = 0; i < n_q; ++i) {
+        const double qn = norm(q.data() + i * d, d);
+        double wx = 0;  // Σ |w|·‖x̃‖ bounds every output element's terms
+        for (size_t r = 0; r < rows; ++r) {
+            const double xn = norm(xd.data() + r * d, d);
+            const size_t at = i * rows + r;
+            if (!close(got.scores[at], want.scores[at], 1e-5 * qn * xn + 1e-6))
+                return differs("score: query i, row r =", at, got.scores[at], want.scores[at]);
+            wx += std::fabs(w[at]) * xn;
+        }
+        for (int j = 0; j < d; ++j) {
+            const size_t at = i * d + j;
+            if (!close(got.acc[at], want.acc[at], 1e-5 * wx + 1e-6))
+                return differs("accumulate: query i, column j =", at, got.acc[at], want.acc[at]);
+        }
+    }
+    checks += n_q * (rows + d);
+    return {};
+}
+
+std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_t& checks) {
+    const SoftmaxUpdate simd = level_softmax(level);
+    if (!simd) return "level not available";
+    const int d = 40;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 4.0f);
+    std::vector<float> offsets(g);
+    for (float& o : offsets) o = normal(rng);
+    // Two blocks in a row: the second starts from the first's state (and rescales the accumulator).
+    std::vector<SoftmaxState> sa(g), sb(g);
+    std::vector<float> aa(g * d), ab;
+    for (float& v : aa) v = normal(rng);
+    ab = aa;
+    for (int block = 0; block < 2; ++block) {
+        std::vector<float> s(g * n);
+        for (float& v : s) v = normal(rng) * (block + 1);
+        if (n > 3) s[3] = -std::numeric_limits<float>::infinity();  // a masked row
+        std::vector<float> t = s;
+        const float* off = block ? offsets.data() : nullptr;
+        softmax_update_scalar(s.data(), g, n, off, 0.125f, sa.data(), aa.data(), d);
+        simd(t.data(), g, n, off, 0.125f, sb.data(), ab.data(), d);
+        for (size_t i = 0; i < s.size(); ++i) {
+            if (!same_float(t[i], s[i])) return differs("softmax weight", block * s.size() + i, t[i], s[i]);
+        }
+        for (int i = 0; i < g; ++i) {
+            if (!same_float(sb[i].max, sa[i].max) || !same_float(sb[i].sum, sa[i].sum))
+                return differs("softmax state sum of query", i, sb[i].sum, sa[i].sum);
+        }
+        for (size_t i = 0; i < aa.size(); ++i) {
+            if (!same_float(ab[i], aa[i])) return differs("softmax rescaled accumulator", i, ab[i], aa[i]);
+        }
+        checks += s.size() + 2 * g + aa.size();
+    }
+    return {};
+}
+
+std::string check_primitives(SimdLevel level, size_t& checks) {
+    const auto check = level_check_ops(level);
+    if (!check) return {};
+    ++checks;
+    const char* broken = check();
+    return broken ? std::string("primitive ") + broken : std::string();
+}
+
+}  // namespace kvq::detail

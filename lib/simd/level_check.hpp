@@ -1,0 +1,35 @@
+// Checks of one SIMD level against the scalar specification, shared by the run-time self-check
+// (selfcheck.cpp: a few small cases) and the full parity check kvq::selftest() (lib/check/): each
+// function runs one case and returns what differed first, or an empty string; `checks` counts the
+// values compared.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "../codec/kernels.hpp"
+#include "kvq/simd.hpp"
+
+namespace kvq::detail {
+
+// A block codec's raw kernels at `level` against the specification: quantize and prepare_query bytes
+// identical, dequantize bits identical (of the quantized rows and of random bytes), score and accumulate
+// to float rounding; n values per row (a multiple of the block), rows rows (stride padded), n_q queries.
+// extreme: rows with huge, tiny and subnormal values besides ordinary ones.
+std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows, int n_q, bool extreme, uint64_t seed,
+                              size_t& checks);
+
+// A codec spec (polar, turbo*, or any other) through the whole codec path with this thread's kernels at
+// `level` against the specification's: scores and accumulations (finished) to float rounding.
+std::string check_codec_path(SimdLevel level, const std::string& spec, int d, size_t rows, int n_q, uint64_t seed,
+                             size_t& checks);
+
+// The online softmax's block update at `level`: the same bits as the specification (weights, states and
+// rescaled accumulators) for g queries and n scores.
+std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_t& checks);
+
+// The contract check of the level's primitives (ops_check.hpp).
+std::string check_primitives(SimdLevel level, size_t& checks);
+
+}  // namespace kvq::detail

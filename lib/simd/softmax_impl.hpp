@@ -1,0 +1,108 @@
+// The online softmax's block update 8 lanes at a time (GCC/Clang vector extensions), compiled into each
+// level's file with that level's flags: float reductions do not auto-vectorize without -ffast-math, and
+// a decode step takes n_heads × context exponentials. The operations and their order are those of the
+// scalar specification (lib/codec/softmax.cpp), so every level gives the same bits.
+#pragma once
+
+#include <cstring>
+
+#include "../codec/softmax.hpp"
+
+namespace kvq::simd {
+namespace {
+
+using detail::exp_nonpositive;
+using detail::SoftmaxState;
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+constexpr size_t kSoftmaxLanes = 8;
+
+// Vectors pass by reference only: a 256-bit vector passed by value between functions compiled with and
+// without AVX changes the calling convention (an error in Clang).
+#define KVQ_INLINE inline __attribute__((always_inline))
+
+KVQ_INLINE void load8(const float* p, f32x8& v) { std::memcpy(&v, p, sizeof v); }
+KVQ_INLINE void store8(float* p, const f32x8& v) { std::memcpy(p, &v, sizeof v); }
+
+// x ← exp_nonpositive(x), lane by lane, with the same operations in the same order.
+KVQ_INLINE void exp8(f32x8& x) {
+    const f32x8 lo = f32x8{} - 87.3f;
+    x = x < lo ? lo : x;
+    const float magic = 12582912.0f;
+    const f32x8 t = x * 1.44269504088896341f + magic;
+    const f32x8 n = t - magic;
+    u32x8 bits;
+    std::memcpy(&bits, &t, sizeof bits);
+    bits = (bits - 0x4B400000u + 127u) << 23;  // 2^n
+    f32x8 pow2;
+    std::memcpy(&pow2, &bits, sizeof pow2);
+    const f32x8 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    f32x8 p = f32x8{} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    x = (p * r * r + r + 1.0f) * pow2;
+}
+
+KVQ_INLINE float lane_sum(const f32x8& v) {
+    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+void softmax_update_lanes(float* scores, int g, size_t n, const float* offsets, float scale, SoftmaxState* state,
+                    float* acc, int d) {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < g; ++i) {
+        float* s = scores + i * n;
+        const float offset = offsets ? offsets[i] : 0.0f;
+        // Scale, and the block's max (a NaN score is skipped here; it still turns the sum, hence the
+        // output, into NaN).
+        f32x8 max8 = f32x8{} + kNegInf;
+        size_t r = 0;
+        for (; r + kSoftmaxLanes <= n; r += kSoftmaxLanes) {
+            f32x8 v;
+            load8(s + r, v);
+            v = (v + offset) * scale;
+            store8(s + r, v);
+            max8 = v > max8 ? v : max8;
+        }
+        float block_max = kNegInf;
+        for (size_t k = 0; k < kSoftmaxLanes; ++k) block_max = max8[k] > block_max ? max8[k] : block_max;
+        for (; r < n; ++r) {
+            s[r] = (s[r] + offset) * scale;
+            block_max = s[r] > block_max ? s[r] : block_max;
+        }
+
+        SoftmaxState& st = state[i];
+        if (block_max > st.max) {
+            // From −inf (no rows yet) the factor is exactly 0 and the accumulator is still all zeros.
+            const float rescale = st.max == kNegInf ? 0.0f : exp_nonpositive(st.max - block_max);
+            st.sum *= rescale;
+            st.max = block_max;
+            float* a = acc + static_cast<size_t>(i) * d;
+            for (int j = 0; j < d; ++j) a[j] *= rescale;
+        }
+        const float m = st.max;
+        f32x8 sum8 = {};
+        r = 0;
+        for (; r + kSoftmaxLanes <= n; r += kSoftmaxLanes) {
+            f32x8 e;
+            load8(s + r, e);
+            e -= m;
+            exp8(e);
+            store8(s + r, e);
+            sum8 += e;
+        }
+        float sum = lane_sum(sum8);
+        for (; r < n; ++r) {
+            s[r] = exp_nonpositive(s[r] - m);
+            sum += s[r];
+        }
+        st.sum += sum;
+    }
+}
+
+}  // namespace
+}  // namespace kvq::simd
