@@ -1,11 +1,13 @@
 // The cache's attention equals the FP32 reference on the dequantized rows (to float rounding) for every
-// codec pair, GQA ratio, head size, seal policy, key centering, window, soft-cap and thread count.
+// codec pair, GQA ratio, head size, seal policy, key centering, window, soft-cap and thread count, at
+// every SIMD level this CPU runs.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
 #include "cache_model.hpp"
+#include "kvq/simd.hpp"
 
 using kvq::CacheConfig;
 using kvq::KVCache;
@@ -69,186 +71,215 @@ CacheConfig small_config(const std::string& kc, const std::string& vc, SealPolic
     return cfg;
 }
 
+// Runs body at every SIMD level this CPU runs (cache attention goes through every kernel family and the
+// softmax), then restores the level in use.
+template <class F>
+void at_every_level(F&& body) {
+    const kvq::SimdLevel before = kvq::simd_level();
+    for (kvq::SimdLevel level : kvq::available_simd_levels()) {
+        kvq::force_simd_level(level);
+        REQUIRE(kvq::simd_level() == level);
+        const std::string name(kvq::simd_level_name(level));
+        CAPTURE(name);
+        body();
+    }
+    kvq::force_simd_level(before);
+}
+
 }  // namespace
 
 TEST_CASE("cache attention equals the reference on dequantized rows for every codec pair") {
-    for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
-        for (const auto& kc : all_specs()) {
-            for (const auto& vc : all_specs()) {
-                CAPTURE(kc);
-                CAPTURE(vc);
-                CAPTURE(static_cast<int>(seal));
-                // 37 tokens in blocks of 16: two full blocks and one that ends mid-block; a batch that
-                // ends mid-block, then a few tokens at a time across the block boundary. One kv head
-                // (GQA and several heads are covered below; this case is about the codecs).
-                CacheConfig cfg = small_config(kc, vc, seal);
-                cfg.n_kv_heads = 1;
-                cfg.n_heads = 2;
-                const Run run = append_and_compare(cfg, 37, {29, 5}, 100);
-                CHECK(run.checks == 3);
-                CHECK(run.worst < kvq::test::kFloatRounding);
-            }
-        }
-    }
-}
-
-TEST_CASE("cache attention for GQA ratios 1, 4, 8 and head sizes 64, 128, 256") {
-    const std::vector<std::pair<std::string, std::string>> pairs = {
-        {"q8_0", "q4_0"}, {"q4_0+rot", "q4_0"}, {"f16", "f16"}, {"q8_0", "q4_0+rot"}};
-    for (int d : {64, 128, 256}) {
-        for (int g : {1, 4, 8}) {
-            for (const auto& codecs : pairs) {
-                // (no structured bindings: Clang 14 cannot capture them in CAPTURE's lambda)
-                const std::string &kc = codecs.first, &vc = codecs.second;
-                for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
-                    CAPTURE(d);
-                    CAPTURE(g);
+    at_every_level([&] {
+        for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
+            for (const auto& kc : all_specs()) {
+                for (const auto& vc : all_specs()) {
                     CAPTURE(kc);
                     CAPTURE(vc);
+                    CAPTURE(static_cast<int>(seal));
+                    // 37 tokens in blocks of 16: two full blocks and one that ends mid-block; a batch that
+                    // ends mid-block, then a few tokens at a time across the block boundary. One kv head
+                    // (GQA and several heads are covered below; this case is about the codecs).
                     CacheConfig cfg = small_config(kc, vc, seal);
-                    cfg.head_dim = d;
-                    cfg.n_kv_heads = 2;
-                    cfg.n_heads = 2 * g;
-                    cfg.block_tokens = 32;
-                    const Run run = append_and_compare(cfg, 77, {50, 13, 1}, 200 + d + g);
+                    cfg.n_kv_heads = 1;
+                    cfg.n_heads = 2;
+                    const Run run = append_and_compare(cfg, 37, {29, 5}, 100);
+                    CHECK(run.checks == 3);
                     CHECK(run.worst < kvq::test::kFloatRounding);
                 }
             }
         }
-    }
+    });
+}
+
+TEST_CASE("cache attention for GQA ratios 1, 4, 8 and head sizes 64, 128, 256") {
+    at_every_level([&] {
+        const std::vector<std::pair<std::string, std::string>> pairs = {
+            {"q8_0", "q4_0"}, {"q4_0+rot", "q4_0"}, {"f16", "f16"}, {"q8_0", "q4_0+rot"}};
+        for (int d : {64, 128, 256}) {
+            for (int g : {1, 4, 8}) {
+                for (const auto& codecs : pairs) {
+                    // (no structured bindings: Clang 14 cannot capture them in CAPTURE's lambda)
+                    const std::string &kc = codecs.first, &vc = codecs.second;
+                    for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
+                        CAPTURE(d);
+                        CAPTURE(g);
+                        CAPTURE(kc);
+                        CAPTURE(vc);
+                        CacheConfig cfg = small_config(kc, vc, seal);
+                        cfg.head_dim = d;
+                        cfg.n_kv_heads = 2;
+                        cfg.n_heads = 2 * g;
+                        cfg.block_tokens = 32;
+                        const Run run = append_and_compare(cfg, 77, {50, 13, 1}, 200 + d + g);
+                        CHECK(run.worst < kvq::test::kFloatRounding);
+                    }
+                }
+            }
+        }
+    });
 }
 
 TEST_CASE("centered keys: attention equals the reference with the fp16 mean added back, and removes key bias") {
-    const std::vector<std::pair<std::string, std::string>> pairs = {
-        {"q8_0", "q4_0"}, {"q4_0", "q4_0"}, {"q4_0+rot", "q8_0"}, {"f16", "f16"}};
-    for (const auto& codecs : pairs) {
-        // (no structured bindings: Clang 14 cannot capture them in CAPTURE's lambda)
-        const std::string &kc = codecs.first, &vc = codecs.second;
-        CAPTURE(kc);
-        CacheConfig cfg = small_config(kc, vc, SealPolicy::on_block_full);
-        cfg.center_keys = true;
-        const Run run = append_and_compare(cfg, 70, {33, 1}, 300, /*key_bias=*/8.0f);
-        CHECK(run.worst < kvq::test::kFloatRounding);
-    }
-
-    // Against exact FP32 attention, centering 4-bit keys with a large bias must shrink the error.
-    auto error_vs_fp32 = [](bool center) {
-        CacheConfig cfg = small_config("q4_0", "f32", SealPolicy::on_block_full);
-        cfg.center_keys = center;
-        KVCache cache(cfg);
-        const auto seq = cache.add_sequence();
-        std::vector<float> k, v;
-        kvq::test::random_tokens(256, 2, 64, 5, k, v, 8.0f);
-        cache.append(0, seq, k.data(), v.data(), 256);
-        const auto q = kvq::test::gaussian(4 * 64, 6, 1.5f);
-        std::vector<float> out(q.size());
-        cache.attend(0, seq, q.data(), out.data());
-        CacheConfig exact = cfg;
-        exact.key_codec = "f32";
-        exact.center_keys = false;
-        LayerTokens tok{2, 64};
-        tok.add(k.data(), v.data(), 256);
-        const auto f32 = kvq::Codec::make("f32", 64);
-        const auto want = kvq::test::expected_attention(exact, f32, f32, tok, 0, 256, 256, q.data());
-        return kvq::test::max_rel_diff(out, want);
-    };
-    const double plain = error_vs_fp32(false), centered = error_vs_fp32(true);
-    CAPTURE(plain);
-    CAPTURE(centered);
-    CHECK(centered < 0.5 * plain);
-}
-
-TEST_CASE("sliding window: attention sees the last W tokens and blocks out of the window return to the pool") {
-    for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
-        for (int w : {5, 16, 40}) {
-            CAPTURE(w);
-            CacheConfig cfg = small_config("q8_0", "q4_0", seal);
-            cfg.n_layers = 2;
-            cfg.sliding_window = {w, 0};
-            const Run run = append_and_compare(cfg, 150, {20, 1, 1, 3}, 400 + w);
+    at_every_level([&] {
+        const std::vector<std::pair<std::string, std::string>> pairs = {
+            {"q8_0", "q4_0"}, {"q4_0", "q4_0"}, {"q4_0+rot", "q8_0"}, {"f16", "f16"}};
+        for (const auto& codecs : pairs) {
+            // (no structured bindings: Clang 14 cannot capture them in CAPTURE's lambda)
+            const std::string &kc = codecs.first, &vc = codecs.second;
+            CAPTURE(kc);
+            CacheConfig cfg = small_config(kc, vc, SealPolicy::on_block_full);
+            cfg.center_keys = true;
+            const Run run = append_and_compare(cfg, 70, {33, 1}, 300, /*key_bias=*/8.0f);
             CHECK(run.worst < kvq::test::kFloatRounding);
-
-            // Blocks in use stay bounded by the window, in a batch append far longer than it too.
+        }
+    
+        // Against exact FP32 attention, centering 4-bit keys with a large bias must shrink the error.
+        auto error_vs_fp32 = [](bool center) {
+            CacheConfig cfg = small_config("q4_0", "f32", SealPolicy::on_block_full);
+            cfg.center_keys = center;
             KVCache cache(cfg);
             const auto seq = cache.add_sequence();
             std::vector<float> k, v;
-            kvq::test::random_tokens(300, 2, 64, 9, k, v);
-            cache.append(0, seq, k.data(), v.data(), 300);
-            for (int i = 0; i < 100; ++i) cache.append(0, seq, &k[i * 128], &v[i * 128], 1);
-            CHECK(cache.n_tokens(seq, 0) == 400);
-            CHECK(cache.pool_stats().blocks_used <= static_cast<size_t>(w + 15) / 16 + 2);  // + 1 block of slack
+            kvq::test::random_tokens(256, 2, 64, 5, k, v, 8.0f);
+            cache.append(0, seq, k.data(), v.data(), 256);
+            const auto q = kvq::test::gaussian(4 * 64, 6, 1.5f);
+            std::vector<float> out(q.size());
+            cache.attend(0, seq, q.data(), out.data());
+            CacheConfig exact = cfg;
+            exact.key_codec = "f32";
+            exact.center_keys = false;
+            LayerTokens tok{2, 64};
+            tok.add(k.data(), v.data(), 256);
+            const auto f32 = kvq::Codec::make("f32", 64);
+            const auto want = kvq::test::expected_attention(exact, f32, f32, tok, 0, 256, 256, q.data());
+            return kvq::test::max_rel_diff(out, want);
+        };
+        const double plain = error_vs_fp32(false), centered = error_vs_fp32(true);
+        CAPTURE(plain);
+        CAPTURE(centered);
+        CHECK(centered < 0.5 * plain);
+    });
+}
+
+TEST_CASE("sliding window: attention sees the last W tokens and blocks out of the window return to the pool") {
+    at_every_level([&] {
+        for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
+            for (int w : {5, 16, 40}) {
+                CAPTURE(w);
+                CacheConfig cfg = small_config("q8_0", "q4_0", seal);
+                cfg.n_layers = 2;
+                cfg.sliding_window = {w, 0};
+                const Run run = append_and_compare(cfg, 150, {20, 1, 1, 3}, 400 + w);
+                CHECK(run.worst < kvq::test::kFloatRounding);
+    
+                // Blocks in use stay bounded by the window, in a batch append far longer than it too.
+                KVCache cache(cfg);
+                const auto seq = cache.add_sequence();
+                std::vector<float> k, v;
+                kvq::test::random_tokens(300, 2, 64, 9, k, v);
+                cache.append(0, seq, k.data(), v.data(), 300);
+                for (int i = 0; i < 100; ++i) cache.append(0, seq, &k[i * 128], &v[i * 128], 1);
+                CHECK(cache.n_tokens(seq, 0) == 400);
+                CHECK(cache.pool_stats().blocks_used <= static_cast<size_t>(w + 15) / 16 + 2);  // + 1 block of slack
+            }
         }
-    }
+    });
 }
 
 TEST_CASE("logit soft-cap") {
-    for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
-        CacheConfig cfg = small_config("q8_0", "q4_0", seal);
-        cfg.softcap = 2.0f;  // small, so that it changes the result a lot
-        cfg.scale = 0.5f;
-        const Run run = append_and_compare(cfg, 60, {30, 1}, 500);
-        CHECK(run.worst < kvq::test::kFloatRounding);
-    }
+    at_every_level([&] {
+        for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
+            CacheConfig cfg = small_config("q8_0", "q4_0", seal);
+            cfg.softcap = 2.0f;  // small, so that it changes the result a lot
+            cfg.scale = 0.5f;
+            const Run run = append_and_compare(cfg, 60, {30, 1}, 500);
+            CHECK(run.worst < kvq::test::kFloatRounding);
+        }
+    });
 }
 
 TEST_CASE("threads = 2 gives the threads = 1 result to float rounding") {
-    for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
-        for (const auto& kc : {std::string("q8_0"), std::string("f16"), std::string("q4_0+rot")}) {
-            CAPTURE(kc);
-            CacheConfig cfg = small_config(kc, "q4_0+rot", seal);
-            cfg.n_heads = 8;
-            std::vector<float> outs[2];
-            for (int threads : {1, 2}) {
-                cfg.threads = threads;
-                KVCache cache(cfg);
-                const auto seq = cache.add_sequence();
-                std::vector<float> k, v;
-                kvq::test::random_tokens(2000, 2, 64, 600, k, v);  // 125 blocks: several parts
-                cache.append(0, seq, k.data(), v.data(), 2000);
-                const auto q = kvq::test::gaussian(8 * 64, 601, 2.0f);
-                outs[threads - 1].resize(q.size());
-                cache.attend(0, seq, q.data(), outs[threads - 1].data());
-                if (threads == 2) {
-                    LayerTokens tok{2, 64};
-                    tok.add(k.data(), v.data(), 2000);
-                    const auto c = cache.config();
-                    const auto want = kvq::test::expected_attention(cache, tok, 0, 2000, kvq::test::sealed_end(c, 2000), q.data());
-                    CHECK(kvq::test::max_rel_diff(outs[1], want) < kvq::test::kFloatRounding);
+    at_every_level([&] {
+        for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
+            for (const auto& kc : {std::string("q8_0"), std::string("f16"), std::string("q4_0+rot")}) {
+                CAPTURE(kc);
+                CacheConfig cfg = small_config(kc, "q4_0+rot", seal);
+                cfg.n_heads = 8;
+                std::vector<float> outs[2];
+                for (int threads : {1, 2}) {
+                    cfg.threads = threads;
+                    KVCache cache(cfg);
+                    const auto seq = cache.add_sequence();
+                    std::vector<float> k, v;
+                    kvq::test::random_tokens(2000, 2, 64, 600, k, v);  // 125 blocks: several parts
+                    cache.append(0, seq, k.data(), v.data(), 2000);
+                    const auto q = kvq::test::gaussian(8 * 64, 601, 2.0f);
+                    outs[threads - 1].resize(q.size());
+                    cache.attend(0, seq, q.data(), outs[threads - 1].data());
+                    if (threads == 2) {
+                        LayerTokens tok{2, 64};
+                        tok.add(k.data(), v.data(), 2000);
+                        const auto c = cache.config();
+                        const auto want = kvq::test::expected_attention(cache, tok, 0, 2000, kvq::test::sealed_end(c, 2000), q.data());
+                        CHECK(kvq::test::max_rel_diff(outs[1], want) < kvq::test::kFloatRounding);
+                    }
                 }
+                CHECK(kvq::test::max_rel_diff(outs[1], outs[0]) < 1e-5);
             }
-            CHECK(kvq::test::max_rel_diff(outs[1], outs[0]) < 1e-5);
         }
-    }
+    });
 }
 
 TEST_CASE("prefill attention is causal and equals the reference for each position") {
-    for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
-        for (int threads : {1, 2}) {
-            for (int w : {0, 24}) {
-                CAPTURE(w);
-                CacheConfig cfg = small_config("q8_0", "q4_0", seal);
-                cfg.threads = threads;
-                if (w) cfg.sliding_window = {w};
-                KVCache cache(cfg);
-                const auto seq = cache.add_sequence();
-                std::vector<float> k, v;
-                kvq::test::random_tokens(50, 2, 64, 700, k, v);
-                cache.append(0, seq, k.data(), v.data(), 30);   // earlier context
-                cache.append(0, seq, &k[30 * 128], &v[30 * 128], 20);  // the prompt chunk
-                const size_t nq = 20, vec = 4 * 64;
-                const auto q = kvq::test::gaussian(nq * vec, 701);
-                std::vector<float> out(q.size());
-                cache.attend_prefill(0, seq, q.data(), nq, out.data());
-                LayerTokens tok{2, 64};
-                tok.add(k.data(), v.data(), 50);
-                const auto& c = cache.config();
-                for (size_t i = 0; i < nq; ++i) {
-                    const size_t p = 30 + i, lo = w && p + 1 > size_t(w) ? p + 1 - w : 0;
-                    const auto want = kvq::test::expected_attention(cache, tok, lo, p + 1, kvq::test::sealed_end(c, 50), &q[i * vec]);
-                    const std::vector<float> got(&out[i * vec], &out[i * vec] + vec);
-                    CHECK(kvq::test::max_rel_diff(got, want) < kvq::test::kFloatRounding);
+    at_every_level([&] {
+        for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
+            for (int threads : {1, 2}) {
+                for (int w : {0, 24}) {
+                    CAPTURE(w);
+                    CacheConfig cfg = small_config("q8_0", "q4_0", seal);
+                    cfg.threads = threads;
+                    if (w) cfg.sliding_window = {w};
+                    KVCache cache(cfg);
+                    const auto seq = cache.add_sequence();
+                    std::vector<float> k, v;
+                    kvq::test::random_tokens(50, 2, 64, 700, k, v);
+                    cache.append(0, seq, k.data(), v.data(), 30);   // earlier context
+                    cache.append(0, seq, &k[30 * 128], &v[30 * 128], 20);  // the prompt chunk
+                    const size_t nq = 20, vec = 4 * 64;
+                    const auto q = kvq::test::gaussian(nq * vec, 701);
+                    std::vector<float> out(q.size());
+                    cache.attend_prefill(0, seq, q.data(), nq, out.data());
+                    LayerTokens tok{2, 64};
+                    tok.add(k.data(), v.data(), 50);
+                    const auto& c = cache.config();
+                    for (size_t i = 0; i < nq; ++i) {
+                        const size_t p = 30 + i, lo = w && p + 1 > size_t(w) ? p + 1 - w : 0;
+                        const auto want = kvq::test::expected_attention(cache, tok, lo, p + 1, kvq::test::sealed_end(c, 50), &q[i * vec]);
+                        const std::vector<float> got(&out[i * vec], &out[i * vec] + vec);
+                        CHECK(kvq::test::max_rel_diff(got, want) < kvq::test::kFloatRounding);
+                    }
                 }
             }
         }
-    }
+    });
 }

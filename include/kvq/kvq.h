@@ -89,6 +89,7 @@ typedef enum kvq_status {
     KVQ_ERR_IO = 11,              /* a cache file could not be opened, read, written or renamed (errno's text) */
     KVQ_ERR_BAD_FILE = 12,        /* not a cache file this kvq reads: magic, version, truncated, CRC, contents */
     KVQ_ERR_CONFIG_MISMATCH = 13, /* kvq_cache_load_into: the file's cache had another configuration */
+    KVQ_ERR_SELFTEST_FAILED = 14, /* kvq_selftest: a SIMD level differs from the scalar specification */
     KVQ_STATUS_MAX_ = 0x7fffffff  /* never returned: keeps every int status a valid value of the enum in
                                      C++ too (kvq_status_name takes any; a later version may add statuses) */
 } kvq_status;
@@ -102,6 +103,26 @@ KVQ_API const char* kvq_status_name(kvq_status status);
  * detect a header/library mismatch. */
 KVQ_API uint32_t kvq_version(void);
 KVQ_API const char* kvq_version_string(void);
+
+/* ---- SIMD levels and the self-test ------------------------------------------------------------ */
+
+/* kvq picks a SIMD level at run time: the best one the CPU runs that passes a known-answer self-check
+ * against the scalar specification (run the first time a level is about to be used; a failing level is
+ * not used, and kvq falls back to the best level below it that passes). KVQ_SIMD=scalar|sse2|avx2|
+ * avx512|neon asks for a level, KVQ_SELFCHECK=0 skips the self-check. */
+
+/* The name of the SIMD level in use ("avx2"); a static string. */
+KVQ_API const char* kvq_simd_level(void);
+/* Writes the levels this build has, whether the CPU runs them, their self-check results and the level
+ * in use with the reason, as text (one line per level, then "in use: ..."), NUL-terminated and cut to
+ * capacity bytes; returns the length of the whole text (snprintf's rule: call with capacity 0 to size
+ * the buffer). buf may be NULL when capacity is 0. */
+KVQ_API size_t kvq_simd_report(char* buf, size_t capacity);
+/* The full parity check: every codec at every level this CPU runs against the scalar specification,
+ * and cache attention against the FP32 reference (about a second per level). on_line, if not NULL, is
+ * called with each result line ("avx2    q8_0          ok ..."). KVQ_OK if every line passed, else
+ * KVQ_ERR_SELFTEST_FAILED (kvq_last_error() names the first failing level and family). */
+KVQ_API kvq_status kvq_selftest(void (*on_line)(const char* line, void* ctx), void* ctx);
 
 /* ---- the codec table -------------------------------------------------------------------------- */
 
