@@ -215,13 +215,19 @@ std::string format_codec_info(TableFormat format, int head_dim) {
         if (!levels.empty()) levels += ',';
         levels += simd_level_name(l);
     }
-    const std::string level(simd_level_name(simd_level()));
+    const SimdReport report = simd_report();
+    const std::string level(simd_level_name(report.in_use));
     std::string s;
-    if (format == TableFormat::json) s = "{\"simd_level\": " + json_string(level) + ", \"simd_available\": " + json_string(levels) + ",\n \"codecs\": [\n";
-    else if (format == TableFormat::csv) s = "name,block,bytes_per_block,bits_per_value,ggml_layout,layout\n";
-    else s = "SIMD level: " + level + " (available: " + levels + ")\n\n" +
-             markdown_row({"codec", "block", "bytes/block", "bits/value (d=" + std::to_string(head_dim) + ")", "ggml layout", "layout"}) +
-             "|---|--:|--:|--:|---|---|\n";
+    if (format == TableFormat::json) {
+        s = "{\"simd_level\": " + json_string(level) + ", \"simd_available\": " + json_string(levels) +
+            ", \"simd_reason\": " + json_string(report.reason) + ",\n \"codecs\": [\n";
+    } else if (format == TableFormat::csv) {
+        s = "name,block,bytes_per_block,bits_per_value,ggml_layout,layout\n";
+    } else {
+        s = "SIMD levels (* in use):\n\n```\n" + format_simd_report(report) + "```\n\n" +
+            markdown_row({"codec", "block", "bytes/block", "bits/value (d=" + std::to_string(head_dim) + ")", "ggml layout", "layout"}) +
+            "|---|--:|--:|--:|---|---|\n";
+    }
     const auto names = codec_names();
     for (size_t i = 0; i < names.size(); ++i) {
         const CodecInfo c = codec_info(names[i]);

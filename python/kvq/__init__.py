@@ -40,6 +40,10 @@ from ._core import (
     quantize,
     reference_attention,
     simd_level,
+    simd_report,
+    selftest,
+    available_simd_levels,
+    force_simd_level,
     sweep,
 )
 
@@ -68,5 +72,9 @@ __all__ = [
     "quantize",
     "reference_attention",
     "simd_level",
+    "simd_report",
+    "selftest",
+    "available_simd_levels",
+    "force_simd_level",
     "sweep",
 ]

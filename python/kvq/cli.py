@@ -5,7 +5,8 @@
     kvq table --plot errors.png    # also draw error against bits per value (needs matplotlib)
     kvq plan --model llama-3-70b --context 131072 --batch 8
     kvq plan --config path/to/config.json
-    kvq info
+    kvq info                       # the codec table and the SIMD levels (which passed their self-check)
+    kvq selftest                   # every codec at every SIMD level against the scalar specification
 
 The work happens in C++ (lib/eval, through kvq._core); this module parses arguments, shows progress and
 draws the plot.
@@ -140,6 +141,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """Prints one line per SIMD level and codec family; exit status 1 if any differs from the specification."""
+    print(_core.simd_report()["text"], end="")
+    result = _core.selftest(on_line=None if args.quiet else (lambda line: print(line, flush=True)))
+    failed = [l for l in result["lines"] if not l["passed"]]
+    for line in failed if args.quiet else []:
+        print(line["text"])
+    print(f"selftest: {len(result['lines']) - len(failed)} passed, {len(failed)} failed")
+    return 0 if result["passed"] else 1
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -188,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--format", choices=formats, default="markdown")
     i.add_argument("--head-dim", type=_positive, default=128, help="head size for bits per value (default 128)")
     i.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("selftest", help="check every codec at every SIMD level this CPU runs against the scalar specification")
+    s.add_argument("--quiet", action="store_true", help="print only the failing lines and the summary")
+    s.set_defaults(func=cmd_selftest)
     return parser
 
 

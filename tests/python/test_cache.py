@@ -6,6 +6,9 @@ import pytest
 
 import kvq
 
+# Cache attention goes through every kernel family and the softmax: check it at every SIMD level.
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 H, KV, D = 8, 2, 64  # GQA: 4 query heads per kv head
 
 
