@@ -196,7 +196,12 @@ TEST_CASE("a windowed layer runs with exactly the blocks its window needs") {
     kvq::test::random_tokens(200, 2, 64, 9, k, v);
     for (size_t t = 0; t < 200; ++t) cache.append(0, seq, &k[t * kRow], &v[t * kRow], 1);
     CHECK(cache.n_tokens(seq) == 200);
-    cache.append(0, seq, k.data(), v.data(), 200);  // a batch longer than the window stores only its end
+    // A batch keeps every block its own prefill needs until the next append: 200 more tokens need 13
+    // blocks, more than the pool has; refused, nothing changed. Token by token it runs in the window's
+    // blocks (a chunk of c tokens needs the blocks of w + c - 1 tokens, plus the slack).
+    CHECK_THROWS_AS(cache.append(0, seq, k.data(), v.data(), 200), kvq::PoolExhausted);
+    CHECK(cache.n_tokens(seq) == 200);
+    for (size_t t = 0; t < 200; ++t) cache.append(0, seq, &k[t * kRow], &v[t * kRow], 1);
     CHECK(cache.pool_stats().blocks_used <= 4);
     // Truncating into tokens the window has released is refused, and changes nothing.
     const auto q = kvq::test::gaussian(4 * 64, 10);

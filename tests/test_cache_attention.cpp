@@ -294,3 +294,47 @@ TEST_CASE("prefill attention is causal and equals the reference for each positio
         }
     });
 }
+
+TEST_CASE("prefill of a whole prompt longer than the window, then decode: equal to the reference") {
+    // A 3000-token prompt appended in one piece into a layer with a 512-token window: attend_prefill sees
+    // every token it needs; the next append releases what fell out of the window, and decode after it
+    // reads exactly the window.
+    for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
+        CAPTURE(static_cast<int>(seal));
+        CacheConfig cfg = small_config("q8_0", "q4_0", seal);
+        cfg.n_kv_heads = 1;
+        cfg.n_heads = 2;
+        cfg.head_dim = 32;
+        cfg.threads = 2;
+        cfg.sliding_window = {512};
+        KVCache cache(cfg);
+        const auto seq = cache.add_sequence();
+        const size_t n = 3000, vec = 2 * 32;
+        std::vector<float> k, v;
+        kvq::test::random_tokens(n + 1, 1, 32, 900, k, v);
+        cache.append(0, seq, k.data(), v.data(), n);
+        const auto q = kvq::test::gaussian(n * vec, 901);
+        std::vector<float> out(q.size());
+        cache.attend_prefill(0, seq, q.data(), n, out.data());
+        LayerTokens tok{1, 32};
+        tok.add(k.data(), v.data(), n);
+        const auto& c = cache.config();
+        double worst = 0;
+        for (size_t i = 0; i < n; i += 37) {
+            const size_t lo = i + 1 > 512 ? i + 1 - 512 : 0;
+            const auto want = kvq::test::expected_attention(cache, tok, lo, i + 1, kvq::test::sealed_end(c, n), &q[i * vec]);
+            worst = std::max(worst, kvq::test::max_rel_diff(std::vector<float>(&out[i * vec], &out[i * vec] + vec), want));
+        }
+        CHECK(worst < kvq::test::kFloatRounding);
+        const size_t held = cache.pool_stats().blocks_used;
+        CHECK(held * 16 + 16 >= n);  // the prompt's blocks are all still held (the last may be staging)
+
+        cache.append(0, seq, &k[n * 32], &v[n * 32], 1);  // decode: releases what fell out of the window
+        tok.add(&k[n * 32], &v[n * 32], 1);
+        CHECK(cache.pool_stats().blocks_used * 16 <= 512 + 3 * 16);
+        std::vector<float> one(vec);
+        cache.attend(0, seq, q.data(), one.data());
+        const auto want = kvq::test::expected_attention(cache, tok, n + 1 - 512, n + 1, kvq::test::sealed_end(c, n + 1), q.data());
+        CHECK(kvq::test::max_rel_diff(one, want) < kvq::test::kFloatRounding);
+    }
+}

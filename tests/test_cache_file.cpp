@@ -218,7 +218,8 @@ TEST_CASE("save/load: sliding window that released blocks, and one sequence") {
     CacheConfig cfg = config("q8_0", "q4_0");
     cfg.sliding_window = {16, 0};
     KVCache c = populated(cfg);
-    append(c, 0, 40, 70);  // layer 0 drops blocks below its window
+    append(c, 0, 40, 70);
+    append(c, 0, 1, 71);  // layer 0 drops the blocks below its window at the next append
     REQUIRE(c.dump().find("released below") != std::string::npos);
     c.save(dir / "all.kvq");
     KVCache d = KVCache::load(dir / "all.kvq");

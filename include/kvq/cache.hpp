@@ -64,8 +64,10 @@ struct CacheConfig {
     size_t grow_blocks = 64;    // blocks added when the pool grows
     float scale = 0.0f;         // softmax scale; 0 means 1/sqrt(head_dim)
     float softcap = 0.0f;       // logit soft-cap c: s -> c·tanh(s/c); 0 = off (Gemma 2 uses 50)
-    // Per layer, in tokens; empty, or 0 for a layer, = full attention. A block returns to the pool once it
-    // lies more than one block before the window (the slack lets truncate go back block_tokens tokens).
+    // Per layer, in tokens; empty, or 0 for a layer, = full attention. A block returns to the pool at an
+    // append once it lies more than one block before the window of that append's first token (the slack
+    // lets truncate go back block_tokens tokens), so attend_prefill after appending a whole prompt sees
+    // everything its queries need, and the next append releases the rest.
     std::vector<int> sliding_window;
     SealPolicy seal = SealPolicy::on_block_full;
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
@@ -136,7 +138,8 @@ public:
     // q, out: n_heads × head_dim floats.
     void attend(int layer, SequenceId seq, const float* q, float* out) const;
     // Causal attention for the last n_queries tokens of the sequence (prefill): query i sees the tokens
-    // up to and including its own position. q, out: n_queries × n_heads × head_dim floats.
+    // up to and including its own position (within the layer's window). With a window, the queries may
+    // reach back to the first token of the latest append. q, out: n_queries × n_heads × head_dim floats.
     void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
 
     size_t n_tokens(SequenceId seq, int layer = 0) const;

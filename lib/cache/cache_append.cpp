@@ -119,10 +119,12 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     const size_t bt = this->bt();
     const size_t old_n = st.n_tokens, n_final = old_n + n;
     const size_t w = window(layer);
-    // Blocks that lie wholly before the window at the end of this append, by more than one block of
-    // slack, are never needed again: the ones held are released, the ones this append would fill are
-    // not stored at all. The slack lets truncate go back up to block_tokens tokens (speculative decoding).
-    const size_t blocks_before_window = w && n_final > w ? (n_final - w) / bt : 0;
+    // Blocks that lie wholly before the window of the first token of this append (position old_n), by
+    // more than one block of slack, are never needed again: attend_prefill over the tokens of this append
+    // reads no further back, and decode after it reads less. They return to the pool here; tokens of a
+    // long append that fall out of the window only later stay until the next append. The slack lets
+    // truncate go back up to block_tokens tokens (speculative decoding).
+    const size_t blocks_before_window = w && old_n + 1 > w ? (old_n + 1 - w) / bt : 0;
     const size_t keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
     const size_t keep_block = keep_from / bt;
     const bool staging = cfg.seal == SealPolicy::on_block_full;

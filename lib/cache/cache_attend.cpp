@@ -115,8 +115,8 @@ void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, siz
     if (window_start(n - n_queries) < st.first_pos) {
         throw std::invalid_argument(
             "KVCache::attend_prefill: layer " + std::to_string(layer) + " (sliding window of " + std::to_string(w) +
-            " tokens) has released the tokens before position " + std::to_string(st.first_pos) + ", which query 0 needs; "
-            "append and attend in smaller chunks");
+            " tokens) has released the tokens before position " + std::to_string(st.first_pos) + ", which query 0 needs: "
+            "attend_prefill reaches back to the window of the first token of the latest append at most");
     }
     const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
     std::vector<float> clean;
