@@ -34,7 +34,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +52,10 @@ enum class SealPolicy {
     on_append,      // every token is quantized as it is appended
     on_block_full,  // the open block stays float32 until it fills, then it is quantized in one go
 };
+
+// An engine's own threads: runs task(i) once for every i in [0, n), on any threads (the calling one
+// included or not) in any order, and returns when every call has returned. task does not throw.
+using Executor = std::function<void(int n, const std::function<void(int)>& task)>;
 
 struct CacheConfig {
     int n_layers = 1;
@@ -72,7 +78,10 @@ struct CacheConfig {
     SealPolicy seal = SealPolicy::on_block_full;
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
-    int threads = 1;            // threads for one attend call (split by block ranges)
+    int threads = 1;            // threads for one attend call: it is split into parts for this many
+    // Runs those parts; empty: kvq's own pool (hardware threads − 1 workers, shared by every cache of the
+    // process), on at most `threads` threads per call. Not saved in cache files.
+    Executor executor;
     uint64_t seed = kDefaultSeed;  // rotation seed for +rot, polar and turbo codecs
 };
 
@@ -141,6 +150,11 @@ public:
     // up to and including its own position (within the layer's window). With a window, the queries may
     // reach back to the first token of the latest append. q, out: n_queries × n_heads × head_dim floats.
     void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
+    // Decode attention of many sequences of one layer in one call: q, out: seqs.size() × n_heads ×
+    // head_dim floats (sequence i's query vectors at i·n_heads·head_dim). The work is split across
+    // sequences, block ranges and kv heads; each result is bit-identical to attend() of that sequence.
+    // A sequence may appear once.
+    void attend_batch(int layer, std::span<const SequenceId> seqs, const float* q, float* out) const;
 
     size_t n_tokens(SequenceId seq, int layer = 0) const;
     std::vector<SequenceId> sequences() const;

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "../codec/codec_impl.hpp"
@@ -49,11 +50,27 @@ struct AttentionShape {
     float softcap = 0;   // c > 0: s -> c·tanh(s/c) after scaling
 };
 
+// Runs task(i) once for every i in [0, n), on any threads, and returns when all calls have returned
+// (kvq's shared pool, or an engine's executor).
+using ParallelRun = std::function<void(int n, const std::function<void(int)>& task)>;
+
+// One decode step of one sequence: its row sources, its query vectors and where the result goes.
+struct DecodeTask {
+    std::span<const RowSource> sources;
+    const float* q = nullptr;  // n_heads × head_dim, finite (the caller checks)
+    float* out = nullptr;      // n_heads × head_dim
+};
+
 // out (n_heads × head_dim) = softmax(scores) · V over every row of every source. Each source is scored
 // in its key codec's basis and accumulated in its value codec's basis (finished, e.g. un-rotated, before
-// sources merge). q holds finite values (the caller checks). With pool and threads > 1, sources are split
-// into block ranges across the pool's threads. Every source must hold at least one row in total.
+// sources merge). With run and threads > 1, long sources are split into block ranges (and a single range
+// into kv-head ranges) that run in parallel; their states merge in a fixed order, so the result does not
+// depend on which thread ran what. Every task must hold at least one row in total.
 void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q,
-                      float* out, ThreadPool* pool, int threads);
+                      float* out, const ParallelRun* run, int threads);
+// Several sequences' steps in one parallel run: each task's result is bit-identical to decode_attention
+// of that task alone with the same threads.
+void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run,
+                            int threads);
 
 }  // namespace kvq::detail

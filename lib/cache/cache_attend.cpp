@@ -42,9 +42,15 @@ void fill_nan(float* out, size_t n) {
 
 }  // namespace
 
-void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
-                                 int threads) const {
-    detail::RowSource sources[2];
+// Rows that held NaN/Inf in a codec that could not store them make their kv head's output NaN.
+void KVCache::Impl::poison(const detail::LayerState& st, size_t lo, size_t hi, float* out) const {
+    for (const auto& [pos, h] : st.poisoned) {
+        if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
+    }
+}
+
+size_t KVCache::Impl::row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
+                                  uint8_t** staging_slot) const {
     size_t n_sources = 0;
     const size_t bt = this->bt();
     const size_t pool_end = st.pool_end();
@@ -59,23 +65,27 @@ void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t
         s.end_row = b - st.first_pos - (b1 - 1) * bt;
     }
     // The staging is read-only here; RowSource holds mutable pointers only because block tables do.
-    uint8_t* const staging = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(st.staging.data()));
+    *staging_slot = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(st.staging.data()));
     if (const size_t a = std::max(lo, pool_end); a < hi) {
         auto& s = sources[n_sources++];
         s.key = &exact.impl();
         s.value = &exact.impl();
         s.layout = staging_layout;
-        s.blocks = std::span<uint8_t* const>(&staging, 1);
+        s.blocks = std::span<uint8_t* const>(staging_slot, 1);
         s.first_row = a - pool_end;
         s.end_row = hi - pool_end;
     }
+    return n_sources;
+}
+
+void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                                 int threads) const {
+    detail::RowSource sources[2];
+    uint8_t* staging = nullptr;
+    const size_t n_sources = row_sources(st, lo, hi, sources, &staging);
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
-    detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, workers.get(),
-                             threads);
-    // Rows that held NaN/Inf in a codec that could not store them make their kv head's output NaN.
-    for (const auto& [pos, h] : st.poisoned) {
-        if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
-    }
+    detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads);
+    poison(st, lo, hi, out);
 }
 
 void KVCache::Impl::attend(int layer, SequenceId id, const float* q, float* out) const {
@@ -126,11 +136,57 @@ void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, siz
         const size_t p = n - n_queries + i;
         attend_range(st, window_start(p), p + 1, q + i * vec, out + i * vec, 1);
     };
-    if (workers && n_queries > 1) {
-        workers->run(static_cast<int>(n_queries), one_query);
+    if (runner && n_queries > 1) {
+        runner(static_cast<int>(n_queries), one_query);
     } else {
         for (size_t i = 0; i < n_queries; ++i) one_query(static_cast<int>(i));
     }
+    for (size_t h = 0; h < nan_head.size(); ++h) {
+        if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
+    }
+}
+
+}  // namespace kvq
+
+namespace kvq {
+
+void KVCache::Impl::attend_batch(int layer, std::span<const SequenceId> ids, const float* q, float* out) const {
+    check_layer("attend_batch", layer);
+    if (ids.empty()) return;
+    if (!q || !out) throw std::invalid_argument("KVCache::attend_batch: q or out is a null pointer");
+    const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
+    std::vector<const detail::LayerState*> layers(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+            if (ids[j] == ids[i]) {
+                throw std::invalid_argument("KVCache::attend_batch: sequence " + std::to_string(ids[i]) +
+                                            " is given twice (entries " + std::to_string(j) + " and " + std::to_string(i) + ")");
+            }
+        }
+        const detail::LayerState& st = find("attend_batch", ids[i]).layers[layer];
+        if (st.n_tokens == 0) {
+            throw std::invalid_argument("KVCache::attend_batch: sequence " + std::to_string(ids[i]) +
+                                        " has no tokens in layer " + std::to_string(layer));
+        }
+        layers[i] = &st;
+    }
+    std::vector<float> clean;
+    std::vector<char> nan_head;
+    q = check_query("attend_batch", q, ids.size() * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
+    std::vector<detail::RowSource> sources(2 * ids.size());
+    std::vector<uint8_t*> staging(ids.size());
+    std::vector<detail::DecodeTask> tasks(ids.size());
+    std::vector<std::pair<size_t, size_t>> ranges(ids.size());
+    const size_t w = window(layer);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const size_t n = layers[i]->n_tokens;
+        ranges[i] = {w && n > w ? n - w : 0, n};
+        const size_t count = row_sources(*layers[i], ranges[i].first, ranges[i].second, &sources[2 * i], &staging[i]);
+        tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), q + i * vec, out + i * vec};
+    }
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    detail::decode_attention_batch(shape, tasks, run(), cfg.threads);
+    for (size_t i = 0; i < ids.size(); ++i) poison(*layers[i], ranges[i].first, ranges[i].second, out + i * vec);
     for (size_t h = 0; h < nan_head.size(); ++h) {
         if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
     }

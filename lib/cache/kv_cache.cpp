@@ -90,7 +90,11 @@ KVCache::Impl::Impl(const CacheConfig& config)
     staging_layout.v_head_stride = staging_layout.k_head_stride;
     staging_floats = 2 * h * bt() * d;
     pool = std::make_unique<detail::BlockPool>(bytes, cfg.max_blocks, cfg.initial_blocks, cfg.grow_blocks);
-    if (cfg.threads > 1) workers = std::make_unique<detail::ThreadPool>(cfg.threads - 1);
+    if (cfg.executor) {
+        runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { ex(n, task); };
+    } else if (cfg.threads > 1) {
+        runner = [t = cfg.threads](int n, const std::function<void(int)>& task) { detail::shared_pool().run(n, task, t); };
+    }
 }
 
 void KVCache::Impl::check_layer(const char* what, int layer) const {
@@ -172,6 +176,10 @@ void KVCache::attend(int layer, SequenceId seq, const float* q, float* out) cons
 
 void KVCache::attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const {
     impl_->attend_prefill(layer, seq, q, n_queries, out);
+}
+
+void KVCache::attend_batch(int layer, std::span<const SequenceId> seqs, const float* q, float* out) const {
+    impl_->attend_batch(layer, seqs, q, out);
 }
 
 size_t KVCache::n_tokens(SequenceId seq, int layer) const {
