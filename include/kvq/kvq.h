@@ -242,6 +242,13 @@ typedef struct kvq_cache_params {
     int32_t nan_policy;            /* kvq_nan_policy */
     int32_t reserved0;             /* must be 0 (keeps the struct free of padding) */
     uint64_t seed;                 /* rotation seed, default KVQ_DEFAULT_SEED */
+    /* Since 0.x (appended; an older caller's smaller struct leaves them NULL): the engine's own threads.
+     * kvq calls executor(executor_ctx, n, task, task_ctx), which must call task(task_ctx, i) exactly once
+     * for every i in [0, n), on any threads (the calling one included or not), and return when all calls
+     * have returned. NULL: kvq's own pool, shared by every cache of the process. `threads` still sets how
+     * many parts one call is split into. */
+    void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);
+    void* executor_ctx;
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {
@@ -305,6 +312,13 @@ KVQ_API kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64
 /* Causal attention for the last n_queries tokens (prefill). q, out: n_queries × n_heads × head_dim. */
 KVQ_API kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq,
                                             const float* q, size_t n_queries, float* out);
+/* Decode attention of n_seqs sequences of one layer in one call (a batch of decoding sequences):
+ * q, out: n_seqs × n_heads × head_dim floats, sequence seqs[i]'s at i·n_heads·head_dim. The work is
+ * split across sequences, block ranges and kv heads; each result is bit-identical to kvq_cache_attend.
+ * A sequence may appear once. KVQ_ERR_BAD_SEQUENCE, KVQ_ERR_BAD_LAYER, KVQ_ERR_NON_FINITE,
+ * KVQ_ERR_INVALID_ARGUMENT (NULL, a repeated or empty sequence); out is written only on success. */
+KVQ_API kvq_status kvq_cache_attend_batch(const kvq_cache* cache, int32_t layer, const int64_t* seqs, size_t n_seqs,
+                                          const float* q, float* out);
 
 KVQ_API kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32_t layer, size_t* n_tokens);
 /* 1 if seq is in the cache, else 0. */

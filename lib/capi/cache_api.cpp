@@ -1,6 +1,9 @@
 // The C API of the block-wise KV cache (kvq/cache.hpp behind kvq.h). Layer and sequence are checked
 // here, so their statuses do not depend on the order in which the C++ layer checks its arguments.
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "boundary.hpp"
@@ -14,12 +17,13 @@ struct kvq_cache {
 namespace kvq::capi {
 namespace {
 
-// Never change: the struct sizes of the first release (see the ABI notes in kvq.h).
-constexpr size_t kParamsSizeV1 = sizeof(kvq_cache_params);
+// Never change: the struct sizes of the first release (see the ABI notes in kvq.h): params ended at seed.
+constexpr size_t kParamsSizeV1 = offsetof(kvq_cache_params, seed) + sizeof(uint64_t);
 constexpr size_t kPoolStatsSizeV1 = sizeof(kvq_pool_stats);
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 120 && offsetof(kvq_cache_params, seed) == 112),
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 136 && offsetof(kvq_cache_params, seed) == 112 &&
+                                     offsetof(kvq_cache_params, executor) == 120),
               "kvq_cache_params has implicit padding");
 
 std::string text(const char* function, const std::string& what) { return std::string(function) + ": " + what; }
@@ -106,6 +110,15 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.seal = p.seal == KVQ_SEAL_ON_APPEND ? SealPolicy::on_append : SealPolicy::on_block_full;
     cfg.center_keys = p.center_keys != 0;
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
+    if (p.executor) {
+        // The engine's executor sees a C task: the std::function and a trampoline.
+        cfg.executor = [exec = p.executor, ctx = p.executor_ctx](int n, const std::function<void(int)>& task) {
+            exec(ctx, n, [](void* t, int32_t i) { (*static_cast<const std::function<void(int)>*>(t))(i); },
+                 const_cast<void*>(static_cast<const void*>(&task)));
+        };
+    } else if (p.executor_ctx) {
+        return bad_params("executor_ctx is set but executor is NULL");
+    }
     cfg.threads = p.threads;
     cfg.seed = p.seed;
     return KVQ_OK;
@@ -235,6 +248,29 @@ kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, 
 kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q,
                                     size_t n_queries, float* out) {
     return attend(cache, layer, seq, q, n_queries, out, "kvq_cache_attend_prefill");
+}
+
+kvq_status kvq_cache_attend_batch(const kvq_cache* cache, int32_t layer, const int64_t* seqs, size_t n_seqs,
+                                  const float* q, float* out) {
+    return kvq::capi::guarded([&] {
+        const char* function = "kvq_cache_attend_batch";
+        if (!cache) return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: cache is NULL");
+        if (n_seqs == 0) return KVQ_OK;
+        if (!seqs || !q || !out) return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: seqs, q or out is NULL");
+        KVQ_TRY(kvq::capi::check_layer(cache, layer, function));
+        for (size_t i = 0; i < n_seqs; ++i) KVQ_TRY(kvq::capi::check_sequence(cache, seqs[i], function));
+        const auto& cfg = cache->cache.config();
+        const size_t n_heads = static_cast<size_t>(cfg.n_heads > 0 ? cfg.n_heads : cfg.n_kv_heads);
+        if (n_seqs > SIZE_MAX / (n_heads * static_cast<size_t>(cfg.head_dim))) {
+            return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: n_seqs overflows the query size");
+        }
+        try {
+            cache->cache.attend_batch(layer, std::span<const kvq::SequenceId>(seqs, n_seqs), q, out);
+        } catch (const std::invalid_argument& e) {
+            return kvq::capi::input_error(cache, e, {q}, n_seqs * n_heads * cfg.head_dim);
+        }
+        return KVQ_OK;
+    });
 }
 
 kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32_t layer, size_t* n_tokens) {

@@ -1,6 +1,7 @@
 // kvq.KVCache: the block-wise quantized KV cache (include/kvq/cache.hpp) with numpy in and out.
 // Every call that touches K/V data releases the GIL; calls on one sequence are serialized by
 // SequenceLocks, calls on different sequences run in parallel.
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -170,6 +171,26 @@ public:
         return out;
     }
 
+    // Many sequences of one layer in one call; q (n_seqs, n_heads, head_dim), seqs in the same order.
+    py::array attend_batch(int layer, py::handle q_obj, const std::vector<SequenceId>& seqs) const {
+        const py::ssize_t heads = n_heads(), d = config().head_dim;
+        const CheckedArray q = float_array(q_obj, "attend_batch: q",
+                                           {{"len(seqs)", static_cast<py::ssize_t>(seqs.size())}, {"n_heads", heads}, {"head_dim", d}});
+        auto out = new_float_array({static_cast<py::ssize_t>(seqs.size()), heads, d});
+        float* o = out.mutable_data();
+        {
+            py::gil_scoped_release unlocked;
+            // Reader locks in id order (writers take one lock at a time, so no cycle can form).
+            std::vector<SequenceId> order(seqs);
+            std::sort(order.begin(), order.end());
+            order.erase(std::unique(order.begin(), order.end()), order.end());
+            std::vector<std::unique_ptr<SequenceGuard>> guards;
+            for (SequenceId s : order) guards.push_back(std::make_unique<SequenceGuard>(locks_, s, SequenceGuard::reader));
+            cache_.attend_batch(layer, seqs, q.floats(), o);
+        }
+        return out;
+    }
+
     // Seconds per call of `calls` attends made by a C++ loop on this same cache: the in-process baseline
     // against which bench/python_attend.py measures what the Python call adds.
     double time_attend(int layer, py::handle q_obj, std::optional<SequenceId> seq, int calls) const {
@@ -311,6 +332,10 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("attend_prefill", &PyKVCache::attend_prefill, "layer"_a, "q"_a, "seq"_a = py::none(),
              "Causal attention for the last n_queries tokens of seq: q of shape (n_queries, n_heads, head_dim);\n"
              "query i sees the tokens up to and including its own. Returns the same shape, float32.")
+        .def("attend_batch", &PyKVCache::attend_batch, "layer"_a, "q"_a, py::kw_only(), "seqs"_a,
+             "Decode attention of several sequences of one layer in one call: q of shape (len(seqs), n_heads,\n"
+             "head_dim) -> the same shape, float32; row i is bit-identical to attend(layer, q[i], seq=seqs[i]).\n"
+             "The GIL is released and the work split across sequences, block ranges and kv heads.")
         .def("_time_attend", &PyKVCache::time_attend, "layer"_a, "q"_a, "seq"_a = py::none(), "calls"_a = 1,
              "Benchmark helper: seconds per attend call when a C++ loop makes `calls` calls.")
         .def("save", &PyKVCache::save, "path"_a, "seq"_a = py::none(),
