@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvq/attention.hpp"
 #include "kvq/cache.hpp"
 #include "test_util.hpp"
 
@@ -176,4 +177,48 @@ TEST_CASE("caches of one process share kvq's pool: many caches start no threads 
         const int hw = static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
         CHECK(thread_count() - before <= hw - 1);
     }
+}
+
+TEST_CASE("attend_rows (rows the caller owns, any token stride) equals KVCache::attend on the same rows") {
+    // A cache of 256-token blocks that quantizes on append stores exactly the rows attend_rows reads in
+    // its 256-token steps: the same engine gives the same bits.
+    for (const char* pair : {"q8_0/q4_0", "f16/f16", "q4_0+rot/q8_0", "turbo4/q4_1"}) {
+        CAPTURE(pair);
+        const std::string p(pair);
+        CacheConfig cfg;
+        cfg.n_kv_heads = 2;
+        cfg.n_heads = 6;
+        cfg.head_dim = 64;
+        cfg.key_codec = p.substr(0, p.find('/'));
+        cfg.value_codec = p.substr(p.find('/') + 1);
+        cfg.block_tokens = 256;
+        cfg.seal = kvq::SealPolicy::on_append;
+        KVCache cache(cfg);
+        const auto s = cache.add_sequence();
+        const size_t n = 600;
+        const auto k = kvq::test::gaussian(n * 2 * 64, 50), v = kvq::test::gaussian(n * 2 * 64, 51);
+        cache.append(0, s, k.data(), v.data(), n);
+        const auto q = kvq::test::gaussian(6 * 64, 52);
+        std::vector<float> want(q.size()), got(q.size());
+        cache.attend(0, s, q.data(), want.data());
+        // The same rows in a ggml-like tensor: [head_dim, n_kv_heads, n_ctx] with padding between tokens.
+        const auto& kc = cache.key_codec();
+        const auto& vc = cache.value_codec();
+        const size_t k_tok = 2 * kc.row_bytes() + 16, v_tok = 2 * vc.row_bytes() + 8;
+        std::vector<uint8_t> kt(n * k_tok), vt(n * v_tok);
+        for (size_t t = 0; t < n; ++t) {
+            for (int h = 0; h < 2; ++h) {
+                kc.quantize_rows(&k[(t * 2 + h) * 64], 1, &kt[t * k_tok + h * kc.row_bytes()]);
+                vc.quantize_rows(&v[(t * 2 + h) * 64], 1, &vt[t * v_tok + h * vc.row_bytes()]);
+            }
+        }
+        kvq::attend_rows(kc, vc, 6, 2, q.data(), {kt.data(), k_tok, kc.row_bytes()}, {vt.data(), v_tok, vc.row_bytes()}, n,
+                         got.data());
+        CHECK(same_bits(got, want));
+    }
+    const auto c = kvq::Codec::make("q8_0", 64);
+    std::vector<float> q(64, 1.0f), out(64);
+    CHECK_THROWS_AS(kvq::attend_rows(c, c, 3, 2, q.data(), {q.data()}, {q.data()}, 1, out.data()), std::invalid_argument);
+    q[5] = NAN;
+    CHECK_THROWS_AS(kvq::attend_rows(c, c, 1, 1, q.data(), {q.data()}, {q.data()}, 0, out.data()), std::invalid_argument);
 }

@@ -51,6 +51,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
     const BlockLayout& lay = src.layout;
     const size_t bt = static_cast<size_t>(lay.block_tokens);
     const size_t krb = src.key->row_bytes(), vrb = src.value->row_bytes(), qb = src.key->query_bytes();
+    const size_t krs = lay.k_row_stride ? lay.k_row_stride : krb, vrs = lay.v_row_stride ? lay.v_row_stride : vrb;
     const bool centered = lay.mean_offset != kNoMeans;
 
     // g × block_tokens scores, the block's key mean and q·mean: this thread's scratch, grown once.
@@ -68,21 +69,25 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
         if (hi <= lo) continue;
         const size_t n = hi - lo;
         const uint8_t* block = src.blocks[b];
+        const uint8_t* value_block = src.value_blocks.empty() ? block : src.value_blocks[b];
         for (int h = h0; h < h1; ++h) {
-            const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krb;
-            const uint8_t* values = block + lay.v_offset + h * lay.v_head_stride + lo * vrb;
+            const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krs;
+            const uint8_t* values = value_block + lay.v_offset + h * lay.v_head_stride + lo * vrs;
             // The values are read only after the scores and the softmax: ask for them now, so that their
             // first touch overlaps the scoring instead of stalling the accumulate (measured: 6-10% of a
             // q8_0/q4_0 step at 4k and 32k tokens; prefetching the next head's keys as well was slower).
-            for (size_t o = 0; o < n * vrb; o += 64) __builtin_prefetch(values + o, 0, 3);
-            src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krb, n, scores, n);
+            for (size_t r = 0; r < (vrs == vrb ? 1 : n); ++r) {
+                const size_t span = vrs == vrb ? n * vrb : vrb;
+                for (size_t o = 0; o < span; o += 64) __builtin_prefetch(values + r * vrs + o, 0, 3);
+            }
+            src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krs, n, scores, n);
             // And the first half of the next head's keys (the hardware prefetcher streams the rest once it
             // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
             // (all of them, or at score time, was no better or slower).
             const uint8_t* next_keys = h + 1 < h1 ? keys + lay.k_head_stride
                                        : b + 1 < b1             ? src.blocks[b + 1] + lay.k_offset
                                                                 : nullptr;
-            if (next_keys) {
+            if (next_keys && krs == krb) {
                 for (size_t o = 0; o < bt * krb / 2; o += 64) __builtin_prefetch(next_keys + o, 0, 3);
             }
             float* head_acc = acc + static_cast<size_t>(h) * g * d;
@@ -109,7 +114,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             } else {
                 softmax_update(scores, g, n, offsets, shape.scale, st + h * g, head_acc, d);
             }
-            src.value->accumulate_rows(scores, n, g, values, vrb, n, head_acc);
+            src.value->accumulate_rows(scores, n, g, values, vrs, n, head_acc);
         }
     }
 }

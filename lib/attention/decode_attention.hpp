@@ -28,6 +28,9 @@ struct BlockLayout {
     size_t k_offset = 0, k_head_stride = 0;
     size_t v_offset = 0, v_head_stride = 0;
     size_t mean_offset = kNoMeans;
+    // Bytes from one token's row to the next within a head; 0: the codec's row_bytes() (rows packed, as
+    // in pool blocks). A ggml KV tensor has its nb[2] here.
+    size_t k_row_stride = 0, v_row_stride = 0;
 };
 
 // Consecutive tokens held in blocks of one layout and one pair of codecs: rows [first_row, block_tokens)
@@ -40,6 +43,9 @@ struct RowSource {
     std::span<uint8_t* const> blocks;
     size_t first_row = 0;
     size_t end_row = 0;
+    // Where the values of each block are, when not in the key blocks (rows an engine owns, with keys and
+    // values in separate tensors); empty: the value rows are in `blocks` at layout.v_offset.
+    std::span<uint8_t* const> value_blocks;
 };
 
 struct AttentionShape {
