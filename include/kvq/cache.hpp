@@ -51,6 +51,12 @@ enum class SealPolicy {
     on_block_full,  // the open block stays float32 until it fills, then it is quantized in one go
 };
 
+// Bounds of a configuration (checked by KVCache's constructor, so every cache can be saved and loaded):
+// n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..4096, threads 1..256;
+// a sequence holds at most kMaxSequenceTokens tokens per layer.
+inline constexpr int kMaxCacheDim = 1 << 16;
+inline constexpr size_t kMaxSequenceTokens = size_t(1) << 48;
+
 struct CacheConfig {
     int n_layers = 1;
     int n_kv_heads = 1;
@@ -129,7 +135,9 @@ public:
     // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length).
     void truncate(SequenceId seq, size_t n_tokens);
 
-    // k, v: n_tokens × n_kv_heads × head_dim floats (C order).
+    // k, v: n_tokens × n_kv_heads × head_dim floats (C order). n_tokens whose buffers could not exist
+    // (their byte size overflows) or that would take the sequence past kMaxSequenceTokens throw
+    // std::invalid_argument before anything is read.
     void append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens);
 
     // Decode attention over every token of the sequence in this layer (its window, if it has one).

@@ -7,6 +7,7 @@
 
 #include "../simd/dispatch.hpp"
 #include "cache_impl.hpp"
+#include "input_errors.hpp"
 
 namespace kvq {
 namespace {
@@ -21,8 +22,8 @@ const float* check_query(const char* what, const float* q, size_t n_head_vectors
         for (int j = 0; j < d; ++j) finite &= std::isfinite(q[h * d + j]);
         if (finite) continue;
         if (policy == NanPolicy::reject) {
-            throw std::invalid_argument(std::string("KVCache::") + what + ": query vector " + std::to_string(h) +
-                                        " holds NaN or Inf (NanPolicy::reject)");
+            throw detail::NonFiniteInput(std::string("KVCache::") + what + ": query vector " + std::to_string(h) +
+                                         " holds NaN or Inf (NanPolicy::reject)");
         }
         if (clean.empty()) {
             clean.assign(q, q + n_head_vectors * d);
@@ -104,7 +105,7 @@ void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, siz
     if (!q || !out) throw std::invalid_argument("KVCache::attend_prefill: q or out is a null pointer");
     const detail::LayerState& st = seq.layers[layer];
     const size_t n = st.n_tokens, w = window(layer);
-    if (n_queries > n) {
+    if (n_queries > n || n_queries > static_cast<size_t>(PTRDIFF_MAX) / (sizeof(float) * cfg.n_heads * cfg.head_dim)) {
         throw std::invalid_argument("KVCache::attend_prefill: " + std::to_string(n_queries) +
                                     " queries but the sequence holds " + std::to_string(n) + " tokens in layer " +
                                     std::to_string(layer));

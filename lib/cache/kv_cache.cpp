@@ -19,15 +19,22 @@ bool is_plain_codec(const std::string& spec) {
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+void check_dim(const char* what, int x) {
+    if (x < 1 || x > kMaxCacheDim) {
+        bad_config(std::string(what) + " must be in 1.." + std::to_string(kMaxCacheDim) + ", got " + std::to_string(x));
+    }
+}
+
 CacheConfig checked(CacheConfig c) {
-    if (c.n_layers < 1) bad_config("n_layers must be at least 1, got " + std::to_string(c.n_layers));
-    if (c.n_kv_heads < 1) bad_config("n_kv_heads must be at least 1, got " + std::to_string(c.n_kv_heads));
+    check_dim("n_layers", c.n_layers);
+    check_dim("n_kv_heads", c.n_kv_heads);
     if (c.n_heads == 0) c.n_heads = c.n_kv_heads;
     if (c.n_heads < 0 || c.n_heads % c.n_kv_heads != 0) {
         bad_config("n_heads (" + std::to_string(c.n_heads) + ") must be a positive multiple of n_kv_heads (" +
                    std::to_string(c.n_kv_heads) + ")");
     }
-    if (c.head_dim < 1) bad_config("head_dim must be at least 1, got " + std::to_string(c.head_dim));
+    check_dim("n_heads", c.n_heads);
+    check_dim("head_dim", c.head_dim);
     if (c.block_tokens < 1 || c.block_tokens > 4096) {
         bad_config("block_tokens must be in 1..4096, got " + std::to_string(c.block_tokens));
     }

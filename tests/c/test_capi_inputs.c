@@ -1,0 +1,112 @@
+/* Hostile sizes and parameters through the C API (issue #15), compiled as C11: sizes that overflow are
+ * KVQ_ERR_INVALID_ARGUMENT before any read of the caller's buffers, each status kvq.h documents for
+ * kvq_cache_create is the one returned. */
+#include <kvq/kvq.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "helpers.h"
+
+enum { KVH = 2, QH = 4, BT = 16 };
+
+static kvq_cache* small_cache(void) {
+    kvq_cache_params p = test_cache_params(1, KVH, QH, BT);
+    kvq_cache* cache = NULL;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    return cache;
+}
+
+/* n_tokens × n_kv_heads × head_dim × 4 bytes overflowing: refused before k or v is read (the buffers
+ * here hold one token), and nothing changed. */
+static void test_append_sizes_overflow(void) {
+    kvq_cache* cache = small_cache();
+    int64_t seq;
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    float k[KVH * D], v[KVH * D];
+    fill_gaussian(k, KVH * D, 1);
+    fill_gaussian(v, KVH * D, 2);
+    const size_t used = kvq_cache_bytes_used(cache);
+    const size_t huge[] = {(size_t)-1, (size_t)-1 / (KVH * D) + 1, (size_t)1 << 62, (size_t)PTRDIFF_MAX / (4 * KVH * D) + 1};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; ++i) {
+        CHECK_STATUS(kvq_cache_append(cache, 0, seq, k, v, huge[i]), KVQ_ERR_INVALID_ARGUMENT, "overflows");
+    }
+    /* Sizes that fit but would take the layer past KVQ_MAX_SEQUENCE_TOKENS. */
+    CHECK_STATUS(kvq_cache_append(cache, 0, seq, k, v, (size_t)KVQ_MAX_SEQUENCE_TOKENS + 1), KVQ_ERR_INVALID_ARGUMENT,
+                 "past");
+    size_t n = 99;
+    CHECK_OK(kvq_cache_n_tokens(cache, seq, 0, &n));
+    CHECK(n == 0);
+    CHECK(kvq_cache_bytes_used(cache) == used);
+    CHECK_OK(kvq_cache_append(cache, 0, seq, k, v, 1));
+    kvq_cache_destroy(cache);
+}
+
+/* More prefill queries than tokens is a bad argument, not a NaN found past the end of q. */
+static void test_prefill_more_queries_than_tokens(void) {
+    kvq_cache* cache = small_cache();
+    int64_t seq;
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    enum { T = 300 };
+    float* k = malloc(sizeof(float) * T * KVH * D);
+    float* v = malloc(sizeof(float) * T * KVH * D);
+    fill_gaussian(k, (size_t)T * KVH * D, 3);
+    fill_gaussian(v, (size_t)T * KVH * D, 4);
+    CHECK_OK(kvq_cache_append(cache, 0, seq, k, v, T));
+    float q[QH * D], out[QH * D];
+    fill_gaussian(q, QH * D, 5);
+    CHECK_STATUS(kvq_cache_attend_prefill(cache, 0, seq, q, 100000, out), KVQ_ERR_INVALID_ARGUMENT,
+                 "100000 queries but the sequence holds 300 tokens");
+    CHECK_STATUS(kvq_cache_attend_prefill(cache, 0, seq, q, (size_t)-1, out), KVQ_ERR_INVALID_ARGUMENT, "queries");
+    q[7] = NAN; /* still NON_FINITE where the query really holds one */
+    CHECK_STATUS(kvq_cache_attend_prefill(cache, 0, seq, q, 1, out), KVQ_ERR_NON_FINITE, "NaN");
+    CHECK_STATUS(kvq_cache_attend(cache, 0, seq, q, out), KVQ_ERR_NON_FINITE, "NaN");
+    k[5] = INFINITY;
+    CHECK_STATUS(kvq_cache_append(cache, 0, seq, k, v, 1), KVQ_ERR_NON_FINITE, "NaN or Inf");
+    free(k);
+    free(v);
+    kvq_cache_destroy(cache);
+}
+
+/* Every status kvq.h documents for kvq_cache_create, each for an input it names. */
+static void test_create_statuses(void) {
+    kvq_cache* cache = NULL;
+    kvq_cache_params p = test_cache_params(1, KVH, QH, BT);
+    CHECK_STATUS(kvq_cache_create(NULL, &cache), KVQ_ERR_INVALID_ARGUMENT, "params is NULL");
+    CHECK_STATUS(kvq_cache_create(&p, NULL), KVQ_ERR_INVALID_ARGUMENT, "cache is NULL");
+    p.size = 8;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_INVALID_ARGUMENT, "size");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.key_codec = NULL;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_INVALID_ARGUMENT, "key_codec or value_codec is NULL");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.value_codec = NULL;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_INVALID_ARGUMENT, "key_codec or value_codec is NULL");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.n_sliding_window = 1;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_INVALID_ARGUMENT, "sliding_window is NULL");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.max_blocks = 4;
+    p.initial_blocks = 5;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "initial_blocks (5) exceeds max_blocks (4)");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.n_heads = 7;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "multiple of n_kv_heads");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.key_codec = "q9_9";
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_UNKNOWN_CODEC, "q9_9");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.head_dim = 48; /* not a multiple of q8_0's 32 */
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_HEAD_DIM, "48");
+    CHECK(cache == NULL);
+}
+
+int main(void) {
+    test_append_sizes_overflow();
+    test_prefill_more_queries_than_tokens();
+    test_create_statuses();
+    return check_report("test_capi_inputs");
+}
