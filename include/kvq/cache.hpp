@@ -168,7 +168,12 @@ public:
     // checked before any block is taken from the pool.
     std::vector<SequenceId> load_into(const std::string& path);
 
-    size_t bytes_used() const;         // bytes of the blocks in use (shared blocks counted once)
+    // Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks, and the
+    // per-sequence bookkeeping (metadata_bytes()).
+    size_t bytes_used() const;
+    // The per-sequence bookkeeping alone: for each sequence, its per-layer state (about 130 bytes per
+    // layer), so a cache of many layers costs memory per sequence before any token is appended.
+    size_t metadata_bytes() const;
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging

@@ -324,7 +324,9 @@ KVQ_API kvq_status kvq_cache_load_into(kvq_cache* cache, const char* path, int64
                                        size_t* count);
 
 /* Accounting; a NULL cache gives 0. */
-KVQ_API size_t kvq_cache_bytes_used(const kvq_cache* cache);     /* blocks in use, shared ones once */
+/* Blocks in use (shared ones once), float staging of open blocks, and per-sequence bookkeeping (about
+ * 130 bytes per layer per sequence). */
+KVQ_API size_t kvq_cache_bytes_used(const kvq_cache* cache);
 KVQ_API double kvq_cache_bytes_per_token(const kvq_cache* cache); /* K + V, all layers and kv heads */
 KVQ_API kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats);
 

@@ -77,9 +77,11 @@ struct KVCache::Impl {
     std::map<SequenceId, std::unique_ptr<detail::Sequence>> seqs;
     SequenceId next_id = 0;
     std::atomic<size_t> staging_bytes{0};
+    std::atomic<size_t> metadata_bytes{0};  // sequences × sequence_metadata_bytes()
 
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
+    size_t sequence_metadata_bytes() const;  // the bookkeeping of one sequence (bytes_used counts it)
     size_t window(int layer) const {
         return cfg.sliding_window.empty() ? 0 : static_cast<size_t>(cfg.sliding_window[layer]);
     }

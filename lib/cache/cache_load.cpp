@@ -261,6 +261,7 @@ std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
         throw;
     }
     staging_bytes += staging_added;
+    metadata_bytes += fresh.size() * sequence_metadata_bytes();
     return ids;
 }
 

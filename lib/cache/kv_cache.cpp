@@ -157,13 +157,21 @@ const CacheConfig& KVCache::config() const { return impl_->cfg; }
 const Codec& KVCache::key_codec() const { return impl_->key; }
 const Codec& KVCache::value_codec() const { return impl_->value; }
 
+size_t KVCache::Impl::sequence_metadata_bytes() const {
+    return sizeof(detail::Sequence) + static_cast<size_t>(cfg.n_layers) * sizeof(detail::LayerState);
+}
+
 SequenceId KVCache::add_sequence() {
     auto seq = std::make_unique<detail::Sequence>();
     seq->layers.resize(impl_->cfg.n_layers);
-    std::lock_guard<std::mutex> lock(impl_->seq_mu);
-    const SequenceId id = impl_->next_id;
-    impl_->seqs.emplace(id, std::move(seq));
-    ++impl_->next_id;
+    SequenceId id;
+    {
+        std::lock_guard<std::mutex> lock(impl_->seq_mu);
+        id = impl_->next_id;
+        impl_->seqs.emplace(id, std::move(seq));
+        ++impl_->next_id;
+    }
+    impl_->metadata_bytes += impl_->sequence_metadata_bytes();
     return id;
 }
 
@@ -199,8 +207,11 @@ bool KVCache::contains(SequenceId seq) const {
 }
 
 size_t KVCache::bytes_used() const {
-    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load();
+    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load() +
+           impl_->metadata_bytes.load();
 }
+
+size_t KVCache::metadata_bytes() const { return impl_->metadata_bytes.load(); }
 
 double KVCache::bytes_per_token() const {
     const auto& c = impl_->cfg;

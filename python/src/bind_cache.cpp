@@ -329,7 +329,10 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("sequences", [](const PyKVCache& c) { return c.cache().sequences(); }, "Ids of the live sequences.")
         .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })
         .def("bytes_used", [](const PyKVCache& c) { return c.cache().bytes_used(); },
-             "Bytes of the blocks in use (shared blocks counted once).")
+             "Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks and\n"
+             "the per-sequence bookkeeping (metadata_bytes()).")
+        .def("metadata_bytes", [](const PyKVCache& c) { return c.cache().metadata_bytes(); },
+             "Bytes of the per-sequence bookkeeping (per-layer state of every sequence), part of bytes_used().")
         .def("bytes_per_token", [](const PyKVCache& c) { return c.cache().bytes_per_token(); },
              "Key + value bytes per token, all layers and kv heads, as stored.")
         .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },

@@ -1,6 +1,6 @@
 /* Hostile sizes and parameters through the C API (issue #15), compiled as C11: sizes that overflow are
  * KVQ_ERR_INVALID_ARGUMENT before any read of the caller's buffers, each status kvq.h documents for
- * kvq_cache_create is the one returned. */
+ * kvq_cache_create is the one returned, and configurations beyond the documented bounds are refused. */
 #include <kvq/kvq.h>
 
 #include <math.h>
@@ -104,9 +104,39 @@ static void test_create_statuses(void) {
     CHECK(cache == NULL);
 }
 
+/* The bounds kvq.h documents: n_layers = 10^8 no longer creates a cache whose every sequence costs
+ * gigabytes of bookkeeping; at the bound, a sequence's bookkeeping shows in kvq_cache_bytes_used. */
+static void test_bounded_configurations(void) {
+    kvq_cache* cache = NULL;
+    kvq_cache_params p = test_cache_params(1, KVH, QH, BT);
+    p.n_layers = 100000000;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "n_layers must be in 1..65536");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.n_kv_heads = KVQ_MAX_CACHE_DIM + 1;
+    p.n_heads = 0;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "n_kv_heads must be in 1..65536");
+    p = test_cache_params(1, KVH, QH, BT);
+    p.head_dim = 2 * KVQ_MAX_CACHE_DIM;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_HEAD_DIM, "head_dim must be in 1..65536");
+    CHECK(cache == NULL);
+    p = test_cache_params(KVQ_MAX_CACHE_DIM, KVH, QH, BT);
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    CHECK(kvq_cache_bytes_used(cache) == 0);
+    int64_t seq;
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    const size_t one = kvq_cache_bytes_used(cache);
+    CHECK(one >= (size_t)KVQ_MAX_CACHE_DIM * 64); /* per-layer state: several vectors per layer */
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    CHECK(kvq_cache_bytes_used(cache) == 2 * one);
+    CHECK_OK(kvq_cache_remove_sequence(cache, seq));
+    CHECK(kvq_cache_bytes_used(cache) == one);
+    kvq_cache_destroy(cache);
+}
+
 int main(void) {
     test_append_sizes_overflow();
     test_prefill_more_queries_than_tokens();
     test_create_statuses();
+    test_bounded_configurations();
     return check_report("test_capi_inputs");
 }
