@@ -141,7 +141,8 @@ public:
     void append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens);
 
     // Decode attention over every token of the sequence in this layer (its window, if it has one).
-    // q, out: n_heads × head_dim floats.
+    // q, out: n_heads × head_dim floats. Finite queries over finite keys and values give a finite output:
+    // a head whose scores overflow float (a query of 1e38, say) is recomputed in double precision.
     void attend(int layer, SequenceId seq, const float* q, float* out) const;
     // Causal attention for the last n_queries tokens of the sequence (prefill): query i sees the tokens
     // up to and including its own position. q, out: n_queries × n_heads × head_dim floats.

@@ -289,7 +289,8 @@ KVQ_API kvq_status kvq_cache_truncate(kvq_cache* cache, int64_t seq, size_t n_to
 KVQ_API kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const float* k,
                                     const float* v, size_t n_tokens);
 /* Decode attention over the sequence's tokens in this layer. q, out: n_heads × head_dim floats.
- * KVQ_ERR_NON_FINITE for a NaN/Inf query (nan_policy = reject). */
+ * KVQ_ERR_NON_FINITE for a NaN/Inf query (nan_policy = reject). Finite queries over finite keys and values
+ * give a finite output, even when their scores overflow float (such heads are recomputed in double). */
 KVQ_API kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q,
                                     float* out);
 /* Causal attention for the last n_queries tokens (prefill). q, out: n_queries × n_heads × head_dim.

@@ -1,10 +1,15 @@
 // Attention over a sequence's layer: the pool blocks and the float staging become the row sources of
 // the fused decode kernel (lib/attention/).
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "../codec/half.hpp"
 #include "../simd/dispatch.hpp"
 #include "cache_impl.hpp"
 #include "input_errors.hpp"
@@ -73,9 +78,70 @@ void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
     detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, workers.get(),
                              threads);
+    // Finite queries, keys and values whose scores overflow float (a query of 1e38, say) gave Inf − Inf in
+    // the softmax: those kv heads again, in double precision (only heads whose output is not finite, and
+    // not the ones a non-finite row makes NaN anyway, so the fast path's bits are untouched otherwise).
+    const size_t group = static_cast<size_t>(g()) * cfg.head_dim;
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+        if (detail::all_finite(out + h * group, group)) continue;
+        const bool poisoned = std::any_of(st.poisoned.begin(), st.poisoned.end(),
+                                          [&](const auto& p) { return p.second == h && p.first >= lo && p.first < hi; });
+        if (!poisoned) attend_head_exact(st, std::max(lo, st.first_pos), hi, q, out, h);
+    }
     // Rows that held NaN/Inf in a codec that could not store them make their kv head's output NaN.
     for (const auto& [pos, h] : st.poisoned) {
         if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
+    }
+}
+
+void KVCache::Impl::attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                                      int h) const {
+    const size_t d = static_cast<size_t>(cfg.head_dim), g = static_cast<size_t>(this->g()), bt = this->bt();
+    const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
+    std::vector<float> row(d), mean(d);
+    // The key (or value) row of position p as attention reads it, in the caller's basis.
+    const auto read_row = [&](size_t p, bool keys) -> const float* {
+        if (p >= pool_end) {
+            const float* staged = st.staging.data() + (keys ? 0 : staging_floats / 2);
+            return staged + (static_cast<size_t>(h) * bt + (p - pool_end)) * d;
+        }
+        const uint8_t* block = st.data[(p - st.first_pos) / bt];
+        const size_t r = (p - st.first_pos) % bt;
+        if (keys) {
+            key.dequantize_rows(block + layout.k_offset + h * layout.k_head_stride + r * key.row_bytes(), 1, row.data());
+            if (cfg.center_keys) {
+                const auto* m16 = reinterpret_cast<const uint16_t*>(block + layout.mean_offset) + h * d;
+                for (size_t j = 0; j < d; ++j) row[j] += detail::f16_to_f32(m16[j]);
+            }
+        } else {
+            value.dequantize_rows(block + layout.v_offset + h * layout.v_head_stride + r * value.row_bytes(), 1, row.data());
+        }
+        return row.data();
+    };
+    std::vector<double> s(g * n), acc(g * d, 0.0), top(g, -std::numeric_limits<double>::infinity()), sum(g, 0.0);
+    for (size_t t = 0; t < n; ++t) {
+        const float* k = read_row(lo + t, true);
+        for (size_t i = 0; i < g; ++i) {
+            const float* qi = q + (h * g + i) * d;
+            double dot = 0.0;
+            for (size_t j = 0; j < d; ++j) dot += static_cast<double>(qi[j]) * k[j];
+            double x = dot * cfg.scale;
+            if (cfg.softcap > 0) x = cfg.softcap * std::tanh(x / cfg.softcap);
+            s[i * n + t] = x;
+            top[i] = std::max(top[i], x);
+        }
+    }
+    for (size_t t = 0; t < n; ++t) {
+        const float* v = read_row(lo + t, false);
+        for (size_t i = 0; i < g; ++i) {
+            const double w = std::exp(s[i * n + t] - top[i]);
+            sum[i] += w;
+            for (size_t j = 0; j < d; ++j) acc[i * d + j] += w * v[j];
+        }
+    }
+    for (size_t i = 0; i < g; ++i) {
+        float* o = out + (h * g + i) * d;
+        for (size_t j = 0; j < d; ++j) o[j] = n ? static_cast<float>(std::clamp(acc[i * d + j] / sum[i], -double(FLT_MAX), double(FLT_MAX))) : 0.0f;
     }
 }
 

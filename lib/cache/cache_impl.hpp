@@ -111,6 +111,10 @@ struct KVCache::Impl {
     // Attention of one query vector set (n_heads × head_dim) over positions [lo, hi) of a layer.
     void attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                       int threads) const;
+    // The same for kv head h's query heads, in double precision from the dequantized rows (positions
+    // [lo, hi), lo >= first_pos): the fallback when float scores overflow.
+    void attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                           int h) const;
     std::string dump() const;
 };
 

@@ -1,6 +1,7 @@
 /* Hostile sizes and parameters through the C API (issue #15), compiled as C11: sizes that overflow are
  * KVQ_ERR_INVALID_ARGUMENT before any read of the caller's buffers, each status kvq.h documents for
- * kvq_cache_create is the one returned, and configurations beyond the documented bounds are refused. */
+ * kvq_cache_create is the one returned, configurations beyond the documented bounds are refused, and a
+ * finite query too large for float scores still gives a finite output. */
 #include <kvq/kvq.h>
 
 #include <math.h>
@@ -133,10 +134,50 @@ static void test_bounded_configurations(void) {
     kvq_cache_destroy(cache);
 }
 
+/* A finite query of 3e38: its float scores overflow; the output is finite (recomputed in double), and
+ * equals the attention of the scaled query's limit: all weight on the keys of the largest score. */
+static void test_huge_finite_query(void) {
+    const char* pairs[][2] = {{"q8_0", "q4_0"}, {"f32", "f32"}, {"f16", "q8_0"}, {"q4_0+rot", "q4_0"}};
+    for (size_t c = 0; c < sizeof pairs / sizeof pairs[0]; ++c) {
+        for (int seal = 0; seal < 2; ++seal) {
+            kvq_cache_params p = test_cache_params(1, KVH, QH, BT);
+            p.key_codec = pairs[c][0];
+            p.value_codec = pairs[c][1];
+            p.seal = seal ? KVQ_SEAL_ON_BLOCK_FULL : KVQ_SEAL_ON_APPEND;
+            kvq_cache* cache;
+            CHECK_OK(kvq_cache_create(&p, &cache));
+            int64_t seq;
+            CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+            enum { T = 40 }; /* two sealed blocks and 8 staged tokens under on_block_full */
+            static float k[T * KVH * D], v[T * KVH * D];
+            fill_gaussian(k, T * KVH * D, 7);
+            fill_gaussian(v, T * KVH * D, 8);
+            CHECK_OK(kvq_cache_append(cache, 0, seq, k, v, T));
+            float q[QH * D], out[QH * D];
+            fill_gaussian(q, QH * D, 9);
+            for (int i = 0; i < QH * D; ++i) q[i] = q[i] > 0 ? 3e38f : -3e38f;
+            CHECK_OK(kvq_cache_attend(cache, 0, seq, q, out));
+            int finite = 1;
+            for (int i = 0; i < QH * D; ++i) finite &= isfinite(out[i]) != 0;
+            CHECK(finite);
+            static float outs[T * QH * D];
+            static float qs[T * QH * D];
+            for (int t = 0; t < T; ++t) memcpy(qs + t * QH * D, q, sizeof q);
+            CHECK_OK(kvq_cache_attend_prefill(cache, 0, seq, qs, T, outs));
+            for (int i = 0; i < T * QH * D; ++i) finite &= isfinite(outs[i]) != 0;
+            CHECK(finite);
+            /* The last prefill query is the decode query: the same positions, the same (exact) path. */
+            CHECK(memcmp(outs + (T - 1) * QH * D, out, sizeof out) == 0);
+            kvq_cache_destroy(cache);
+        }
+    }
+}
+
 int main(void) {
     test_append_sizes_overflow();
     test_prefill_more_queries_than_tokens();
     test_create_statuses();
     test_bounded_configurations();
+    test_huge_finite_query();
     return check_report("test_capi_inputs");
 }
