@@ -107,6 +107,14 @@ public:
     using std::invalid_argument::invalid_argument;
 };
 
+// What KVCache::load takes from the caller rather than from the file: the pool's limits and the threads
+// of one attend call (files store neither).
+struct LoadOptions {
+    size_t max_blocks = 0;   // pool capacity in blocks; 0 = no limit. A file with more blocks: PoolExhausted
+    size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own)
+    int threads = 1;         // as CacheConfig::threads
+};
+
 struct PoolStats {
     size_t block_bytes = 0;      // bytes of one block
     size_t blocks_total = 0;     // allocated
@@ -161,8 +169,13 @@ public:
     void save(const std::string& path, SequenceId seq) const;
     // A new cache with the file's configuration (its codecs, shapes, seed, seal policy, windows,
     // nan_policy) holding the file's sequences, numbered 0, 1, … in the file's order. Pool limits and
-    // threads are not stored in files: the cache has an unlimited pool and one thread.
+    // threads are not stored in files: the cache has an unlimited pool and one thread, or what `options`
+    // give. The pool grows by exactly the blocks the file holds (a file's payloads are in it, so nothing
+    // is allocated beyond the file's length); a file with more blocks than options.max_blocks throws
+    // PoolExhausted. Paths holding a NUL byte throw std::invalid_argument; anything but a regular file
+    // (a FIFO, a directory, a device) throws FileIOError without being read.
     static KVCache load(const std::string& path);
+    static KVCache load(const std::string& path, const LoadOptions& options);
     // Adds the file's sequences to this cache and returns their new ids, in the file's order. Throws
     // FileIOError, BadCacheFile, ConfigMismatch (codecs, seed, shapes, block_tokens, seal, centering,
     // scale, softcap or windows differ) or PoolExhausted, and then has changed nothing: the whole file is

@@ -315,8 +315,15 @@ KVQ_API kvq_status kvq_cache_sequences(const kvq_cache* cache, int64_t* ids, siz
  * may run at the same time (as for attend). */
 KVQ_API kvq_status kvq_cache_save(const kvq_cache* cache, const char* path, int64_t seq);
 /* A new cache with the file's configuration and sequences (ids 0, 1, … in the file's order); unlimited
- * pool, one thread. KVQ_ERR_IO, KVQ_ERR_BAD_FILE; *cache is written only on success. */
+ * pool, one thread. KVQ_ERR_IO (also for anything but a regular file: a FIFO or a directory is refused
+ * before it is read), KVQ_ERR_BAD_FILE (also for rows the file's nan_policy does not admit: NaN/Inf, or
+ * staged values beyond the codec's range, under reject); *cache is written only on success. The pool
+ * takes exactly the file's blocks (the payloads are in the file: nothing is allocated beyond its size). */
 KVQ_API kvq_status kvq_cache_load(const char* path, kvq_cache** cache);
+/* kvq_cache_load with the pool's capacity (max_blocks, 0 = no limit; a file with more blocks fails with
+ * KVQ_ERR_POOL_EXHAUSTED before anything is allocated) and the threads of one attend call (1..256, else
+ * KVQ_ERR_INVALID_ARGUMENT). */
+KVQ_API kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, int32_t threads, kvq_cache** cache);
 /* Adds the file's sequences to a cache of the same configuration. Their new ids go to ids (up to
  * capacity of them, in the file's order; ids may be NULL when capacity is 0) and their number to *count.
  * KVQ_ERR_IO, KVQ_ERR_BAD_FILE, KVQ_ERR_CONFIG_MISMATCH (the message names the field),

@@ -263,10 +263,19 @@ kvq_status kvq_cache_save(const kvq_cache* cache, const char* path, int64_t seq)
     });
 }
 
-kvq_status kvq_cache_load(const char* path, kvq_cache** cache) {
+kvq_status kvq_cache_load(const char* path, kvq_cache** cache) { return kvq_cache_load_limited(path, 0, 1, cache); }
+
+kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, int32_t threads, kvq_cache** cache) {
     return guarded([&] {
         KVQ_REQUIRE(path && cache, "kvq_cache_load", "NULL argument");
-        kvq::KVCache made = kvq::KVCache::load(path);
+        if (threads < 1 || threads > 256) {
+            return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_load_limited: threads must be in 1..256, got " +
+                                                      std::to_string(threads));
+        }
+        kvq::LoadOptions options;
+        options.max_blocks = max_blocks;
+        options.threads = threads;
+        kvq::KVCache made = kvq::KVCache::load(path, options);
         kvq_codec key{made.key_codec()};
         kvq_codec value{made.value_codec()};
         *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};

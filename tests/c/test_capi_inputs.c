@@ -2,10 +2,14 @@
  * KVQ_ERR_INVALID_ARGUMENT before any read of the caller's buffers, each status kvq.h documents for
  * kvq_cache_create is the one returned, configurations beyond the documented bounds are refused, and a
  * finite query too large for float scores still gives a finite output. */
+#define _POSIX_C_SOURCE 200809L /* getpid, mkfifo */
 #include <kvq/kvq.h>
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,11 +177,50 @@ static void test_huge_finite_query(void) {
     }
 }
 
+/* kvq_cache_load_limited: the pool's capacity and threads for a loaded cache; a file with more blocks than
+ * max_blocks is KVQ_ERR_POOL_EXHAUSTED; a FIFO is KVQ_ERR_IO at once (it is never opened for reading). */
+static void test_load_limited(void) {
+    char path[64], fifo[64];
+    snprintf(path, sizeof path, "/tmp/kvq_capi_inputs_%d.kvq", (int)getpid());
+    snprintf(fifo, sizeof fifo, "/tmp/kvq_capi_inputs_%d.fifo", (int)getpid());
+    kvq_cache* cache = small_cache();
+    int64_t seq;
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    static float k[3 * BT * KVH * D];
+    fill_gaussian(k, 3 * BT * KVH * D, 21);
+    CHECK_OK(kvq_cache_append(cache, 0, seq, k, k, 3 * BT)); /* 3 blocks */
+    CHECK_OK(kvq_cache_save(cache, path, KVQ_ALL_SEQUENCES));
+    kvq_cache* loaded = NULL;
+    CHECK_STATUS(kvq_cache_load_limited(path, 2, 1, &loaded), KVQ_ERR_POOL_EXHAUSTED, "more than max_blocks = 2");
+    CHECK_STATUS(kvq_cache_load_limited(path, 0, 0, &loaded), KVQ_ERR_INVALID_ARGUMENT, "threads");
+    CHECK(loaded == NULL);
+    CHECK_OK(kvq_cache_load_limited(path, 3, 2, &loaded));
+    kvq_pool_stats stats = kvq_pool_stats_init();
+    CHECK_OK(kvq_cache_pool_stats(loaded, &stats));
+    CHECK(stats.max_blocks == 3 && stats.blocks_total == 3 && stats.blocks_used == 3);
+    CHECK_STATUS(kvq_cache_append(loaded, 0, 0, k, k, 1), KVQ_ERR_POOL_EXHAUSTED, "exhausted");
+    kvq_cache_destroy(loaded);
+    CHECK_OK(kvq_cache_load(path, &loaded)); /* unlimited, and exactly the file's blocks */
+    CHECK_OK(kvq_cache_pool_stats(loaded, &stats));
+    CHECK(stats.max_blocks == 0 && stats.blocks_total == 3);
+    kvq_cache_destroy(loaded);
+    remove(path);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    loaded = NULL;
+    CHECK_STATUS(kvq_cache_load(fifo, &loaded), KVQ_ERR_IO, "FIFO");
+    size_t count = 0;
+    CHECK_STATUS(kvq_cache_load_into(cache, fifo, NULL, 0, &count), KVQ_ERR_IO, "FIFO");
+    CHECK(loaded == NULL);
+    remove(fifo);
+    kvq_cache_destroy(cache);
+}
+
 int main(void) {
     test_append_sizes_overflow();
     test_prefill_more_queries_than_tokens();
     test_create_statuses();
     test_bounded_configurations();
     test_huge_finite_query();
+    test_load_limited();
     return check_report("test_capi_inputs");
 }
