@@ -163,8 +163,8 @@ public:
     // Writes every sequence (or one) with its block tables, shared blocks once, the open block's float rows
     // and the configuration to `path`: into `path.tmp.<pid>.<n>`, fsynced, renamed over `path`, directory
     // fsynced. Throws FileIOError (the temporary file removed, an old file at `path` untouched) or
-    // std::invalid_argument (no such sequence). Reads the sequences as attend does: no writer of them may
-    // run at the same time.
+    // std::invalid_argument (no such sequence, or a path holding a NUL byte). Reads the sequences as
+    // attend does: no writer of them may run at the same time.
     void save(const std::string& path) const;
     void save(const std::string& path, SequenceId seq) const;
     // A new cache with the file's configuration (its codecs, shapes, seed, seal policy, windows,
