@@ -26,10 +26,11 @@ def test_truncate_takes_seq_by_keyword_only():
     a, b = cache.add_sequence(), cache.add_sequence()
     fill(cache, a, 20)
     fill(cache, b, 5)
-    # C's order, kvq_cache_truncate(cache, seq, n_tokens): it used to truncate sequence 5 ... or, here,
-    # silently keep 0 tokens of sequence b when a is 0. Now it is a TypeError and nothing changes.
+    # C's order, kvq_cache_truncate(cache, seq, n_tokens), meaning "sequence b to 0 tokens": it used to
+    # truncate sequence 0 (a) to b = 1 token, silently. Now it is a TypeError and nothing changes.
+    assert (a, b) == (0, 1)
     with pytest.raises(TypeError):
-        cache.truncate(a, 10)
+        cache.truncate(b, 0)
     assert cache.n_tokens(a) == 20 and cache.n_tokens(b) == 5
     cache.truncate(10, seq=a)
     assert cache.n_tokens(a) == 10 and cache.n_tokens(b) == 5
