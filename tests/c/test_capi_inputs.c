@@ -215,6 +215,23 @@ static void test_load_limited(void) {
     kvq_cache_destroy(cache);
 }
 
+/* The codec functions on rows: row counts whose sizes overflow are refused before a read (the buffers here
+ * hold one row), not scanned for NaN past the caller's buffer. */
+static void test_codec_rows_overflow(void) {
+    kvq_codec* c;
+    CHECK_OK(kvq_codec_create("q8_0", D, KVQ_DEFAULT_SEED, &c));
+    float x[D];
+    fill_gaussian(x, D, 31);
+    uint8_t dst[2 * D];
+    const size_t huge[] = {(size_t)-1, (size_t)-1 / D + 1, (size_t)PTRDIFF_MAX / (4 * D) + 1};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; ++i) {
+        CHECK_STATUS(kvq_codec_quantize_rows(c, x, huge[i], dst, 0), KVQ_ERR_INVALID_ARGUMENT, "overflow");
+        CHECK_STATUS(kvq_codec_dequantize_rows(c, dst, huge[i], x, 0), KVQ_ERR_INVALID_ARGUMENT, "overflow");
+    }
+    CHECK_OK(kvq_codec_quantize_rows(c, x, 1, dst, 0));
+    kvq_codec_destroy(c);
+}
+
 int main(void) {
     test_append_sizes_overflow();
     test_prefill_more_queries_than_tokens();
@@ -222,5 +239,6 @@ int main(void) {
     test_bounded_configurations();
     test_huge_finite_query();
     test_load_limited();
+    test_codec_rows_overflow();
     return check_report("test_capi_inputs");
 }
