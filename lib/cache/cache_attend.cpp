@@ -4,10 +4,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "../codec/half.hpp"
 #include "../simd/dispatch.hpp"
@@ -98,7 +98,7 @@ void KVCache::Impl::attend_head_exact(const detail::LayerState& st, size_t lo, s
                                       int h) const {
     const size_t d = static_cast<size_t>(cfg.head_dim), g = static_cast<size_t>(this->g()), bt = this->bt();
     const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
-    std::vector<float> row(d), mean(d);
+    std::vector<float> row(d);
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
         if (p >= pool_end) {
@@ -141,7 +141,9 @@ void KVCache::Impl::attend_head_exact(const detail::LayerState& st, size_t lo, s
     }
     for (size_t i = 0; i < g; ++i) {
         float* o = out + (h * g + i) * d;
-        for (size_t j = 0; j < d; ++j) o[j] = n ? static_cast<float>(std::clamp(acc[i * d + j] / sum[i], -double(FLT_MAX), double(FLT_MAX))) : 0.0f;
+        for (size_t j = 0; j < d; ++j) {
+            o[j] = n ? static_cast<float>(std::clamp(acc[i * d + j] / sum[i], -double(FLT_MAX), double(FLT_MAX))) : 0.0f;
+        }
     }
 }
 
