@@ -57,6 +57,12 @@ enum class SealPolicy {
 // included or not) in any order, and returns when every call has returned. task does not throw.
 using Executor = std::function<void(int n, const std::function<void(int)>& task)>;
 
+// Bounds of a configuration (checked by KVCache's constructor, so every cache can be saved and loaded):
+// n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..4096, threads 1..256;
+// a sequence holds at most kMaxSequenceTokens tokens per layer.
+inline constexpr int kMaxCacheDim = 1 << 16;
+inline constexpr size_t kMaxSequenceTokens = size_t(1) << 48;
+
 struct CacheConfig {
     int n_layers = 1;
     int n_kv_heads = 1;
@@ -112,6 +118,14 @@ public:
     using std::invalid_argument::invalid_argument;
 };
 
+// What KVCache::load takes from the caller rather than from the file: the pool's limits and the threads
+// of one attend call (files store neither).
+struct LoadOptions {
+    size_t max_blocks = 0;   // pool capacity in blocks; 0 = no limit. A file with more blocks: PoolExhausted
+    size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own)
+    int threads = 1;         // as CacheConfig::threads
+};
+
 struct PoolStats {
     size_t block_bytes = 0;      // bytes of one block
     size_t blocks_total = 0;     // allocated
@@ -140,11 +154,14 @@ public:
     // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length).
     void truncate(SequenceId seq, size_t n_tokens);
 
-    // k, v: n_tokens × n_kv_heads × head_dim floats (C order).
+    // k, v: n_tokens × n_kv_heads × head_dim floats (C order). n_tokens whose buffers could not exist
+    // (their byte size overflows) or that would take the sequence past kMaxSequenceTokens throw
+    // std::invalid_argument before anything is read.
     void append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens);
 
     // Decode attention over every token of the sequence in this layer (its window, if it has one).
-    // q, out: n_heads × head_dim floats.
+    // q, out: n_heads × head_dim floats. Finite queries over finite keys and values give a finite output:
+    // a head whose scores overflow float (a query of 1e38, say) is recomputed in double precision.
     void attend(int layer, SequenceId seq, const float* q, float* out) const;
     // Causal attention for the last n_queries tokens of the sequence (prefill): query i sees the tokens
     // up to and including its own position (within the layer's window). With a window, the queries may
@@ -163,21 +180,31 @@ public:
     // Writes every sequence (or one) with its block tables, shared blocks once, the open block's float rows
     // and the configuration to `path`: into `path.tmp.<pid>.<n>`, fsynced, renamed over `path`, directory
     // fsynced. Throws FileIOError (the temporary file removed, an old file at `path` untouched) or
-    // std::invalid_argument (no such sequence). Reads the sequences as attend does: no writer of them may
-    // run at the same time.
+    // std::invalid_argument (no such sequence, or a path holding a NUL byte). Reads the sequences as
+    // attend does: no writer of them may run at the same time.
     void save(const std::string& path) const;
     void save(const std::string& path, SequenceId seq) const;
     // A new cache with the file's configuration (its codecs, shapes, seed, seal policy, windows,
     // nan_policy) holding the file's sequences, numbered 0, 1, … in the file's order. Pool limits and
-    // threads are not stored in files: the cache has an unlimited pool and one thread.
+    // threads are not stored in files: the cache has an unlimited pool and one thread, or what `options`
+    // give. The pool grows by exactly the blocks the file holds (a file's payloads are in it, so nothing
+    // is allocated beyond the file's length); a file with more blocks than options.max_blocks throws
+    // PoolExhausted. Paths holding a NUL byte throw std::invalid_argument; anything but a regular file
+    // (a FIFO, a directory, a device) throws FileIOError without being read.
     static KVCache load(const std::string& path);
+    static KVCache load(const std::string& path, const LoadOptions& options);
     // Adds the file's sequences to this cache and returns their new ids, in the file's order. Throws
     // FileIOError, BadCacheFile, ConfigMismatch (codecs, seed, shapes, block_tokens, seal, centering,
     // scale, softcap or windows differ) or PoolExhausted, and then has changed nothing: the whole file is
     // checked before any block is taken from the pool.
     std::vector<SequenceId> load_into(const std::string& path);
 
-    size_t bytes_used() const;         // bytes of the blocks in use (shared blocks counted once)
+    // Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks, and the
+    // per-sequence bookkeeping (metadata_bytes()).
+    size_t bytes_used() const;
+    // The per-sequence bookkeeping alone: for each sequence, its per-layer state (about 130 bytes per
+    // layer), so a cache of many layers costs memory per sequence before any token is appended.
+    size_t metadata_bytes() const;
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging

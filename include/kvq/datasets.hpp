@@ -45,6 +45,10 @@ struct KVData {
     void validate() const;
 };
 
+// The most floats a synthetic data set (make_dataset's gaussian and llm) holds per tensor: keys, values
+// and queries each. Larger specs are refused with std::invalid_argument before anything is allocated.
+inline constexpr size_t kMaxDatasetValues = size_t(1) << 28;
+
 struct GaussianDataOptions {
     int layers = 1, kv_heads = 8, q_per_kv = 2, head_dim = 128, tokens = 1024, query_positions = 4;
     uint64_t seed = 0;

@@ -23,7 +23,9 @@ size_t BlockPool::free_capacity_locked() const {
 }
 
 void BlockPool::grow_locked(size_t n) {
-    if (data_.size() + n > std::numeric_limits<BlockId>::max()) throw std::bad_alloc();
+    if (data_.size() + n > std::numeric_limits<BlockId>::max() || n > std::numeric_limits<size_t>::max() / block_bytes_) {
+        throw std::bad_alloc();
+    }
     // Reserve everything first so that nothing below can fail after the chunk is in place.
     data_.reserve(data_.size() + n);
     refs_.reserve(refs_.size() + n);
@@ -43,7 +45,7 @@ void BlockPool::grow_locked(size_t n) {
     free_.insert(free_.begin(), fresh.rbegin(), fresh.rend());
 }
 
-std::vector<BlockRef> BlockPool::allocate(size_t n, std::span<const BlockRef> release) {
+std::vector<BlockRef> BlockPool::allocate(size_t n, std::span<const BlockRef> release, bool exact) {
     std::lock_guard<std::mutex> lock(mu_);
     size_t freed_by_release = 0;
     for (const BlockRef& b : release) freed_by_release += refs_[b.id] == 1;
@@ -59,7 +61,7 @@ std::vector<BlockRef> BlockPool::allocate(size_t n, std::span<const BlockRef> re
     // Growing is the one step that can fail (bad_alloc); it happens before anything is released.
     const size_t free_after_release = free_.size() + freed_by_release;
     if (free_after_release < n) {
-        size_t grow = std::max(n - free_after_release, grow_blocks_);
+        size_t grow = exact ? n - free_after_release : std::max(n - free_after_release, grow_blocks_);
         if (max_blocks_ != 0) grow = std::min(grow, max_blocks_ - data_.size());
         grow_locked(grow);
     }

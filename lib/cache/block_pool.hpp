@@ -38,7 +38,8 @@ public:
     // operation; blocks that reach a count of zero that way count as free for this request. All or
     // nothing: if the pool cannot provide n blocks it throws PoolExhausted and changes nothing
     // (the blocks in `release` keep their counts). Growing may throw std::bad_alloc, also changing nothing.
-    std::vector<BlockRef> allocate(size_t n, std::span<const BlockRef> release = {});
+    // The pool grows by at least grow_blocks, or with `exact` by just the blocks missing (loading a file).
+    std::vector<BlockRef> allocate(size_t n, std::span<const BlockRef> release = {}, bool exact = false);
     // One more reference to each block (fork).
     void retain(std::span<const BlockRef> blocks);
     // One reference fewer; a block whose count reaches zero returns to the free list.

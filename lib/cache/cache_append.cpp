@@ -3,6 +3,7 @@
 // staging sealed a block at a time (with optional key centering).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -10,6 +11,7 @@
 #include "../codec/half.hpp"
 #include "../simd/dispatch.hpp"
 #include "cache_impl.hpp"
+#include "input_errors.hpp"
 
 namespace kvq {
 namespace {
@@ -35,9 +37,11 @@ const float* check_rows(const float* x, const char* name, size_t n, int n_kv, in
                                                       (limit.on_norm ? "L2 norm" : "|x|") + " at most " +
                                                       std::to_string(limit.max_abs) + ")"
                                                 : " holds NaN or Inf";
-                throw std::invalid_argument(std::string("KVCache::append: ") + name + " of token " + std::to_string(t) +
+                const std::string message = std::string("KVCache::append: ") + name + " of token " + std::to_string(t) +
                                             ", kv head " + std::to_string(h) + what +
-                                            " (NanPolicy::reject); nothing was stored");
+                                            " (NanPolicy::reject); nothing was stored";
+                if (!finite) throw detail::NonFiniteInput(message);
+                throw std::invalid_argument(message);
             }
             // Recorded even where the codec keeps the values: a key of -Inf would otherwise just get
             // weight 0, and the promise is NaN for every head that reads a non-finite row.
@@ -109,6 +113,17 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     if (!k || !v) throw std::invalid_argument("KVCache::append: k or v is a null pointer");
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
+    // Before a single value is read: n tokens of k and v must be buffers that can exist.
+    if (n > static_cast<size_t>(PTRDIFF_MAX) / (token_floats * sizeof(float))) {
+        throw std::invalid_argument("KVCache::append: n_tokens = " + std::to_string(n) + " overflows the size of k and v (" +
+                                    std::to_string(n) + " x " + std::to_string(n_kv) + " kv heads x " + std::to_string(d) +
+                                    " floats); nothing was read");
+    }
+    if (n > kMaxSequenceTokens - seq.layers[layer].n_tokens) {
+        throw std::invalid_argument("KVCache::append: " + std::to_string(n) + " more tokens would take layer " +
+                                    std::to_string(layer) + " past " + std::to_string(kMaxSequenceTokens) +
+                                    " tokens; nothing was read");
+    }
     std::vector<float> k_clean, v_clean;
     std::vector<std::pair<size_t, int>> poisoned;
     k = check_rows(k, "k", n, n_kv, d, cfg.nan_policy, key_limit, store_nonfinite_k, k_clean, poisoned);

@@ -81,9 +81,11 @@ struct KVCache::Impl {
     std::map<SequenceId, std::unique_ptr<detail::Sequence>> seqs;
     SequenceId next_id = 0;
     std::atomic<size_t> staging_bytes{0};
+    std::atomic<size_t> metadata_bytes{0};  // sequences × sequence_metadata_bytes()
 
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
+    size_t sequence_metadata_bytes() const;  // the bookkeeping of one sequence (bytes_used counts it)
     size_t window(int layer) const {
         return cfg.sliding_window.empty() ? 0 : static_cast<size_t>(cfg.sliding_window[layer]);
     }
@@ -119,8 +121,13 @@ struct KVCache::Impl {
     // must outlive the sources.
     size_t row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
                        uint8_t** staging_slot) const;
-    // NaN into the output heads that read a poisoned row of [lo, hi) (NanPolicy::propagate).
-    void poison(const detail::LayerState& st, size_t lo, size_t hi, float* out) const;
+    // After the engine: heads whose float scores overflowed again in double precision, and NaN into the
+    // output heads that read a poisoned row of [lo, hi) (NanPolicy::propagate).
+    void finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const;
+    // The same for kv head h's query heads, in double precision from the dequantized rows (positions
+    // [lo, hi), lo >= first_pos): the fallback when float scores overflow.
+    void attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                           int h) const;
     std::string dump() const;
 };
 

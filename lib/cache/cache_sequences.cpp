@@ -30,6 +30,7 @@ SequenceId KVCache::Impl::fork(SequenceId parent) {
         throw;
     }
     staging_bytes += staging_added;
+    metadata_bytes += sequence_metadata_bytes();
     return id;
 }
 
@@ -48,6 +49,7 @@ void KVCache::Impl::remove(SequenceId id) {
         pool->release(st.table);
         staging_bytes -= st.staging.size() * sizeof(float);
     }
+    metadata_bytes -= sequence_metadata_bytes();
 }
 
 void KVCache::Impl::truncate(SequenceId id, size_t n) {

@@ -19,15 +19,22 @@ bool is_plain_codec(const std::string& spec) {
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+void check_dim(const char* what, int x) {
+    if (x < 1 || x > kMaxCacheDim) {
+        bad_config(std::string(what) + " must be in 1.." + std::to_string(kMaxCacheDim) + ", got " + std::to_string(x));
+    }
+}
+
 CacheConfig checked(CacheConfig c) {
-    if (c.n_layers < 1) bad_config("n_layers must be at least 1, got " + std::to_string(c.n_layers));
-    if (c.n_kv_heads < 1) bad_config("n_kv_heads must be at least 1, got " + std::to_string(c.n_kv_heads));
+    check_dim("n_layers", c.n_layers);
+    check_dim("n_kv_heads", c.n_kv_heads);
     if (c.n_heads == 0) c.n_heads = c.n_kv_heads;
     if (c.n_heads < 0 || c.n_heads % c.n_kv_heads != 0) {
         bad_config("n_heads (" + std::to_string(c.n_heads) + ") must be a positive multiple of n_kv_heads (" +
                    std::to_string(c.n_kv_heads) + ")");
     }
-    if (c.head_dim < 1) bad_config("head_dim must be at least 1, got " + std::to_string(c.head_dim));
+    check_dim("n_heads", c.n_heads);
+    check_dim("head_dim", c.head_dim);
     if (c.block_tokens < 1 || c.block_tokens > 4096) {
         bad_config("block_tokens must be in 1..4096, got " + std::to_string(c.block_tokens));
     }
@@ -154,13 +161,21 @@ const CacheConfig& KVCache::config() const { return impl_->cfg; }
 const Codec& KVCache::key_codec() const { return impl_->key; }
 const Codec& KVCache::value_codec() const { return impl_->value; }
 
+size_t KVCache::Impl::sequence_metadata_bytes() const {
+    return sizeof(detail::Sequence) + static_cast<size_t>(cfg.n_layers) * sizeof(detail::LayerState);
+}
+
 SequenceId KVCache::add_sequence() {
     auto seq = std::make_unique<detail::Sequence>();
     seq->layers.resize(impl_->cfg.n_layers);
-    std::lock_guard<std::mutex> lock(impl_->seq_mu);
-    const SequenceId id = impl_->next_id;
-    impl_->seqs.emplace(id, std::move(seq));
-    ++impl_->next_id;
+    SequenceId id;
+    {
+        std::lock_guard<std::mutex> lock(impl_->seq_mu);
+        id = impl_->next_id;
+        impl_->seqs.emplace(id, std::move(seq));
+        ++impl_->next_id;
+    }
+    impl_->metadata_bytes += impl_->sequence_metadata_bytes();
     return id;
 }
 
@@ -200,8 +215,11 @@ bool KVCache::contains(SequenceId seq) const {
 }
 
 size_t KVCache::bytes_used() const {
-    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load();
+    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load() +
+           impl_->metadata_bytes.load();
 }
+
+size_t KVCache::metadata_bytes() const { return impl_->metadata_bytes.load(); }
 
 double KVCache::bytes_per_token() const {
     const auto& c = impl_->cfg;

@@ -1,7 +1,9 @@
 // Data sets for the accuracy tables: the KVData accessors, the Gaussian set, .npy dumps, and specs.
 #include "kvq/datasets.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -30,6 +32,24 @@ std::vector<int> last_positions(int tokens, int n) {
 
 void check_positive(const char* what, int x) {
     if (x <= 0) bad(std::string("data set: ") + what + " must be positive, got " + std::to_string(x));
+}
+
+// A synthetic data set is made in memory: its keys, values and queries must fit kMaxDatasetValues floats
+// each (checked in double, so that no product of the knobs overflows on the way).
+void check_size(const std::string& context, int layers, int tokens, int kv_heads, int q_per_kv, int head_dim,
+                int query_positions) {
+    for (auto [what, x] : {std::pair{"layers", layers}, {"kv_heads", kv_heads}, {"q_per_kv", q_per_kv},
+                           {"head_dim", head_dim}, {"tokens", tokens}}) {
+        check_positive(what, x);
+    }
+    const double kv = double(layers) * tokens * kv_heads * head_dim;
+    const double q = double(layers) * query_positions * kv_heads * q_per_kv * head_dim;
+    if (kv > double(kMaxDatasetValues) || q > double(kMaxDatasetValues)) {
+        char text[64];
+        std::snprintf(text, sizeof text, "%.3g", std::max(kv, q));
+        bad(context + ": " + text + " values per tensor (layers x tokens x kv_heads x head_dim) is beyond the " +
+            std::to_string(kMaxDatasetValues) + " a synthetic data set may hold");
+    }
 }
 
 }  // namespace
@@ -201,6 +221,7 @@ KVData make_dataset(std::string_view spec, uint64_t seed) {
         O o;
         o.seed = seed;
         detail::set_params<O>(o, params, fields, context);
+        check_size(context, o.layers, o.tokens, o.kv_heads, o.q_per_kv, o.head_dim, o.query_positions);
         KVData d = make_gaussian_data(o);
         d.name = std::string(spec);
         return d;
@@ -229,6 +250,7 @@ KVData make_dataset(std::string_view spec, uint64_t seed) {
         O o;
         o.seed = seed;
         detail::set_params<O>(o, params, fields, context);
+        check_size(context, o.layers, o.tokens, o.kv_heads, o.q_per_kv, o.head_dim, o.query_positions);
         KVData d = make_llm_data(o);
         d.name = std::string(spec);
         return d;

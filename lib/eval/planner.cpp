@@ -84,6 +84,11 @@ void ModelShape::validate() const {
         if (mla_rope_dim < 0) bad("MLA rope dims must be >= 0");
     } else {
         if (n_kv_heads <= 0 || head_dim <= 0) bad("needs positive kv heads and head_dim");
+        // Grouped-query attention shares each kv head among n_heads / n_kv_heads query heads.
+        if (n_heads > 0 && n_heads % n_kv_heads != 0) {
+            bad(std::to_string(n_heads) + " attention heads are not a multiple of " + std::to_string(n_kv_heads) +
+                " kv heads");
+        }
         if (value_dim < 0) bad("value_dim must be >= 0");
     }
     if (!sliding_window.empty() && sliding_window.size() != size_t(n_layers)) bad("needs one sliding-window entry per layer");

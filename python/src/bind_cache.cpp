@@ -46,9 +46,12 @@ std::vector<int> parse_sliding_window(const py::object& w, int n_layers) {
     }
 }
 
-// A path as Python gives it (str, bytes or os.PathLike) in the file system's encoding.
+// A path as Python gives it (str, bytes or os.PathLike) in the file system's encoding. A NUL byte would
+// end the C path early (a file other than the one named): ValueError, as open() raises.
 std::string fs_path(const py::object& path) {
-    return py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+    std::string p = py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+    if (p.find('\0') != std::string::npos) raise_value_error("path holds a NUL byte: " + py::repr(path).cast<std::string>());
+    return p;
 }
 
 class PyKVCache {
@@ -58,10 +61,14 @@ public:
         for (SequenceId s : cache_.sequences()) locks_.add(s);
     }
 
-    static std::unique_ptr<PyKVCache> load(const py::object& path) {
+    static std::unique_ptr<PyKVCache> load(const py::object& path, int64_t max_blocks, int64_t grow_blocks, int threads) {
         const std::string p = fs_path(path);
+        LoadOptions options;
+        options.max_blocks = non_negative(max_blocks, "load: max_blocks");
+        options.grow_blocks = non_negative(grow_blocks, "load: grow_blocks");
+        options.threads = threads;
         py::gil_scoped_release unlocked;
-        return std::make_unique<PyKVCache>(KVCache::load(p));
+        return std::make_unique<PyKVCache>(KVCache::load(p, options));
     }
 
     // seq=None: every sequence (each held as by a reader while it is written out).
@@ -321,8 +328,10 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("add_sequence", &PyKVCache::add_sequence, "A new empty sequence; returns its id.")
         .def("fork", &PyKVCache::fork, "seq"_a = py::none(),
              "A new sequence with the same tokens as seq (full blocks shared, the open block copied); returns its id.")
-        .def("truncate", &PyKVCache::truncate, "n_tokens"_a, "seq"_a = py::none(),
-             "Keeps the first n_tokens tokens of every layer of seq.")
+        .def("truncate", &PyKVCache::truncate, "n_tokens"_a, py::kw_only(), "seq"_a = py::none(),
+             "Keeps the first n_tokens tokens of every layer of seq: truncate(n_tokens, seq=seq). seq is\n"
+             "keyword-only (C's kvq_cache_truncate takes the sequence first; two ints in either order would\n"
+             "silently truncate another sequence).")
         .def("remove", &PyKVCache::remove, "seq"_a, "Removes a sequence; its blocks return to the pool.")
         .def("append", &PyKVCache::append, "layer"_a, "k"_a, "v"_a, "seq"_a = py::none(),
              "Appends tokens to one layer of seq: k and v of shape (tokens, n_kv_heads, head_dim), float32 or float16.")
@@ -342,10 +351,14 @@ may be used from different threads at once (the GIL is released while kvq works)
              "Writes every sequence (seq=None) or one to path (str or os.PathLike): a temporary file beside it,\n"
              "synced and renamed over path, so an existing file is replaced whole or not at all. Raises\n"
              "kvq.FileIOError (an OSError) if the file cannot be written.")
-        .def_static("load", &PyKVCache::load, "path"_a,
-                    "A new cache with the file's configuration and sequences (ids 0, 1, ... in the file's order);\n"
-                    "unlimited pool, one thread. Raises kvq.FileIOError (OSError) or kvq.BadCacheFile (ValueError:\n"
-                    "wrong magic or version, truncated, corrupted).")
+        .def_static("load", &PyKVCache::load, "path"_a, py::kw_only(), "max_blocks"_a = 0, "grow_blocks"_a = 64,
+                    "threads"_a = 1,
+                    "A new cache with the file's configuration and sequences (ids 0, 1, ... in the file's order).\n"
+                    "Files store no pool limits: max_blocks (0 = no limit), grow_blocks and threads are as for the\n"
+                    "constructor; the pool takes exactly the file's blocks, and a file with more than max_blocks\n"
+                    "raises kvq.PoolExhausted before anything is allocated. Raises kvq.FileIOError (OSError; also for\n"
+                    "anything but a regular file) or kvq.BadCacheFile (ValueError: wrong magic or version,\n"
+                    "truncated, corrupted, or rows the file's nan_policy does not admit).")
         .def("load_into", &PyKVCache::load_into, "path"_a,
              "Adds the file's sequences to this cache and returns their new ids. Raises kvq.FileIOError,\n"
              "kvq.BadCacheFile, kvq.ConfigMismatch (a ValueError naming the field that differs) or\n"
@@ -354,7 +367,10 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("sequences", [](const PyKVCache& c) { return c.cache().sequences(); }, "Ids of the live sequences.")
         .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })
         .def("bytes_used", [](const PyKVCache& c) { return c.cache().bytes_used(); },
-             "Bytes of the blocks in use (shared blocks counted once).")
+             "Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks and\n"
+             "the per-sequence bookkeeping (metadata_bytes()).")
+        .def("metadata_bytes", [](const PyKVCache& c) { return c.cache().metadata_bytes(); },
+             "Bytes of the per-sequence bookkeeping (per-layer state of every sequence), part of bytes_used().")
         .def("bytes_per_token", [](const PyKVCache& c) { return c.cache().bytes_per_token(); },
              "Key + value bytes per token, all layers and kv heads, as stored.")
         .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },
