@@ -83,22 +83,25 @@ std::map<std::pair<size_t, int>, double>& f16_seconds() {
     return t;
 }
 
-void BM_Decode(benchmark::State& state, int pair, size_t ctx, int threads) {
-    kvq::SequenceId seq;
-    const kvq::KVCache& cache = cache_for(pair, threads, ctx, seq);
+// Seconds per decode step of the benchmark's iterations (after one warm-up step).
+double time_steps(benchmark::State& state, const kvq::KVCache& cache, kvq::SequenceId seq) {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     std::vector<float> q(kHeads * kHeadDim), out(q.size());
     for (auto& x : q) x = normal(rng);
-    cache.attend(0, seq, q.data(), out.data());  // warm-up
-
+    cache.attend(0, seq, q.data(), out.data());
     const auto t0 = std::chrono::steady_clock::now();
     for (auto _ : state) {
         cache.attend(0, seq, q.data(), out.data());
         benchmark::DoNotOptimize(out.data());
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(state.iterations());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(state.iterations());
+}
+
+void BM_Decode(benchmark::State& state, int pair, size_t ctx, int threads) {
+    kvq::SequenceId seq;
+    const kvq::KVCache& cache = cache_for(pair, threads, ctx, seq);
+    const double seconds = time_steps(state, cache, seq);
 
     const double bytes = cache.bytes_per_token() * static_cast<double>(ctx);  // one layer: every row once
     const double floor = bytes / kvq::bench::read_bandwidth(threads);
@@ -130,15 +133,7 @@ void BM_DecodeLevel(benchmark::State& state, kvq::SimdLevel level, int pair, siz
     }
     kvq::SequenceId seq;
     const kvq::KVCache& cache = cache_for(pair, threads, ctx, seq);
-    std::vector<float> q(kHeads * kHeadDim, 0.5f), out(q.size());
-    cache.attend(0, seq, q.data(), out.data());  // warm-up
-    const auto t0 = std::chrono::steady_clock::now();
-    for (auto _ : state) {
-        cache.attend(0, seq, q.data(), out.data());
-        benchmark::DoNotOptimize(out.data());
-    }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(state.iterations());
+    const double seconds = time_steps(state, cache, seq);
     kvq::force_simd_level(before);
     const double bytes = cache.bytes_per_token() * static_cast<double>(ctx);
     state.counters["x_floor"] = seconds / (bytes / kvq::bench::read_bandwidth(threads));

@@ -15,6 +15,7 @@
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"
+#include "simd/level_check.hpp"
 
 using kvq::detail::BlockCodec;
 using kvq::detail::BlockKernels;
@@ -50,48 +51,11 @@ std::vector<int> head_sizes(const CodecCase& c) {
     return {32, 64, 96, 128, 160, 192, 224, 256};
 }
 
-// Rows of n values: each row a different kind of data, cycling through the kinds.
+using kvq::detail::same_float;
 std::vector<float> make_rows(size_t rows, int n, uint64_t seed, bool extreme) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> small(-4, 4);
-    std::vector<float> x(rows * n);
-    for (size_t r = 0; r < rows; ++r) {
-        float* row = x.data() + r * n;
-        const int kind = static_cast<int>((r + seed) % 10);
-        for (int j = 0; j < n; ++j) {
-            float v = normal(rng);
-            switch (kind) {
-                case 0: v = 0.0f; break;
-                case 1: v = (j % 3 == 0) ? -0.0f : 0.0f; break;                   // signed zeros
-                case 2: v = 1.25f; break;                                          // all equal
-                case 3: v = static_cast<float>(small(rng)) * 0.5f; break;          // exact ties, ±extremes
-                case 4: v = (j % 2 ? 1.0f : -1.0f) * (j % 32 == 5 ? 2.0f : 0.5f); break;
-                case 5: v *= extreme ? 1e30f : 1e4f; break;                        // huge
-                case 6: v *= extreme ? 1e-30f : 1e-6f; break;                      // tiny
-                case 7: v *= extreme ? 1e-41f : 3e-5f; break;                      // subnormal scales
-                case 8: v = v * 1e-3f + 5.0f; break;                               // offset, narrow range
-                default: break;                                                    // N(0, 1)
-            }
-            row[j] = v;
-        }
-        if (kind == 3 && n >= 2) row[n - 1] = -row[0];  // a +a/-a tie in the last block
-    }
-    return x;
+    return kvq::detail::parity_rows(rows, n, seed, extreme);
 }
-
-bool same_float(float a, float b) {
-    uint32_t ua, ub;
-    std::memcpy(&ua, &a, 4);
-    std::memcpy(&ub, &b, 4);
-    return ua == ub || (std::isnan(a) && std::isnan(b));
-}
-
-bool close(float simd, float ref, double tol) {
-    if (std::isnan(ref) || std::isnan(simd)) return std::isnan(ref) && std::isnan(simd);
-    if (std::isinf(ref) || std::isinf(simd)) return simd == ref;
-    return std::fabs(double(simd) - double(ref)) <= tol;
-}
+bool close(float simd, float ref, double tol) { return kvq::detail::close_to(simd, ref, tol); }
 
 }  // namespace
 
