@@ -157,9 +157,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         require(cache.sequences().size() == model.size(), "sequences() differs from the model");
         const PoolStats ps = cache.pool_stats();
         require(cfg.max_blocks == 0 || ps.blocks_total <= cfg.max_blocks, "the pool grew beyond max_blocks");
+        // Memory within the limit: blocks in use and the open blocks' float staging together.
+        require(cfg.max_blocks == 0 || ps.blocks_used + ps.blocks_reserved <= cfg.max_blocks,
+                "blocks and staging hold more than max_blocks");
+        require(cfg.max_blocks == 0 ||
+                    cache.bytes_used() - cache.metadata_bytes() <= cfg.max_blocks * ps.block_bytes,
+                "bytes_used beyond max_blocks × block_bytes (bookkeeping aside)");
     }
+
     for (const auto& [s, layers] : model) cache.remove(s);
     require(cache.pool_stats().blocks_used == 0, "blocks still used after every sequence was removed");
+    require(cache.pool_stats().blocks_reserved == 0, "staging still counted after every sequence was removed");
     require(cache.bytes_used() == 0, "bytes still used after every sequence was removed");
     return 0;
 }

@@ -71,7 +71,10 @@ struct CacheConfig {
     std::string key_codec = "q8_0";
     std::string value_codec = "q4_0";
     int block_tokens = 32;
-    size_t max_blocks = 0;      // pool capacity in blocks (all layers together); 0 = no limit
+    // Pool capacity in blocks (all layers together); 0 = no limit. The float staging of open blocks
+    // (SealPolicy::on_block_full: one per sequence and layer that has begun one) counts against it in
+    // block-sized units, so blocks and staging together never hold more than max_blocks blocks' bytes.
+    size_t max_blocks = 0;
     size_t initial_blocks = 0;  // blocks allocated up front
     size_t grow_blocks = 64;    // blocks added when the pool grows
     float scale = 0.0f;         // softmax scale; 0 means 1/sqrt(head_dim)
@@ -132,6 +135,8 @@ struct PoolStats {
     size_t blocks_used = 0;      // referenced by at least one sequence
     size_t blocks_shared = 0;    // referenced by more than one sequence
     size_t max_blocks = 0;       // capacity (0 = unlimited)
+    size_t blocks_reserved = 0;  // blocks' worth of memory the open blocks' float staging holds (counted
+                                 // against max_blocks: blocks_used + blocks_reserved <= max_blocks)
 };
 
 class KVCache {
@@ -205,6 +210,8 @@ public:
     // The per-sequence bookkeeping alone: for each sequence, its per-layer state (about 130 bytes per
     // layer), so a cache of many layers costs memory per sequence before any token is appended.
     size_t metadata_bytes() const;
+    // The bookkeeping one sequence adds to bytes_used() in a cache of n_layers layers.
+    static size_t sequence_bookkeeping_bytes(int n_layers);
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging

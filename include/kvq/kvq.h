@@ -282,6 +282,9 @@ typedef struct kvq_pool_stats {
     size_t blocks_used;   /* referenced by at least one sequence */
     size_t blocks_shared; /* referenced by more than one sequence */
     size_t max_blocks;    /* capacity (0 = unlimited) */
+    /* Since 0.x (appended): blocks' worth of memory the open blocks' float staging holds, counted against
+     * max_blocks (blocks_used + blocks_reserved <= max_blocks). */
+    size_t blocks_reserved;
 } kvq_pool_stats;
 
 static inline kvq_pool_stats kvq_pool_stats_init(void) {

@@ -19,7 +19,26 @@ BlockPool::BlockPool(size_t block_bytes, size_t max_blocks, size_t initial_block
 
 size_t BlockPool::free_capacity_locked() const {
     if (max_blocks_ == 0) return std::numeric_limits<size_t>::max();
-    return free_.size() + (max_blocks_ - data_.size());
+    const size_t taken = data_.size() - free_.size() + reserved_;
+    return taken >= max_blocks_ ? 0 : max_blocks_ - taken;
+}
+
+void BlockPool::reserve(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t capacity = free_capacity_locked();
+    if (capacity != std::numeric_limits<size_t>::max() && capacity < n) {
+        throw PoolExhausted("KV cache pool exhausted: an open block's float staging needs the memory of " +
+                            std::to_string(n) + " block(s) but only " + std::to_string(capacity) +
+                            " are available (max_blocks = " + std::to_string(max_blocks_) + ", " +
+                            std::to_string(data_.size() - free_.size()) + " in use, " + std::to_string(reserved_) +
+                            " held by staging); nothing was changed");
+    }
+    reserved_ += n;
+}
+
+void BlockPool::unreserve(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ -= std::min(n, reserved_);
 }
 
 void BlockPool::grow_locked(size_t n) {
@@ -118,6 +137,7 @@ PoolStats BlockPool::stats() const {
     s.blocks_used = data_.size() - free_.size();
     s.blocks_shared = shared_;
     s.max_blocks = max_blocks_;
+    s.blocks_reserved = reserved_;
     return s;
 }
 

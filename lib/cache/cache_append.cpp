@@ -164,7 +164,15 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     if (staging && st.staging.empty()) new_staging.assign(staging_floats, 0.0f);
     std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + n_drop);
     if (copy_last) give_back.push_back(st.table.back());
-    const std::vector<detail::BlockRef> fresh = pool->allocate(n_new + copy_last, give_back);
+    // New staging counts against the pool first; then the blocks (all or nothing, both).
+    if (!new_staging.empty()) pool->reserve(staging_units);
+    std::vector<detail::BlockRef> fresh;
+    try {
+        fresh = pool->allocate(n_new + copy_last, give_back);
+    } catch (...) {
+        if (!new_staging.empty()) pool->unreserve(staging_units);
+        throw;
+    }
 
     // ---- from here on nothing fails ----
     if (!new_staging.empty()) {

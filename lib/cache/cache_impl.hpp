@@ -71,6 +71,7 @@ struct KVCache::Impl {
     detail::BlockLayout layout;          // pool blocks
     detail::BlockLayout staging_layout;  // the float staging of one layer
     size_t staging_floats = 0;           // per layer, keys and values
+    size_t staging_units = 0;            // the blocks' worth of pool capacity one layer's staging takes
     std::unique_ptr<detail::BlockPool> pool;
     // Runs the parts of one call: the engine's executor, or kvq's shared pool on up to cfg.threads
     // threads; empty for one thread.

@@ -371,8 +371,17 @@ std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
         }
     }
 
-    // Exactly the file's blocks (PoolExhausted: nothing changed): the pool never outgrows what the file holds.
-    const std::vector<detail::BlockRef> blocks = pool->allocate(h.n_blocks, {}, true);
+    // The staging counts against the pool, then exactly the file's blocks (PoolExhausted: nothing
+    // changed): the pool never outgrows what the file holds.
+    const size_t units = staging_added / (staging_floats * sizeof(float)) * staging_units;
+    pool->reserve(units);
+    std::vector<detail::BlockRef> blocks;
+    try {
+        blocks = pool->allocate(h.n_blocks, {}, true);
+    } catch (...) {
+        pool->unreserve(units);
+        throw;
+    }
     std::vector<SequenceId> ids;
     try {
         for (uint64_t i = 0; i < h.n_blocks; ++i) read_payload(f, h, t, i, blocks[i].data, changed);
@@ -395,6 +404,7 @@ std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
         next_id += static_cast<SequenceId>(fresh.size());
     } catch (...) {
         pool->release(blocks);
+        pool->unreserve(units);
         throw;
     }
     staging_bytes += staging_added;

@@ -96,6 +96,7 @@ KVCache::Impl::Impl(const CacheConfig& config)
     staging_layout.v_offset = h * staging_layout.k_head_stride;
     staging_layout.v_head_stride = staging_layout.k_head_stride;
     staging_floats = 2 * h * bt() * d;
+    staging_units = (staging_floats * sizeof(float) + bytes - 1) / bytes;
     pool = std::make_unique<detail::BlockPool>(bytes, cfg.max_blocks, cfg.initial_blocks, cfg.grow_blocks);
     if (cfg.executor) {
         runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { ex(n, task); };
@@ -161,8 +162,10 @@ const CacheConfig& KVCache::config() const { return impl_->cfg; }
 const Codec& KVCache::key_codec() const { return impl_->key; }
 const Codec& KVCache::value_codec() const { return impl_->value; }
 
-size_t KVCache::Impl::sequence_metadata_bytes() const {
-    return sizeof(detail::Sequence) + static_cast<size_t>(cfg.n_layers) * sizeof(detail::LayerState);
+size_t KVCache::Impl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
+
+size_t KVCache::sequence_bookkeeping_bytes(int n_layers) {
+    return sizeof(detail::Sequence) + static_cast<size_t>(std::max(n_layers, 0)) * sizeof(detail::LayerState);
 }
 
 SequenceId KVCache::add_sequence() {

@@ -19,7 +19,7 @@ namespace {
 
 // Never change: the struct sizes of the first release (see the ABI notes in kvq.h): params ended at seed.
 constexpr size_t kParamsSizeV1 = offsetof(kvq_cache_params, seed) + sizeof(uint64_t);
-constexpr size_t kPoolStatsSizeV1 = sizeof(kvq_pool_stats);
+constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
 static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 136 && offsetof(kvq_cache_params, seed) == 112 &&
@@ -351,6 +351,7 @@ kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats) {
         from.blocks_total = s.blocks_total;
         from.blocks_used = s.blocks_used;
         from.blocks_shared = s.blocks_shared;
+        from.blocks_reserved = s.blocks_reserved;
         from.max_blocks = s.max_blocks;
         return kvq::capi::write_versioned(from, kvq::capi::kPoolStatsSizeV1, stats);
     });

@@ -173,19 +173,19 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
                  (r.supported ? "true" : "false") + ", \"key_bits\": " + num(r.key_bits) + ", \"value_bits\": " +
                  (m.is_mla() ? std::string("null") : num(r.value_bits)) + ", \"bytes_per_token\": " + num(r.bytes_per_token) + ", \"bytes_total\": " +
                  num(r.bytes_total) + ", \"fp16_bytes_per_token\": " + num(r.fp16_bytes_per_token) +
-                 ", \"fp16_bytes_total\": " + num(r.fp16_bytes_total) + ", \"compression_vs_f16\": " + num(r.compression) +
+                 ", \"fp16_bytes_total\": " + num(r.fp16_bytes_total) + ", \"compression_vs_f16\": " + num(r.compression) + ", \"cache_bytes_total\": " + num(r.cache_bytes_total) +
                  ", \"error\": " + json_string(r.error) + (i + 1 < rows.size() ? "},\n" : "}\n");
         }
         return s + " ]}\n";
     }
     if (format == TableFormat::csv) {
         s = "model,key,value,key_centered,supported,key_bits,value_bits,bytes_per_token,bytes_total,fp16_bytes_per_token,"
-            "fp16_bytes_total,compression_vs_f16,context,batch,error\n";
+            "fp16_bytes_total,compression_vs_f16,cache_bytes_total,context,batch,error\n";
         for (const auto& r : rows) {
             s += join({csv_field(m.name), r.format.key_codec, r.format.value_codec, r.format.center_keys ? "true" : "false",
                        r.supported ? "true" : "false", num(r.key_bits), m.is_mla() ? "" : num(r.value_bits), num(r.bytes_per_token),
                        num(r.bytes_total), num(r.fp16_bytes_per_token), num(r.fp16_bytes_total), num(r.compression),
-                       std::to_string(o.context), std::to_string(o.batch), csv_field(r.error)},
+                       num(r.cache_bytes_total), std::to_string(o.context), std::to_string(o.batch), csv_field(r.error)},
                       ",") + "\n";
         }
         return s;
@@ -194,18 +194,22 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
     if (m.is_mla()) s += "MLA: the key codec stores the latent row; values are read from it, so V does not apply.\n";
     if (m.local_layers()) s += "Per token: a token held by every layer; the context column applies the sliding windows.\n";
     s += "\n";
-    s += markdown_row({"K/V", "K bits", "V bits", "per token", "f16 per token", "context × batch", "f16 context × batch", "vs f16"});
-    s += "|---|--:|--:|--:|--:|--:|--:|--:|\n";
+    s += markdown_row({"K/V", "K bits", "V bits", "per token", "f16 per token", "context × batch", "f16 context × batch", "vs f16",
+                       "in a KVCache"});
+    s += "|---|--:|--:|--:|--:|--:|--:|--:|--:|\n";
     for (const auto& r : rows) {
         if (!r.supported) {
             s += markdown_row({r.format.label(), "—", "—", "—", human_bytes(r.fp16_bytes_per_token), "—", human_bytes(r.fp16_bytes_total),
-                               "(" + r.error + ")"});
+                               "(" + r.error + ")", "—"});
             continue;
         }
         s += markdown_row({r.format.label(), fixed(r.key_bits, 2), m.is_mla() ? "—" : fixed(r.value_bits, 2),
                            human_bytes(r.bytes_per_token), human_bytes(r.fp16_bytes_per_token), human_bytes(r.bytes_total),
-                           human_bytes(r.fp16_bytes_total), times(r.compression)});
+                           human_bytes(r.fp16_bytes_total), times(r.compression),
+                           m.is_mla() ? "—" : human_bytes(r.cache_bytes_total)});
     }
+    s += "\n\"in a KVCache\": what kvq's cache holds after decoding (whole blocks, each open block's float32 staging, the "
+         "block of slack before each window, bookkeeping).\n";
     return s;
 }
 

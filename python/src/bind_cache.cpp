@@ -291,6 +291,7 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
 py::dict pool_stats_dict(const PoolStats& s) {
     return py::dict("block_bytes"_a = s.block_bytes, "blocks_total"_a = s.blocks_total,
                     "blocks_used"_a = s.blocks_used, "blocks_shared"_a = s.blocks_shared,
+                    "blocks_reserved"_a = s.blocks_reserved,
                     "max_blocks"_a = s.max_blocks);
 }
 
@@ -374,7 +375,8 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("bytes_per_token", [](const PyKVCache& c) { return c.cache().bytes_per_token(); },
              "Key + value bytes per token, all layers and kv heads, as stored.")
         .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },
-             "The block pool: block_bytes, blocks_total, blocks_used, blocks_shared, max_blocks.")
+             "The block pool: block_bytes, blocks_total, blocks_used, blocks_shared, max_blocks, and\n"
+             "blocks_reserved (the open blocks' float staging, counted against max_blocks).")
         .def("dump", [](const PyKVCache& c) { return c.cache().dump(); }, "Block tables, for debugging.")
         .def("__repr__", [](const PyKVCache& c) {
             const auto& k = c.config();
