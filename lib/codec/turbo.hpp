@@ -18,6 +18,14 @@
 // query is rotated and rounded to int8 per 32 values once (q̃, as ggml's q8_0 query; for _qjl also
 // projected by S once), then each row costs one pass over its codes; the score is q̃·x̃ (effective_query).
 // The codecs always rotate; "+rot" on them changes nothing.
+//
+// The fp16 field after the codes is the row's scale s, x̃ = s · Rᵀc (+ the QJL part). Which s is stored is
+// a parameter of the MSE codecs (same bits, same layout, same kernels; the _qjl codecs keep the norm):
+//   scale=norm      s = ‖x‖ (TurboQuant; the default): E_R[x̃] = (1 − D)·x, D the codebook's error;
+//   scale=ls        s = ‖x‖·⟨c, u⟩/‖c‖², u = Rx/‖x‖: the least-squares fit of the codes to the row (least
+//                   error for these codes), also about (1 − D)-shrunk on average;
+//   scale=unbiased  s = ‖x‖/⟨c, u⟩ (EDEN, arXiv 2108.08842): ⟨x̃, x⟩ = ‖x‖² for every row, so E_R[x̃] = x over
+//                   a uniformly random rotation, at a little more error than ls.
 #pragma once
 
 #include <cstdint>
@@ -28,15 +36,19 @@
 
 namespace kvq::detail {
 
+enum class TurboScale { norm, ls, unbiased };
+
 struct TurboConfig {
     int bits_hi = 4;   // width of the first n_hi channels
     int bits_lo = 4;   // width of the others
     bool half_split = false;  // n_hi = d/2 (fractional codecs); otherwise n_hi = d
     bool qjl = false;  // add the QJL residual sketch and residual norm
+    TurboScale scale = TurboScale::norm;  // set by the spec's "scale=" parameter
 };
 
-// Throws std::invalid_argument for a head size the configuration cannot take (d must be a multiple of 8,
-// of 16 for the split codecs, at most 4096 with QJL) or for non-empty params.
+// params: empty or "scale=norm|ls|unbiased" (not for _qjl). Throws std::invalid_argument for a head size
+// the configuration cannot take (d must be a multiple of 8, of 16 for the split codecs, at most 4096 with
+// QJL) or for other params.
 std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_view name, std::string_view params,
                                       int head_dim, uint64_t seed);
 
