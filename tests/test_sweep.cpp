@@ -150,42 +150,90 @@ TEST_CASE("plan and info output parse as JSON") {
     CHECK(info.find("simd_level")->as_string());
 }
 
-TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center and +rot included") {
+TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center, +rot and windows included") {
     const auto d = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=256,query_positions=1");
     const size_t n = 256;
     const int dim = d.head_dim, g = d.group();
-    for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3"}) {
-        CAPTURE(pair);
-        const auto f = kvq::KVFormat::parse(pair);
-        kvq::CacheConfig c;
-        c.n_kv_heads = d.kv_heads;
-        c.n_heads = d.q_heads;
-        c.head_dim = dim;
-        c.key_codec = f.key_codec;
-        c.value_codec = f.value_codec;
-        c.center_keys = f.center_keys;
-        kvq::KVCache cache(c);
-        const auto seq = cache.add_sequence();
-        cache.append(0, seq, d.k.data(), d.v.data(), n);
-        std::vector<float> from_cache(size_t(d.q_heads) * dim);
-        cache.attend(0, seq, d.q.data(), from_cache.data());
+    for (const int window : {0, 100}) {
+        for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3", "turbo4+center/turbo4",
+                                 "turbo3:scale=ls+center/turbo3:scale=unbiased", "polar+center/q4_0"}) {
+            CAPTURE(pair);
+            CAPTURE(window);
+            const auto f = kvq::KVFormat::parse(pair);
+            kvq::CacheConfig c;
+            c.n_kv_heads = d.kv_heads;
+            c.n_heads = d.q_heads;
+            c.head_dim = dim;
+            c.key_codec = f.key_codec;
+            c.value_codec = f.value_codec;
+            c.center_keys = f.center_keys;
+            c.sliding_window = {window};
+            kvq::KVCache cache(c);
+            const auto seq = cache.add_sequence();
+            cache.append(0, seq, d.k.data(), d.v.data(), n);
+            std::vector<float> from_cache(size_t(d.q_heads) * dim);
+            cache.attend(0, seq, d.q.data(), from_cache.data());
 
-        const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
-        for (int h = 0; h < d.kv_heads; ++h) {
-            const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
-            const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
-            const auto vc = kvq::detail::quantize_values(values, v.data(), n);
-            std::vector<float> scores(g * n), weights(g * n), out(g * dim);
-            std::vector<uint8_t> prep;
-            kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, n, d.softmax_scale(), prep, scores.data(),
-                                             weights.data(), out.data());
-            double diff = 0, norm = 0;
-            for (int i = 0; i < g * dim; ++i) {
-                const double x = from_cache[size_t(h) * g * dim + i];
-                diff += (out[i] - x) * (out[i] - x);
-                norm += x * x;
+            const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
+            const size_t first = window ? n - window : 0;
+            for (int h = 0; h < d.kv_heads; ++h) {
+                const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
+                const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
+                const auto vc = kvq::detail::quantize_values(values, v.data(), n);
+                std::vector<float> scores(g * n), weights(g * n), out(g * dim);
+                std::vector<uint8_t> prep;
+                kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, first, n, d.softmax_scale(), prep,
+                                                 scores.data(), weights.data(), out.data());
+                double diff = 0, norm = 0;
+                for (int i = 0; i < g * dim; ++i) {
+                    const double x = from_cache[size_t(h) * g * dim + i];
+                    diff += (out[i] - x) * (out[i] - x);
+                    norm += x * x;
+                }
+                CHECK(std::sqrt(diff / norm) < 1e-4);
             }
-            CHECK(std::sqrt(diff / norm) < 1e-4);
         }
     }
+}
+
+TEST_CASE("sweep: a sliding-window layer is measured on its window, and full and window layers are reported apart") {
+    // Two layers of the same data; layer 1 has a window of 24 of the 64 tokens.
+    const auto src = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1");
+    kvq::KVData d = src;
+    d.name = "two";
+    d.layers = 2;
+    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
+    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
+    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
+    d.windows = {0, 24};
+    // The last 24 tokens alone, with the query at the end: what layer 1 should see.
+    kvq::KVData tail = src;
+    tail.name = "tail";
+    tail.tokens = 24;
+    tail.query_positions = {23};
+    const size_t row = size_t(src.kv_heads) * src.head_dim;
+    tail.k.assign(src.k.begin() + 40 * row, src.k.end());
+    tail.v.assign(src.v.begin() + 40 * row, src.v.end());
+    kvq::SweepOptions o;
+    o.timing = false;
+    o.formats = kvq::parse_kv_formats("q4_0/q4_0,turbo3/q4_0");
+    const auto r = kvq::run_sweep({d, src, tail}, o).rows;
+    REQUIRE(r.size() == 2 * 3 + 2 + 2);  // "two": all, full, window per format; then src and tail
+    for (int f = 0; f < 2; ++f) {
+        const auto &all = r[3 * f], &full = r[3 * f + 1], &window = r[3 * f + 2], &whole = r[6 + f], &last = r[8 + f];
+        CHECK(all.layers == "all");
+        CHECK(full.layers == "full");
+        CHECK(window.layers == "window");
+        CHECK(whole.layers == "all");
+        CHECK(all.errors.queries == full.errors.queries + window.errors.queries);
+        // Row-wise codecs: the full layer is the whole data, the window layer is the last 24 tokens alone.
+        CHECK(full.errors.kl.mean == doctest::Approx(whole.errors.kl.mean).epsilon(1e-9));
+        CHECK(window.errors.kl.mean == doctest::Approx(last.errors.kl.mean).epsilon(1e-9));
+        CHECK(window.errors.output_l2.mean == doctest::Approx(last.errors.output_l2.mean).epsilon(1e-9));
+        CHECK(std::fabs(window.errors.kl.mean - whole.errors.kl.mean) > 1e-3 * whole.errors.kl.mean);  // the window matters
+        CHECK(all.errors.kl.mean == doctest::Approx(0.5 * (full.errors.kl.mean + window.errors.kl.mean)).epsilon(1e-9));
+    }
+    const std::string table = kvq::format_sweep(kvq::run_sweep({d}, o), kvq::TableFormat::markdown);
+    CHECK(table.find("| two [window] | q4_0 | q4_0 |") != std::string::npos);
+    CHECK(table.find("| two [full] | turbo3 | q4_0 |") != std::string::npos);
 }

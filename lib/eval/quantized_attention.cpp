@@ -52,29 +52,31 @@ void softmax_rows(float* s, int n_q, size_t n, size_t stride) {
 }
 
 void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values, const std::vector<uint8_t>& v,
-                         const float* q, int n_q, size_t n_rows, float scale, std::vector<uint8_t>& prep,
+                         const float* q, int n_q, size_t first, size_t n_rows, float scale, std::vector<uint8_t>& prep,
                          float* scores, float* weights, float* out) {
-    const size_t d = keys.head_dim();
+    const size_t d = keys.head_dim(), n = n_rows - first;
     prep.resize(size_t(n_q) * keys.query_bytes());
     keys.prepare_queries(q, n_q, prep.data());
-    keys.score_rows(prep.data(), n_q, k.rows.data(), n_rows, scores, n_rows);
+    keys.score_rows(prep.data(), n_q, k.rows.data() + first * keys.row_bytes(), n, scores, n);
     if (!k.means.empty()) {
         // The score of a centered key adds q·mean of its block back (one dot product per block).
+        const size_t bt = k.block_tokens;
         for (int i = 0; i < n_q; ++i) {
-            for (size_t first = 0; first < n_rows; first += k.block_tokens) {
-                const float* mean = k.means.data() + (first / k.block_tokens) * d;
+            for (size_t start = first; start < n_rows;) {
+                const size_t block = start / bt, end = std::min(n_rows, (block + 1) * bt);
+                const float* mean = k.means.data() + block * d;
                 float dot = 0;
                 for (size_t j = 0; j < d; ++j) dot += q[i * d + j] * mean[j];
-                const size_t end = std::min(n_rows, first + k.block_tokens);
-                for (size_t r = first; r < end; ++r) scores[i * n_rows + r] += dot;
+                for (size_t r = start; r < end; ++r) scores[i * n + (r - first)] += dot;
+                start = end;
             }
         }
     }
-    const size_t n = size_t(n_q) * n_rows;
-    for (size_t i = 0; i < n; ++i) weights[i] = scores[i] *= scale;
-    softmax_rows(weights, n_q, n_rows, n_rows);
+    const size_t total = size_t(n_q) * n;
+    for (size_t i = 0; i < total; ++i) weights[i] = scores[i] *= scale;
+    softmax_rows(weights, n_q, n, n);
     std::fill(out, out + size_t(n_q) * d, 0.0f);
-    values.accumulate_rows(weights, n_rows, n_q, v.data(), n_rows, out);
+    values.accumulate_rows(weights, n, n_q, v.data() + first * values.row_bytes(), n, out);
     values.finish_accumulate(out, n_q);
 }
 

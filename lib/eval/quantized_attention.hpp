@@ -24,10 +24,11 @@ std::vector<uint8_t> quantize_values(const Codec& codec, const float* v, size_t 
 // Row-wise softmax in place over n columns of rows `stride` floats apart.
 void softmax_rows(float* s, int n_q, size_t n, size_t stride);
 
-// Decode attention of n_q queries (q: n_q × head_dim) over the first n_rows rows; writes the scaled
-// scores and weights (n_q × n_rows) and out (n_q × head_dim). prep: scratch of n_q × query_bytes().
+// Decode attention of n_q queries (q: n_q × head_dim) over rows first..n_rows−1 (first > 0: a sliding
+// window; centering blocks stay aligned to row 0, as in the cache); writes the scaled scores and weights
+// (n_q × (n_rows − first)) and out (n_q × head_dim). prep: scratch of n_q × query_bytes().
 void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values,
-                         const std::vector<uint8_t>& v, const float* q, int n_q, size_t n_rows, float scale,
-                         std::vector<uint8_t>& prep, float* scores, float* weights, float* out);
+                         const std::vector<uint8_t>& v, const float* q, int n_q, size_t first, size_t n_rows,
+                         float scale, std::vector<uint8_t>& prep, float* scores, float* weights, float* out);
 
 }  // namespace kvq::detail

@@ -64,6 +64,7 @@ def plot_sweep(rows: list[dict], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise SystemExit("kvq table --plot needs matplotlib: pip install matplotlib (or pip install 'kvq[plot]')") from e
+    rows = [r for r in rows if r.get("layers", "all") == "all"]  # not the [full]/[window] layer subsets
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     # The attention weights depend on the keys alone; the output on both.
     metrics = [
