@@ -237,3 +237,58 @@ TEST_CASE("sweep: a sliding-window layer is measured on its window, and full and
     CHECK(table.find("| two [window] | q4_0 | q4_0 |") != std::string::npos);
     CHECK(table.find("| two [full] | turbo3 | q4_0 |") != std::string::npos);
 }
+
+TEST_CASE("chanB keys: per-channel minimum and step per block, exact bits, and errors") {
+    // Two blocks of 32 rows, head_dim 8: channel c = offset_c + token-dependent variation.
+    const int d = 8, n = 40;  // the second block is partial (8 rows)
+    std::vector<float> k(size_t(n) * d);
+    for (int t = 0; t < n; ++t)
+        for (int c = 0; c < d; ++c) k[size_t(t) * d + c] = 100.0f * (c - 3) + (c + 1) * std::sin(0.37f * t + c);
+    for (int bits : {2, 4, 8}) {
+        CAPTURE(bits);
+        const auto q = kvq::detail::quantize_channel_keys(k.data(), n, d, bits, 32);
+        REQUIRE(q.mins.size() == size_t(2 * d));
+        for (int t = 0; t < n; ++t) {
+            const size_t b = t / 32;
+            for (int c = 0; c < d; ++c) {
+                const float step = q.steps[b * d + c], x = k[size_t(t) * d + c];
+                const float y = q.mins[b * d + c] + step * q.rows[size_t(t) * d + c];
+                CHECK(q.rows[size_t(t) * d + c] < (1 << bits));
+                // Half a step, plus the fp16 rounding of the minimum (|min| ≤ 600: 0.25) and of the step.
+                CHECK(std::fabs(y - x) <= 0.5f * step + 0.25f + (1 << bits) * step * 1e-3f);
+            }
+        }
+    }
+    const auto f = kvq::KVFormat::parse("chan4/q4_0");
+    CHECK(f.channel_bits == 4);
+    CHECK(f.key_label() == "chan4");
+    CHECK(f.key_bits(128, 32) == 5.0);
+    CHECK(f.key_bits(128, 64) == 4.5);
+    CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("chan4+center/q4_0"), doctest::Contains("+center does not apply"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("chan9/q4_0"), doctest::Contains("chan2 .. chan8"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("chan4+rot/q4_0"), doctest::Contains("chan2 .. chan8"), std::invalid_argument);
+    CHECK_THROWS_AS(kvq::KVFormat::parse("q4_0/chan4"), std::invalid_argument);
+    std::vector<float> big(32 * 8, 1.0f);
+    big[5] = 1e6f;
+    CHECK_THROWS_WITH_AS(kvq::detail::quantize_channel_keys(big.data(), 32, 8, 4, 32), doctest::Contains("beyond fp16"), std::invalid_argument);
+}
+
+TEST_CASE("chanB keys in the sweep: scores are min + step·code dotted with q; on llm keys chan4 beats q4_0 at 5 bits") {
+    kvq::SweepOptions o;
+    o.formats = kvq::parse_kv_formats("chan4/f32,q4_0+rot+center/f32,q4_0/f32,chan8/f32,chan2/f32");
+    o.timing = true;  // chanB rows are not timed (no cache holds them); the others are
+    o.timing_repeats = 1;
+    const auto r = kvq::run_sweep({kvq::make_dataset("llm:layers=1,kv_heads=2,tokens=512")}, o).rows;
+    REQUIRE(r.size() == 5);
+    MESSAGE("KL chan4 " << r[0].errors.kl.mean << ", q4_0+rot+center " << r[1].errors.kl.mean << ", q4_0 " << r[2].errors.kl.mean
+                        << ", chan8 " << r[3].errors.kl.mean << ", chan2 " << r[4].errors.kl.mean);
+    CHECK(r[0].error.empty());
+    CHECK(r[0].key_bits == 5.0);
+    CHECK(r[0].decode_seconds == 0.0);
+    CHECK(r[1].decode_seconds > 0.0);
+    CHECK(r[0].errors.kl.mean < r[2].errors.kl.mean);
+    CHECK(r[3].errors.kl.mean < 0.01 * r[0].errors.kl.mean);  // 8-bit codes: far below 4-bit
+    CHECK(r[4].errors.kl.mean > r[0].errors.kl.mean);
+    CHECK(kvq::kv_bytes_per_token(kvq::model_preset("llama-3-8b"), kvq::KVFormat::parse("chan4/f16"), 32) ==
+          doctest::Approx(32 * 8 * (128 * 4 / 8.0 + 4.0 * 128 / 32 + 256)));
+}

@@ -33,6 +33,7 @@ std::string KVFormat::key_label() const { return key_codec + (center_keys ? std:
 std::string KVFormat::label() const { return key_label() + "/" + value_codec; }
 
 double KVFormat::key_bits(int head_dim, int block_tokens) const {
+    if (channel_bits) return channel_bits + 32.0 / block_tokens;  // fp16 min and step per channel per block
     const double bits = Codec::make(key_codec, head_dim).bits_per_value();
     return center_keys ? bits + 16.0 / block_tokens : bits;
 }
@@ -53,6 +54,19 @@ KVFormat KVFormat::parse(std::string_view spec) {
     }
     f.key_codec = std::string(key);
     f.value_codec = std::string(spec.substr(slash + 1));
+    if (f.key_codec.starts_with("chan")) {
+        const std::string b = f.key_codec.substr(4);
+        if (b.size() != 1 || b[0] < '2' || b[0] > '8') {
+            throw std::invalid_argument("K/V pair '" + std::string(spec) + "': per-channel keys are chan2 .. chan8 (bits per code), got '" +
+                                        f.key_codec + "'");
+        }
+        if (f.center_keys) {
+            throw std::invalid_argument("K/V pair '" + std::string(spec) + "': chanB keys store a per-channel minimum already; +center does not apply");
+        }
+        f.channel_bits = b[0] - '0';
+        check_codec_name(f.value_codec, spec);
+        return f;
+    }
     if (f.value_codec.ends_with(kCenter)) {
         throw std::invalid_argument("K/V pair '" + std::string(spec) + "': +center applies to keys only");
     }

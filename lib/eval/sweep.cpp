@@ -160,7 +160,8 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
         for (const auto& f : formats) {
             Prepared p{f, {}, {}, {}};
             try {
-                p.keys = Codec::make(f.key_codec, d.head_dim, options.seed);
+                // chanB keys are quantized by the sweep itself; the f32 codec only carries the head size.
+                p.keys = Codec::make(f.channel_bits ? "f32" : f.key_codec, d.head_dim, options.seed);
                 p.values = Codec::make(f.value_codec, d.head_dim, options.seed);
             } catch (const std::invalid_argument& e) {
                 p.error = e.what();
@@ -195,7 +196,11 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
                     if (!p.error.empty()) continue;
                     auto kc = key_codes.find(p.format.key_label());
                     if (kc == key_codes.end())
-                        kc = key_codes.emplace(p.format.key_label(), detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens)).first;
+                        kc = key_codes.emplace(p.format.key_label(),
+                                               p.format.channel_bits
+                                                   ? detail::quantize_channel_keys(k.data(), n_rows, dim, p.format.channel_bits, options.block_tokens)
+                                                   : detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens))
+                                 .first;
                     auto vc = value_codes.find(p.format.value_codec);
                     if (vc == value_codes.end()) vc = value_codes.emplace(p.format.value_codec, detail::quantize_values(*p.values, v.data(), n_rows)).first;
                     for (int i = 0; i < d.n_queries(); ++i) {
@@ -222,7 +227,7 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
             std::vector<const Prepared*> timed;
             size_t baseline_index = SIZE_MAX;
             for (const auto& p : prepared) {
-                if (!p.error.empty()) continue;
+                if (!p.error.empty() || p.format.channel_bits) continue;  // KVCache cannot hold chanB keys: not timed
                 if (p.format.label() == f16.label()) baseline_index = timed.size();
                 timed.push_back(&p);
             }
@@ -234,7 +239,7 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
             const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens, options.seed);
             f16_seconds = t[baseline_index];
             for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
-                if (prepared[f].error.empty()) seconds[f] = t[j++];
+                if (prepared[f].error.empty() && !prepared[f].format.channel_bits) seconds[f] = t[j++];
             }
             step();
         }
