@@ -292,3 +292,17 @@ TEST_CASE("chanB keys in the sweep: scores are min + step·code dotted with q; o
     CHECK(kvq::kv_bytes_per_token(kvq::model_preset("llama-3-8b"), kvq::KVFormat::parse("chan4/f16"), 32) ==
           doctest::Approx(32 * 8 * (128 * 4 / 8.0 + 4.0 * 128 / 32 + 256)));
 }
+
+TEST_CASE("+center on the rotating codecs: on keys with a large per-channel bias it removes what the rotation spreads") {
+    kvq::SweepOptions o;
+    o.timing = false;
+    o.formats = kvq::parse_kv_formats("turbo4/f32,turbo4+center/f32,turbo3:scale=ls/f32,turbo3:scale=ls+center/f32,polar/f32,polar+center/f32");
+    const auto r = kvq::run_sweep({kvq::make_dataset("llm:layers=1,kv_heads=2,tokens=512,key_bias=4,rope=0")}, o).rows;
+    REQUIRE(r.size() == 6);
+    for (size_t i = 0; i < 6; i += 2) {
+        CAPTURE(r[i].format.label());
+        MESSAGE(r[i].format.label() << ": KL " << r[i].errors.kl.mean << ", centered " << r[i + 1].errors.kl.mean);
+        CHECK(r[i + 1].key_bits == doctest::Approx(r[i].key_bits + 0.5));
+        CHECK(r[i + 1].errors.kl.mean < 0.5 * r[i].errors.kl.mean);
+    }
+}

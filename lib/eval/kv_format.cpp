@@ -104,10 +104,25 @@ std::vector<KVFormat> default_kv_formats() {
     // The rotating families at the budgets that compare with the rows above (each only if registered):
     // polar and TurboQuant-MSE for K and V, TurboQuant-prod (unbiased q·k) for K with MSE values, and
     // 8-bit keys with 3-bit values.
-    static const char* const rotating[][2] = {{"polar", "polar"},      {"turbo4", "turbo4"}, {"turbo3", "turbo3"},
-                                              {"turbo4_qjl", "turbo4"}, {"q8_0", "turbo3"}};
+    // Then the pairs that real dumps chose (docs/accuracy.md, Gemma 3 270M): centered turbo keys with the
+    // least-squares scale, 5-bit rotated centered keys with 3-bit polar values (4.5 bits per value, the
+    // best that KVCache holds), and per-channel keys (chanB: measured here, not yet in KVCache) at 4.25
+    // and 3.5 bits per value.
+    static const char* const rotating[][2] = {{"polar", "polar"},
+                                              {"turbo4", "turbo4"},
+                                              {"turbo3", "turbo3"},
+                                              {"turbo4_qjl", "turbo4"},
+                                              {"q8_0", "turbo3"},
+                                              {"turbo4:scale=ls+center", "turbo4:scale=ls"},
+                                              {"q5_0+rot+center", "polar:budget=3"},
+                                              {"chan4", "polar:budget=3.5"},
+                                              {"chan3", "polar:budget=3"}};
+    auto base = [](std::string_view spec) {
+        spec = spec.substr(0, spec.find_first_of(":+"));
+        return spec.starts_with("chan") ? std::string_view("f32") : spec;  // chanB keys need no codec
+    };
     for (const auto& [k, v] : rotating) {
-        if (have(k) && have(v)) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
+        if (have(base(k)) && have(base(v))) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
     }
     // Any other codec registered later shows up as K and V of its own.
     static const std::string_view listed[] = {"f32",   "f16",    "bf16",   "q8_0",     "q4_0",       "q4_1",
