@@ -230,6 +230,7 @@ std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_vie
                                       int head_dim, uint64_t seed) {
     const std::string n(name);
     TurboConfig cfg = config;
+    if (cfg.qjl) cfg.scale = TurboScale::norm;  // the residual sketch is of the unit vector: the norm scales it
     if (!params.empty()) {
         const std::string p(params);
         if (config.qjl) throw std::invalid_argument("codec '" + n + "' takes no parameters, got '" + p + "'");

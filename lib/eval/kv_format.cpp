@@ -104,16 +104,15 @@ std::vector<KVFormat> default_kv_formats() {
     // The rotating families at the budgets that compare with the rows above (each only if registered):
     // polar and TurboQuant-MSE for K and V, TurboQuant-prod (unbiased q·k) for K with MSE values, and
     // 8-bit keys with 3-bit values.
-    // Then the pairs that real dumps chose (docs/accuracy.md, Gemma 3 270M): centered turbo keys with the
-    // least-squares scale, 5-bit rotated centered keys with 3-bit polar values (4.5 bits per value, the
-    // best that KVCache holds), and per-channel keys (chanB: measured here, not yet in KVCache) at 4.25
-    // and 3.5 bits per value.
+    // Then the pairs that real dumps chose (docs/accuracy.md, Gemma 3 270M): centered turbo keys, 5-bit
+    // rotated centered keys with 3-bit polar values (4.5 bits per value, the best that KVCache holds), and
+    // per-channel keys (chanB: measured here, not yet in KVCache) at 4.25 and 3.5 bits per value.
     static const char* const rotating[][2] = {{"polar", "polar"},
                                               {"turbo4", "turbo4"},
                                               {"turbo3", "turbo3"},
                                               {"turbo4_qjl", "turbo4"},
                                               {"q8_0", "turbo3"},
-                                              {"turbo4:scale=ls+center", "turbo4:scale=ls"},
+                                              {"turbo4+center", "turbo4"},
                                               {"q5_0+rot+center", "polar:budget=3"},
                                               {"chan4", "polar:budget=3.5"},
                                               {"chan3", "polar:budget=3"}};
