@@ -55,7 +55,7 @@ QuantizedKeys quantize_channel_keys(const float* k, size_t n_rows, int head_dim,
             const float mn = f16(lo), step = f16((hi - lo) / static_cast<float>(top));
             if (!std::isfinite(mn) || !std::isfinite(step)) {
                 throw std::invalid_argument("chan" + std::to_string(bits) + " keys: channel " + std::to_string(j) + " of block " +
-                                            std::to_string(b) + " has a minimum or step beyond fp16");
+                                            std::to_string(b) + " has a minimum or step beyond fp16 (keys not finite, or a range over 65504)");
             }
             out.mins[b * d + j] = mn;
             out.steps[b * d + j] = step;
