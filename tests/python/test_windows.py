@@ -78,3 +78,12 @@ def test_chan_keys_are_not_timed_and_bad_specs_are_named(capsys):
     assert rows[0]["decode_vs_f16"] is None and rows[1]["decode_vs_f16"] is not None
     assert cli.main(["table", "--data", "gaussian:tokens=64", "--pairs", "chan4+center/q4_0", "--no-timing"]) == 1
     assert "+center does not apply" in capsys.readouterr()[1]
+
+
+def test_block_tokens_sets_the_centering_and_chan_blocks(capsys):
+    rows = table_csv(capsys, "gaussian:tokens=128", "chan4/q4_0,q4_0+center/q4_0")
+    assert [float(r["key_bits"]) for r in rows] == [5.0, 5.0]
+    assert cli.main(["table", "--data", "gaussian:tokens=128", "--pairs", "chan4/q4_0,q4_0+center/q4_0", "--format", "csv",
+                     "--no-timing", "--block-tokens", "64"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr()[0])))
+    assert [float(r["key_bits"]) for r in rows] == [4.5, 4.75]
