@@ -52,6 +52,46 @@ void check_size(const std::string& context, int layers, int tokens, int kv_heads
     }
 }
 
+// A window in tokens: a non-negative integer (0 = full attention).
+int window_value(const detail::JsonValue& v, const std::string& what) {
+    const double* x = v.as_number();
+    if (!x || !(*x >= 0) || *x != std::floor(*x) || *x > 2147483647.0) bad(what + " must be a non-negative integer (0 = full attention)");
+    return static_cast<int>(*x);
+}
+
+// The per-layer sliding windows of a dump's meta.json: "windows" (one integer per layer, 0 = full), or
+// Hugging Face's "sliding_window" with "layer_types"; empty when neither is given.
+std::vector<int> read_windows(const detail::JsonValue& json, int layers, const std::string& file) {
+    std::vector<int> out;
+    const detail::JsonValue* windows = json.find("windows");
+    if (windows && !windows->is_null()) {
+        const auto* list = windows->as_array();
+        if (!list) bad(file + ": 'windows' must be a list of one integer per layer (0 = full attention)");
+        for (size_t l = 0; l < list->size(); ++l) out.push_back(window_value((*list)[l], file + ": windows[" + std::to_string(l) + "]"));
+        if (out.size() != size_t(layers)) {
+            bad(file + ": 'windows' has " + std::to_string(out.size()) + " entries but k.npy has " + std::to_string(layers) + " layers");
+        }
+        return out;
+    }
+    const detail::JsonValue* sliding = json.find("sliding_window");
+    const detail::JsonValue* types = json.find("layer_types");
+    const bool has_sliding = sliding && !sliding->is_null(), has_types = types && !types->is_null();
+    if (!has_sliding && !has_types) return out;
+    if (!has_sliding || !has_types) bad(file + ": 'sliding_window' and 'layer_types' go together (or give 'windows')");
+    const int w = window_value(*sliding, file + ": 'sliding_window'");
+    const auto* list = types->as_array();
+    if (!list || list->size() != size_t(layers)) {
+        bad(file + ": 'layer_types' must be a list of one entry per layer (" + std::to_string(layers) + ")");
+    }
+    for (size_t l = 0; l < list->size(); ++l) {
+        const std::string* t = (*list)[l].as_string();
+        if (t && *t == "sliding_attention") out.push_back(w);
+        else if (t && *t == "full_attention") out.push_back(0);
+        else bad(file + ": layer_types[" + std::to_string(l) + "] must be \"sliding_attention\" or \"full_attention\"");
+    }
+    return out;
+}
+
 }  // namespace
 
 float KVData::softmax_scale() const { return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
@@ -99,6 +139,13 @@ void KVData::validate() const {
     }
     if (q.size() != size_t(layers) * query_positions.size() * q_heads * head_dim) {
         bad("data set '" + name + "': queries do not match the shape");
+    }
+    if (!windows.empty() && windows.size() != size_t(layers)) {
+        bad("data set '" + name + "': " + std::to_string(windows.size()) + " sliding windows for " + std::to_string(layers) +
+            " layers (give one per layer, 0 = full attention, or none)");
+    }
+    for (size_t l = 0; l < windows.size(); ++l) {
+        if (windows[l] < 0) bad("data set '" + name + "': the sliding window of layer " + std::to_string(l) + " is negative");
     }
 }
 
@@ -202,6 +249,7 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
             if (!scale->as_number() || !(*scale->as_number() > 0)) bad(meta.string() + ": 'scale' must be a positive number");
             d.scale = static_cast<float>(*scale->as_number());
         }
+        d.windows = read_windows(json, d.layers, meta.string());
     }
     d.validate();
     return d;

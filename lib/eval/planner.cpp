@@ -42,8 +42,8 @@ std::string lower(std::string_view s) {
 // Bytes per token of one layer (all its kv heads).
 double layer_bytes_per_token(const ModelShape& m, const KVFormat& f, int block_tokens) {
     const int kd = m.key_row_dim();
-    const Codec key = Codec::make(f.key_codec, kd);
-    double bytes = static_cast<double>(key.row_bytes());
+    double bytes = f.channel_bits ? kd * f.channel_bits / 8.0 + 4.0 * kd / block_tokens  // codes; fp16 min and step per channel per block
+                                  : static_cast<double>(Codec::make(f.key_codec, kd).row_bytes());
     if (f.center_keys) bytes += 2.0 * kd / block_tokens;  // one fp16 mean per channel per block
     if (!m.is_mla()) bytes += static_cast<double>(Codec::make(f.value_codec, m.value_row_dim()).row_bytes());
     return bytes * (m.is_mla() ? 1 : m.n_kv_heads);

@@ -172,6 +172,7 @@ class Dataset:
     q_heads: int
     head_dim: int
     query_positions: list[int]
+    windows: list[int]  # sliding window per layer in tokens (0 = full); empty = every layer full
     @property
     def k(self) -> npt.NDArray[np.float32]: ...
     @property

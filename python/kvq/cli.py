@@ -77,6 +77,7 @@ def plot_sweep(rows: list[dict], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise SystemExit("kvq table --plot needs matplotlib: pip install matplotlib (or pip install 'kvq[plot]')") from e
+    rows = [r for r in rows if r.get("layers", "all") == "all"]  # not the [full]/[window] layer subsets
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     # The attention weights depend on the keys alone; the output on both.
     metrics = [
@@ -121,6 +122,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         timing=not args.no_timing,
         repeats=args.repeats,
         data_seed=args.seed,
+        block_tokens=args.block_tokens,
         progress=ProgressBar() if show_progress else None,
     )
     text = result.format(args.format)
@@ -208,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--plot", metavar="FILE.png", help="draw error against bits per value into FILE (.png, .pdf, .svg; matplotlib)")
     t.add_argument("--seed", type=_seed, default=0, help="seed of the synthetic data sets, 0..2^64-1 (default 0)")
     t.add_argument("--no-timing", action="store_true", help="skip the decode timing")
+    t.add_argument("--block-tokens", type=_positive, default=32,
+                   help="tokens per cache block: the +center and chanB blocks (default 32)")
     t.add_argument("--repeats", type=_positive, default=10, help="decode timing: best of this many samples (default 10)")
     t.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")
     t.add_argument("--no-progress", dest="progress", action="store_false")
