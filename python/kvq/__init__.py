@@ -43,6 +43,20 @@ from ._core import (
     sweep,
 )
 
+
+def __getattr__(name):
+    # torch and transformers are imported only when the Hugging Face parts are used: `import kvq` never needs them.
+    if name == "hf":
+        import importlib
+
+        return importlib.import_module(".hf", __name__)
+    if name == "eval_model":
+        from .model_eval import eval_model
+
+        return eval_model
+    raise AttributeError(f"module 'kvq' has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_SEED",
     "BadCacheFile",
@@ -62,6 +76,7 @@ __all__ = [
     "dataset_kinds",
     "default_pairs",
     "dequantize",
+    "eval_model",
     "model_presets",
     "model_shape",
     "plan",
