@@ -26,7 +26,6 @@ from ._core import (
     PoolExhausted,
     SweepResult,
     __version__,
-    attention_error,
     codec_info,
     codec_table,
     codecs,
@@ -38,10 +37,10 @@ from ._core import (
     model_shape,
     plan,
     quantize,
-    reference_attention,
     simd_level,
     sweep,
 )
+from .attention import attention_error, reference_attention
 
 
 def __getattr__(name):
