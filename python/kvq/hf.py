@@ -27,6 +27,11 @@ Tensors may be float32, float16 or bfloat16 (converted to float32 at the boundar
 back); they must be on the CPU. Chunked attention (Llama 4), attention sinks, linear-attention layers and
 training (dropout, gradients through the cache) are refused with the reason.
 
+Errors inside a forward pass (an unsupported mask, a scale that differs, a full pool) leave the earlier
+layers holding the step's tokens and the others not: the cache then refuses further use, and a new one is
+needed. Errors found before anything is stored (shapes, devices, the attention implementation) change
+nothing.
+
 Key codecs may end in ``+center`` (per-block key centering, ``center_keys=True``), as in ``kvq table``.
 ``layer_codecs={layer: "K/V"}`` stores some layers with another pair (a second kvq cache holds them): the
 per-layer sensitivity runs of ``kvq eval --per-layer`` quantize one layer and keep the others in f32.
@@ -47,7 +52,7 @@ try:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "kvq.hf needs torch and transformers: pip install 'kvq-cache[hf]' (or pip install torch transformers)"
+        "kvq.hf needs torch and transformers: pip install '.[hf]' (distribution kvq-cache) (or pip install torch transformers)"
     ) from e
 
 from . import _core
@@ -274,6 +279,7 @@ class KVQCache(Cache):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv, head_dim
         self.scale, self.softcap, self.windows = float(scale), float(softcap), windows
         self.block_tokens = int(self._groups[0].cache.config["block_tokens"])
+        self._failed = ""
         super().__init__(layers=[_KVQLayer(i, w) for i, w in enumerate(windows)])
 
     # ----------------------------------------------------------------------------------- information
@@ -336,8 +342,13 @@ class KVQCache(Cache):
         if h != self.n_kv_heads or d != self.head_dim or value_states.shape != key_states.shape:
             raise ValueError(f"kvq.hf.KVQCache: keys {tuple(key_states.shape)}, values {tuple(value_states.shape)}; "
                              f"expected (batch, {self.n_kv_heads}, tokens, {self.head_dim}) both")
+        if self._failed:
+            raise RuntimeError(f"kvq.hf.KVQCache: an earlier forward failed inside the cache ({self._failed}); its "
+                               "rows may hold part of that step: make a new KVQCache")
         layer = self.layers[layer_idx]
         if layer.pending is not None:
+            for key in [k for k, e in _PENDING.items() if e[0] is self]:
+                del _PENDING[key]
             raise RuntimeError(f"kvq.hf: layer {layer_idx}'s last keys never reached kvq attention; the model must "
                                "use attn_implementation='kvq' on every layer")
         self._ensure_rows(b)
@@ -373,6 +384,15 @@ class KVQCache(Cache):
         past = layer.length - q
         valid_new = self._valid_new(layer, attention_mask, b, past, q)
         qn, kn, vn = _to_numpy(query), _to_numpy(key), _to_numpy(value)
+        out = self._append_and_attend(layer, group, qn, kn, vn, valid_new)
+        new = torch.from_numpy(valid_new)
+        layer.valid = new if layer.valid is None else torch.cat([layer.valid, new], dim=1)
+        return torch.from_numpy(out).to(query.dtype)
+
+    def _append_and_attend(self, layer: _KVQLayer, group: _Group, qn: np.ndarray, kn: np.ndarray, vn: np.ndarray,
+                           valid_new: np.ndarray) -> np.ndarray:
+        layer_idx = layer.index
+        b, q, h, d = qn.shape
         out = np.zeros((b, q, h, d), dtype=np.float32)
         for row in range(b):
             idx = np.flatnonzero(valid_new[row])
@@ -394,9 +414,7 @@ class KVQCache(Cache):
                 group.cache.append(layer_idx, ks[done:done + c], vs[done:done + c], seq=seq)
                 out[row, idx[done:done + c]] = group.cache.attend_prefill(layer_idx, qs[done:done + c], seq=seq)
                 done += c
-        new = torch.from_numpy(valid_new)
-        layer.valid = new if layer.valid is None else torch.cat([layer.valid, new], dim=1)
-        return torch.from_numpy(out).to(query.dtype)
+        return out
 
     def _valid_new(self, layer: _KVQLayer, mask: torch.Tensor | None, b: int, past: int, q: int) -> np.ndarray:
         """Which of the q new tokens of each row are real, from the mask's diagonal; then checks that the mask
@@ -561,6 +579,10 @@ def kvq_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.T
             raise ValueError(f"kvq attention: layer {layer_idx} asks for a sliding window of {sliding_window}, the "
                              f"KVQCache has {cache.windows[layer_idx] or None} from the config")
         out = cache._attend(layer_idx, query, key, value, attention_mask)
+    except Exception as e:
+        # This forward's earlier layers have stored their tokens, this one has not: the cache is out of step.
+        cache._failed = cache._failed or f"{type(e).__name__}: {e}"
+        raise
     finally:
         cache.layers[layer_idx].pending = None
     return out, None

@@ -222,6 +222,9 @@ def test_wrong_use_raises_clear_errors():
     with pytest.raises(ValueError, match="unsupported attention mask"):
         with torch.no_grad():
             model(ids, attention_mask=bidirectional, use_cache=True, **cache_kw(model, cache))
+    with pytest.raises(RuntimeError, match="an earlier forward failed inside the cache"):
+        with torch.no_grad():
+            model(ids, use_cache=True, **cache_kw(model, cache))
     # An additive bias is not a mask.
     cache = kvq.hf.KVQCache(model.config)
     bias = torch.zeros((1, 1, 12, 12)).masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), float("-inf"))
