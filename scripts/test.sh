@@ -4,6 +4,8 @@
 # (pytest), then the sanitizer runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency
 # tests under TSan) and a short run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each,
 # 30 here). KVQ_SANITIZE_ALL=0 skips the sanitizer and fuzz runs (a quick local run; CI runs them).
+# The Python tests include kvq.hf on tiny random transformers models and one test on the real Gemma 3 270M
+# GGUF model (pytest marker real_model, ~1-2 min; KVQ_PYTEST_ARGS='-m "not real_model"' leaves it out).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
@@ -18,7 +20,7 @@ venv=$build/venv
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
   --config-settings=build-dir="$build/py-{wheel_tag}" "$root"
-(cd "$root" && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest tests/python)
+(cd "$root" && PATH="$venv/bin:$PATH" eval "\"$venv/bin/python\" -m pytest tests/python ${KVQ_PYTEST_ARGS:-}")
 
 if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
   "$root/scripts/sanitize.sh" all

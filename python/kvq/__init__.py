@@ -26,7 +26,6 @@ from ._core import (
     PoolExhausted,
     SweepResult,
     __version__,
-    attention_error,
     codec_info,
     codec_table,
     codecs,
@@ -38,7 +37,6 @@ from ._core import (
     model_shape,
     plan,
     quantize,
-    reference_attention,
     simd_level,
     simd_report,
     selftest,
@@ -46,6 +44,21 @@ from ._core import (
     force_simd_level,
     sweep,
 )
+from .attention import attention_error, reference_attention
+
+
+def __getattr__(name):
+    # torch and transformers are imported only when the Hugging Face parts are used: `import kvq` never needs them.
+    if name == "hf":
+        import importlib
+
+        return importlib.import_module(".hf", __name__)
+    if name == "eval_model":
+        from .model_eval import eval_model
+
+        return eval_model
+    raise AttributeError(f"module 'kvq' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_SEED",
@@ -66,6 +79,7 @@ __all__ = [
     "dataset_kinds",
     "default_pairs",
     "dequantize",
+    "eval_model",
     "model_presets",
     "model_shape",
     "plan",

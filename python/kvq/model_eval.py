@@ -1,0 +1,268 @@
+"""Model-level evaluation of K/V codec pairs (``kvq eval``, ``kvq.eval_model``), as llama.cpp's
+``llama-perplexity --kl-divergence`` reports it: perplexity of a text, mean and 99th-percentile KL divergence
+of the next-token distributions against the same model with an unquantized cache, and how often the most
+likely next token is the same.
+
+The text is cut into chunks of ``ctx`` tokens (the first token of each chunk is the tokenizer's BOS token
+when it has one); each chunk is one forward pass on a fresh cache, so every query attends to the quantized
+keys and values of the chunk as kvq stores them, and the second half of each chunk is scored (every scored
+token has at least ctx/2 tokens of context; llama-perplexity does the same). The reference is the same model
+on an f32/f32 kvq cache (``baseline="f32/f32"``, attention on float32 rows: the difference is the codecs
+alone) or on transformers' own cache and sdpa attention (``baseline="hf"``).
+
+``per_layer=True`` adds, for each pair and each layer, the KL when only that layer is quantized with the pair
+and every other layer is kept in f32 (``KVQCache(layer_codecs=...)``).
+
+Needs torch and transformers (``pip install 'kvq-cache[hf]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+DEFAULT_EVAL_PAIRS = [
+    "q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q4_0+rot/q4_0", "q4_0+rot+center/q4_0",
+    "turbo4/turbo4", "turbo3.5/turbo3.5", "polar/polar",
+]
+
+
+def load_model(spec: str | Path, dtype: str = "float32"):
+    """A transformers causal LM and its tokenizer from a local directory or a GGUF file, with kvq attention.
+    Nothing is downloaded (local files only)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import hf  # noqa: F401  registers attn_implementation="kvq"
+
+    path = Path(spec)
+    if not path.exists():
+        raise ValueError(f"kvq eval: {spec} is neither a model directory nor a GGUF file (nothing is downloaded)")
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"kvq eval: dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    kw: dict[str, Any] = dict(local_files_only=True)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"kvq eval: {spec} is a file but not a .gguf file")
+        root, kw["gguf_file"] = path.parent, path.name
+    else:
+        root = path
+    tokenizer = AutoTokenizer.from_pretrained(root, **kw)
+    model = AutoModelForCausalLM.from_pretrained(root, attn_implementation="kvq", dtype=torch_dtype, **kw)
+    model.eval()
+    return model, tokenizer
+
+
+@dataclass
+class EvalResult:
+    """Rows of the table (one per K/V pair, the baseline first) and, with per_layer, rows per (pair, layer)."""
+
+    rows: list[dict]
+    per_layer: list[dict] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    COLUMNS = [("pair", "K/V"), ("ppl", "PPL"), ("ppl_ratio", "PPL ratio"), ("kl_mean", "KL mean"),
+               ("kl_p99", "KL p99"), ("same_top", "same top %"), ("kib_per_token", "KiB/token"),
+               ("tokens_per_s", "tokens/s")]
+    LAYER_COLUMNS = [("pair", "K/V"), ("layer", "layer"), ("window", "window"), ("kl_mean", "KL mean"),
+                     ("kl_p99", "KL p99"), ("same_top", "same top %"), ("ppl", "PPL")]
+
+    def format(self, fmt: str = "markdown", table: str = "pairs") -> str:
+        rows, cols = (self.rows, self.COLUMNS) if table == "pairs" else (self.per_layer, self.LAYER_COLUMNS)
+        if fmt == "json":
+            return json.dumps({"info": self.info, "rows": self.rows, "per_layer": self.per_layer}, indent=1) + "\n"
+        cells = [[_cell(r[k], k) for k, _ in cols] for r in rows]
+        if fmt == "csv":
+            lines = [",".join(k for k, _ in cols)] + [",".join(c) for c in cells]
+            return "\n".join(lines) + "\n"
+        if fmt != "markdown":
+            raise ValueError(f"format must be markdown, csv or json, got {fmt!r}")
+        head = "| " + " | ".join(h for _, h in cols) + " |"
+        sep = "|" + "|".join("---" if i < (1 if table == "pairs" else 1) else "--:" for i in range(len(cols))) + "|"
+        return "\n".join([head, sep] + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
+
+
+def _cell(v, key: str) -> str:
+    if isinstance(v, str):
+        return v
+    if v is None:
+        return ""
+    if key in ("kl_mean", "kl_p99"):
+        return f"{v:.2e}" if v else "0"
+    if key == "same_top":
+        return f"{v:.2f}"
+    if key in ("ppl", "ppl_ratio"):
+        return f"{v:.4f}"
+    if key == "kib_per_token":
+        return f"{v:.2f}"
+    if key == "tokens_per_s":
+        return f"{v:.0f}"
+    return str(v)
+
+
+class _Stats:
+    def __init__(self):
+        self.nll, self.kl, self.same, self.seconds, self.tokens, self.bpt = [], [], 0, 0.0, 0, None
+
+    def row(self, label: str, baseline_ppl: float | None) -> dict:
+        nll = np.concatenate(self.nll)
+        kl = np.concatenate(self.kl) if self.kl else np.zeros_like(nll)
+        ppl = float(math.exp(nll.mean()))
+        return {
+            "pair": label, "ppl": ppl, "ppl_ratio": ppl / baseline_ppl if baseline_ppl else 1.0,
+            "kl_mean": float(kl.mean()), "kl_p99": float(np.percentile(kl, 99)),
+            "same_top": 100.0 * self.same / nll.size, "kib_per_token": self.bpt / 1024 if self.bpt else None,
+            "tokens_per_s": self.tokens / self.seconds if self.seconds else None, "scored": int(nll.size),
+        }
+
+
+def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequence[int] | None = None,
+               pairs: Sequence[str] | None = None, ctx: int = 1024, max_chunks: int | None = None,
+               baseline: str = "f32/f32", per_layer: bool = False, per_layer_pairs: Sequence[str] | None = None,
+               progress: Callable[[int, int], None] | None = None, **cache_config) -> EvalResult:
+    """Perplexity, KL (mean, p99) against the baseline and same-top-token % per K/V pair (see the module
+    docstring). ``model``: a transformers causal LM (loaded with attn_implementation="kvq", or it is switched);
+    ``text`` (with ``tokenizer``) or ``tokens``; ``cache_config``: kvq.KVCache keywords for every cache."""
+    import torch
+
+    from . import hf
+
+    if (text is None) == (tokens is None):
+        raise ValueError("eval_model: give text (with a tokenizer) or tokens")
+    if ctx < 8:
+        raise ValueError(f"eval_model: ctx must be at least 8 tokens, got {ctx}")
+    pairs = list(pairs) if pairs is not None else list(DEFAULT_EVAL_PAIRS)
+    for p in pairs + ([] if baseline == "hf" else [baseline]):
+        hf._pair(p)
+    if text is not None:
+        if tokenizer is None:
+            raise ValueError("eval_model: text needs the tokenizer")
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    tokens = [int(t) for t in tokens]
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    body = ctx - 1 if bos is not None else ctx
+    n_chunks = len(tokens) // body
+    if max_chunks is not None:
+        n_chunks = min(n_chunks, max_chunks)
+    if n_chunks < 1:
+        raise ValueError(f"eval_model: {len(tokens)} tokens are fewer than one chunk of {ctx}")
+    first = ctx // 2  # positions first .. ctx-2 predict tokens first+1 .. ctx-1
+    keep = ctx - first
+
+    config = model.config
+    n_layers = config.get_text_config(decoder=True).num_hidden_layers
+    layer_pairs = list(per_layer_pairs) if per_layer_pairs is not None else pairs
+    runs: list[tuple[str, str | None, dict | None, int | None]] = [(p, p, None, None) for p in pairs]
+    if per_layer:
+        runs += [(p, "f32/f32", {l: p}, l) for p in layer_pairs for l in range(n_layers)]
+    stats = {i: _Stats() for i in range(len(runs))}
+    base = _Stats()
+    total, done = n_chunks * (1 + len(runs)), 0
+
+    def forward(ids, pair: str | None, layer_codecs):
+        if pair is None:  # transformers' own cache and attention
+            model.set_attn_implementation("sdpa")
+            try:
+                t0 = time.perf_counter()
+                logits = model(ids, use_cache=True, logits_to_keep=keep).logits[0, :-1]
+                return logits, time.perf_counter() - t0, None
+            finally:
+                model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+        k, v = hf._pair(pair)
+        cache = hf.KVQCache(config, k, v, max_batch_size=1, layer_codecs=layer_codecs, **cache_config)
+        t0 = time.perf_counter()
+        logits = model(ids, use_cache=True, logits_to_keep=keep, **{cache_kw: cache}).logits[0, :-1]
+        return logits, time.perf_counter() - t0, cache.bytes_per_token()
+
+    cache_kw = hf.cache_keyword(model)
+    if getattr(config, "_attn_implementation", None) != hf.ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+    slice_rows = 64
+    with torch.no_grad():
+        for c in range(n_chunks):
+            chunk = tokens[c * body:(c + 1) * body]
+            ids = torch.tensor([([bos] if bos is not None else []) + chunk], dtype=torch.long)
+            targets = ids[0, first + 1:]
+            logits, secs, bpt = forward(ids, None if baseline == "hf" else baseline, None)
+            base_logp = torch.log_softmax(logits.float(), dim=-1)
+            del logits
+            base.nll.append((-base_logp.gather(1, targets[:, None])[:, 0]).numpy().astype(np.float64))
+            base.seconds += secs
+            base.tokens += ctx
+            base.bpt = bpt
+            base_top = base_logp.argmax(dim=-1)
+            done += 1
+            if progress:
+                progress(done, total)
+            for i, (_, pair, layer_codecs, _) in enumerate(runs):
+                logits, secs, bpt = forward(ids, pair, layer_codecs)
+                st = stats[i]
+                st.seconds += secs
+                st.tokens += ctx
+                st.bpt = bpt
+                kl = np.empty(targets.numel(), dtype=np.float64)
+                nll = np.empty_like(kl)
+                for s in range(0, targets.numel(), slice_rows):
+                    lp = torch.log_softmax(logits[s:s + slice_rows].float(), dim=-1)
+                    bp = base_logp[s:s + slice_rows]
+                    kl[s:s + slice_rows] = (bp.exp() * (bp - lp)).sum(dim=-1).clamp_min(0).numpy()
+                    nll[s:s + slice_rows] = (-lp.gather(1, targets[s:s + slice_rows, None])[:, 0]).numpy()
+                    st.same += int((lp.argmax(dim=-1) == base_top[s:s + slice_rows]).sum())
+                del logits
+                st.kl.append(kl)
+                st.nll.append(nll)
+                done += 1
+                if progress:
+                    progress(done, total)
+    base_label = "baseline (transformers cache)" if baseline == "hf" else f"{baseline} (baseline)"
+    base_row = base.row(base_label, None)
+    base_row["same_top"], base_row["kl_mean"], base_row["kl_p99"] = 100.0, 0.0, 0.0
+    rows = [base_row] + [stats[i].row(r[0], base_row["ppl"]) for i, r in enumerate(runs) if r[3] is None]
+    windows = hf._layer_windows(config.get_text_config(decoder=True))
+    layer_rows = []
+    for i, (label, _, _, layer) in enumerate(runs):
+        if layer is None:
+            continue
+        r = stats[i].row(label, base_row["ppl"])
+        layer_rows.append({"pair": label, "layer": layer, "window": windows[layer] or "full", "kl_mean": r["kl_mean"],
+                           "kl_p99": r["kl_p99"], "same_top": r["same_top"], "ppl": r["ppl"]})
+    info = {"ctx": ctx, "chunks": n_chunks, "scored_tokens": int(base_row["scored"]), "tokens": n_chunks * ctx,
+            "baseline": baseline, "model": getattr(config, "_name_or_path", "") or config.model_type,
+            "cache_config": {k: v for k, v in cache_config.items()}}
+    return EvalResult(rows, layer_rows, info)
+
+
+def plot_per_layer(rows: list[dict], path: str, title: str = "") -> None:
+    """KL (mean) against the layer, one line per pair, full-attention layers marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SystemExit("kvq eval --plot needs matplotlib: pip install matplotlib") from e
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    pairs = list(dict.fromkeys(r["pair"] for r in rows))
+    for p in pairs:
+        pts = sorted((r["layer"], max(r["kl_mean"], 1e-9)) for r in rows if r["pair"] == p)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=4, label=p)
+    full = sorted({r["layer"] for r in rows if r["window"] == "full"})
+    for i, l in enumerate(full):
+        ax.axvline(l, color="grey", alpha=0.3, lw=6, label="full-attention layer" if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer quantized (all others f32)")
+    ax.set_ylabel("KL(f32 ‖ quantized) of next-token distribution, mean")
+    if title:
+        ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,124 @@
+"""kvq.eval_model and `kvq eval`: perplexity, KL and same-top-token % per K/V pair, on a tiny random Llama
+saved with a word-level tokenizer (nothing downloaded). Skipped without torch and transformers."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+import kvq  # noqa: E402
+from kvq import cli, model_eval  # noqa: E402
+
+WORDS = 60
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny Llama (3 layers, GQA 4/2, head_dim 32) and a word-level tokenizer with a BOS token, saved."""
+    root = tmp_path_factory.mktemp("tiny_llama")
+    vocab = {"<unk>": 0, "<bos>": 1, "<pad>": 2, **{f"w{i}": 3 + i for i in range(WORDS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", unk_token="<unk>",
+                                                pad_token="<pad>")
+    fast.save_pretrained(root)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                      max_position_embeddings=256, bos_token_id=1, pad_token_id=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(root)
+    rng = np.random.default_rng(3)
+    # Some structure to predict: a random walk over the words.
+    walk = np.cumsum(rng.integers(-2, 3, size=700)) % WORDS
+    (root / "text.txt").write_text(" ".join(f"w{i}" for i in walk))
+    return root
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dir):
+    return model_eval.load_model(tiny_dir)
+
+
+def test_eval_model_metrics(loaded, tiny_dir):
+    model, tok = loaded
+    text = (tiny_dir / "text.txt").read_text()
+    r = kvq.eval_model(model, tok, text=text, pairs=["f32/f32", "q8_0/q8_0", "q4_0/q4_0"], ctx=64, max_chunks=4)
+    base, same, q8, q4 = r.rows
+    assert base["pair"] == "f32/f32 (baseline)" and r.info["chunks"] == 4 and r.info["scored_tokens"] == 4 * 31
+    # The same pair as the baseline computes the same thing: no divergence at all.
+    assert same["kl_mean"] == 0 and same["kl_p99"] == 0 and same["same_top"] == 100 and same["ppl"] == base["ppl"]
+    assert 0 < q8["kl_mean"] < q4["kl_mean"] and q8["kl_mean"] <= q8["kl_p99"]
+    assert q4["same_top"] <= 100 and q4["ppl_ratio"] == pytest.approx(q4["ppl"] / base["ppl"])
+    # Bytes per token: 3 layers x 2 kv heads x 32 values, K and V (q8_0: 34 bytes per 32 values).
+    assert base["kib_per_token"] == pytest.approx(3 * 2 * 2 * 32 * 4 / 1024)
+    assert q8["kib_per_token"] == pytest.approx(3 * 2 * 2 * 34 / 1024)
+    assert all(row["tokens_per_s"] > 0 for row in r.rows)
+
+
+def test_eval_perplexity_equals_an_independent_computation(loaded, tiny_dir):
+    model, tok = loaded
+    text = (tiny_dir / "text.txt").read_text()
+    r = kvq.eval_model(model, tok, text=text, pairs=["f32/f32"], ctx=64, max_chunks=3, baseline="hf")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    nll = []
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        for c in range(3):
+            x = torch.tensor([[tok.bos_token_id] + ids[c * 63:(c + 1) * 63]])
+            logp = torch.log_softmax(model(x).logits[0].double(), dim=-1)
+            nll += [-logp[t, x[0, t + 1]].item() for t in range(32, 63)]
+    model.set_attn_implementation("kvq")
+    assert r.rows[0]["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-5)
+    # kvq f32 against transformers' attention: float32 rounding only (measured 3e-8).
+    assert r.rows[1]["kl_mean"] < 1e-6 and r.rows[1]["same_top"] == 100
+
+
+def test_eval_per_layer_and_formats(loaded, tiny_dir, tmp_path):
+    model, tok = loaded
+    text = (tiny_dir / "text.txt").read_text()
+    r = kvq.eval_model(model, tok, text=text, pairs=["q4_0/q4_0"], ctx=64, max_chunks=2, per_layer=True)
+    assert [(x["pair"], x["layer"]) for x in r.per_layer] == [("q4_0/q4_0", l) for l in range(3)]
+    assert all(x["kl_mean"] > 0 and x["window"] == "full" for x in r.per_layer)
+    # One layer quantized diverges less than all three.
+    assert max(x["kl_mean"] for x in r.per_layer) < r.rows[1]["kl_mean"]
+    md = r.format("markdown")
+    assert md.splitlines()[0].startswith("| K/V | PPL |") and "| q4_0/q4_0 |" in md
+    assert r.format("csv", table="layers").splitlines()[0] == "pair,layer,window,kl_mean,kl_p99,same_top,ppl"
+    assert json.loads(r.format("json"))["per_layer"][2]["layer"] == 2
+    pytest.importorskip("matplotlib")
+    model_eval.plot_per_layer(r.per_layer, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_eval_rejects_bad_arguments(loaded):
+    model, tok = loaded
+    with pytest.raises(ValueError, match="KEY/VALUE"):
+        kvq.eval_model(model, tok, text="w1 w2", pairs=["q8_0"])
+    with pytest.raises(ValueError, match="fewer than one chunk"):
+        kvq.eval_model(model, tok, text="w1 w2 w3", pairs=["q8_0/q4_0"], ctx=64)
+    with pytest.raises(ValueError, match="text .* or tokens"):
+        kvq.eval_model(model, tok, pairs=["q8_0/q4_0"])
+    with pytest.raises(ValueError, match="neither a model directory nor a GGUF"):
+        model_eval.load_model("/nonexistent/model")
+
+
+def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "t.csv"
+    plot = tmp_path / "layers.png"
+    rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--pairs", "q8_0/q4_0,q4_0+rot+center/q4_0",
+                   "--ctx", "64", "--max-chunks", "2", "--format", "csv", "--output", str(out), "--per-layer",
+                   "--per-layer-pairs", "q4_0/q4_0", "--plot", str(plot), "--no-progress"])
+    assert rc == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "pair,ppl,ppl_ratio,kl_mean,kl_p99,same_top,kib_per_token,tokens_per_s"
+    assert [l.split(",")[0] for l in lines[1:4]] == ["f32/f32 (baseline)", "q8_0/q4_0", "q4_0+rot+center/q4_0"]
+    assert "pair,layer,window" in out.read_text() and plot.exists()
+    rc = cli.main(["eval", str(tmp_path / "missing"), "--text", str(tiny_dir / "text.txt")])
+    assert rc == 1 and "neither a model directory nor a GGUF file" in capsys.readouterr().err
+    rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--plot", "x.png"])
+    assert rc == 1 and "--per-layer" in capsys.readouterr().err
