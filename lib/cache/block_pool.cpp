@@ -73,7 +73,8 @@ std::vector<BlockRef> BlockPool::allocate(size_t n, std::span<const BlockRef> re
         throw PoolExhausted("KV cache pool exhausted: the operation needs " + std::to_string(n) +
                             " new block(s) but only " + std::to_string(capacity + freed_by_release) +
                             " are available (max_blocks = " + std::to_string(max_blocks_) +
-                            ", " + std::to_string(data_.size() - free_.size()) + " in use); nothing was changed");
+                            ", " + std::to_string(data_.size() - free_.size()) + " in use, " + std::to_string(reserved_) +
+                            " held by staging); nothing was changed");
     }
     std::vector<BlockRef> out;
     out.reserve(n);

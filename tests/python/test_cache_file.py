@@ -138,8 +138,12 @@ def test_missing_file_mismatch_and_full_pool(tmp_path, small):
         kvq.KVCache(1, 1, 32, block_tokens=8).load_into(tmp_path / "f.kvq")
     assert other.sequences() == []
 
-    full = kvq.KVCache(1, 1, 32, block_tokens=4, max_blocks=3)
-    fill(full, full.add_sequence(), 12, 9)  # 3 blocks
+    # 3 blocks, and the open block's float staging, which counts against max_blocks in blocks' worth
+    units = kvq.KVCache(1, 1, 32, block_tokens=4)
+    fill(units, units.add_sequence(), 1, 9)
+    staging = units.pool_stats()["blocks_reserved"]
+    full = kvq.KVCache(1, 1, 32, block_tokens=4, max_blocks=3 + staging)
+    fill(full, full.add_sequence(), 12, 9)
     before = snapshot(full)
     with pytest.raises(kvq.PoolExhausted):
         full.load_into(tmp_path / "f.kvq")

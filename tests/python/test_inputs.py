@@ -83,8 +83,12 @@ def test_load_takes_pool_limits_and_threads(tmp_path):
     assert loaded.pool_stats()["blocks_total"] == 3  # exactly the file's blocks, not grow_blocks = 64
     with pytest.raises(kvq.PoolExhausted, match="more than max_blocks = 2"):
         kvq.KVCache.load(path, max_blocks=2)
-    capped = kvq.KVCache.load(path, max_blocks=4, threads=2)
-    assert capped.pool_stats()["max_blocks"] == 4 and capped.config["threads"] == 2
+    staging = loaded.pool_stats()["blocks_reserved"]  # the open block's float staging, in blocks' worth
+    assert staging > 0
+    with pytest.raises(kvq.PoolExhausted, match="held by staging"):
+        kvq.KVCache.load(path, max_blocks=3 + staging - 1)
+    capped = kvq.KVCache.load(path, max_blocks=3 + staging, threads=2)
+    assert capped.pool_stats()["max_blocks"] == 3 + staging and capped.config["threads"] == 2
     q = np.ones((4, 64), np.float32)
     assert np.array_equal(capped.attend(0, q), cache.attend(0, q))
     with pytest.raises(ValueError, match="threads"):
