@@ -238,6 +238,14 @@ int active_index() {
     if (d.active.load() < 0) {
         SimdLevel wanted = best_runnable(d);
         std::string why = "the best level this CPU runs";
+        // The decode benchmark (bench/bench_decode.cpp, decode_level/) measured avx512 0.7-8% slower than
+        // avx2 on an Intel Xeon (Sapphire Rapids, 2 threads, f16 and q8_0/q4_0 at 32k and 128k), as the
+        // issue that reported the avx512 bug had on an AMD EPYC: its int8 kernels are avx2's 256-bit ones,
+        // and its 512-bit float work does not pay. So avx2 is the default where both run.
+        if (wanted == SimdLevel::avx512 && d.levels[static_cast<int>(SimdLevel::avx2)].present) {
+            wanted = SimdLevel::avx2;
+            why = "the fastest level this CPU runs (avx512 measured slower in decode; KVQ_SIMD=avx512 selects it)";
+        }
         if (const char* env = std::getenv("KVQ_SIMD"); env && *env) {
             const SimdLevel asked = parse_simd_level(env);  // an unknown name is an error
             if (d.levels[static_cast<int>(asked)].present) {
