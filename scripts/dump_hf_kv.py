@@ -15,7 +15,7 @@ Writes into DIR:
                 "windows": the sliding window of each layer in tokens, 0 for full attention (from the config's
                 layer_types / sliding_window; informational: kvq table attends over every dumped token).
 
-Needs torch and transformers (pip install 'kvq-cache[hf]'; gguf too for a GGUF file). A transformers model runs
+Needs torch and transformers (pip install '.[hf]' (distribution kvq-cache); gguf too for a GGUF file). A transformers model runs
 on a cache that keeps every token of every layer (a DynamicCache without the config's sliding layers; the
 masks still apply the windows), so sliding-window layers are dumped whole. A cache that holds fewer tokens
 in some layers is cut to the tokens every layer holds, with a note.
