@@ -19,6 +19,7 @@
 
 #include "bandwidth.hpp"
 #include "kvq/cache.hpp"
+#include "kvq/simd.hpp"
 
 namespace {
 
@@ -82,22 +83,25 @@ std::map<std::pair<size_t, int>, double>& f16_seconds() {
     return t;
 }
 
-void BM_Decode(benchmark::State& state, int pair, size_t ctx, int threads) {
-    kvq::SequenceId seq;
-    const kvq::KVCache& cache = cache_for(pair, threads, ctx, seq);
+// Seconds per decode step of the benchmark's iterations (after one warm-up step).
+double time_steps(benchmark::State& state, const kvq::KVCache& cache, kvq::SequenceId seq) {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     std::vector<float> q(kHeads * kHeadDim), out(q.size());
     for (auto& x : q) x = normal(rng);
-    cache.attend(0, seq, q.data(), out.data());  // warm-up
-
+    cache.attend(0, seq, q.data(), out.data());
     const auto t0 = std::chrono::steady_clock::now();
     for (auto _ : state) {
         cache.attend(0, seq, q.data(), out.data());
         benchmark::DoNotOptimize(out.data());
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(state.iterations());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(state.iterations());
+}
+
+void BM_Decode(benchmark::State& state, int pair, size_t ctx, int threads) {
+    kvq::SequenceId seq;
+    const kvq::KVCache& cache = cache_for(pair, threads, ctx, seq);
+    const double seconds = time_steps(state, cache, seq);
 
     const double bytes = cache.bytes_per_token() * static_cast<double>(ctx);  // one layer: every row once
     const double floor = bytes / kvq::bench::read_bandwidth(threads);
@@ -110,6 +114,55 @@ void BM_Decode(benchmark::State& state, int pair, size_t ctx, int threads) {
 }
 
 std::string context_name(size_t ctx) { return std::to_string(ctx >> 10) + "k"; }
+
+// The same decode step at each SIMD level this CPU runs, levels next to each other for each pair and
+// context (one cache serves them all), each reported against the default level's time in this run
+// (vs_default > 1: faster than the default). Which level should be the default is read off this.
+std::map<std::pair<int, size_t>, double>& default_seconds() {
+    static std::map<std::pair<int, size_t>, double> t;
+    return t;
+}
+
+void BM_DecodeLevel(benchmark::State& state, kvq::SimdLevel level, int pair, size_t ctx, int threads) {
+    const kvq::SimdLevel before = kvq::simd_level();
+    kvq::force_simd_level(level);
+    if (kvq::simd_level() != level) {
+        kvq::force_simd_level(before);
+        state.SkipWithError("this level failed its self-check (kvq selftest)");
+        return;
+    }
+    kvq::SequenceId seq;
+    const kvq::KVCache& cache = cache_for(pair, threads, ctx, seq);
+    const double seconds = time_steps(state, cache, seq);
+    kvq::force_simd_level(before);
+    const double bytes = cache.bytes_per_token() * static_cast<double>(ctx);
+    state.counters["x_floor"] = seconds / (bytes / kvq::bench::read_bandwidth(threads));
+    if (level == before) default_seconds()[{pair, ctx}] = seconds;
+    if (const auto it = default_seconds().find({pair, ctx}); it != default_seconds().end()) {
+        state.counters["vs_default"] = it->second / seconds;
+    }
+}
+
+const bool registered_levels = [] {
+    const kvq::SimdLevel def = kvq::simd_level();
+    std::vector<kvq::SimdLevel> levels{def};  // the default first: the others are compared with it
+    for (auto l : kvq::available_simd_levels()) {
+        if (l != def && l != kvq::SimdLevel::scalar) levels.push_back(l);
+    }
+    for (int p : {0, 2, 3}) {  // f16/f16, q8_0/q4_0, q8_0/q8_0
+        for (size_t ctx : {kContexts[0], kContexts[1]}) {
+            for (auto level : levels) {
+                const std::string name = std::string("decode_level/") + kPairs[p].key + "/" + kPairs[p].value + "/" +
+                                         context_name(ctx) + "/threads:2/" + std::string(kvq::simd_level_name(level));
+                benchmark::RegisterBenchmark(name.c_str(), BM_DecodeLevel, level, p, ctx, 2)
+                    ->UseRealTime()
+                    ->Unit(benchmark::kMillisecond)
+                    ->MinTime(0.3);
+            }
+        }
+    }
+    return true;
+}();
 
 const bool registered = [] {
     for (int p = 0; p < static_cast<int>(std::size(kPairs)); ++p) {

@@ -2,10 +2,13 @@
 // forks, open blocks, windows, either seal policy) and mutates it — flipped bits, overwritten fields,
 // truncation, appended bytes — or is taken as the whole file as it is; it may then recompute every CRC32C,
 // so that mutations get past the checksums and reach the validation of the header and block tables.
-// Properties: load_into either throws (BadCacheFile, ConfigMismatch, PoolExhausted, FileIOError) and
+// Properties: load_into (into a cache under either NanPolicy) either throws (BadCacheFile, ConfigMismatch,
+// PoolExhausted, FileIOError) and
 // changes nothing observable (dump, bytes, pool, every attention output), or adds sequences that behave
-// as sequences: attention and appends on every layer work, saving and loading them again gives the same
-// attention, and removing them returns the pool to where it was. KVCache::load never crashes either.
+// as sequences: attention and appends on every layer work (under reject, with finite output: a file's rows
+// obey the cache's input rules), saving and loading them again gives the same attention, and removing them
+// returns the pool to where it was. KVCache::load (with the pool limit) never crashes either, and takes no
+// block beyond the file's.
 #include <unistd.h>
 
 #include <cmath>
@@ -168,6 +171,9 @@ void exercise(KVCache& c, const std::vector<SequenceId>& ids, size_t blocks_befo
             c.attend(l, ids[i], q.data(), a.data());
             copy.attend(l, static_cast<SequenceId>(i), q.data(), b.data());
             require(same_floats(a, b), "a loaded sequence attends differently after another save and load");
+            if (c.config().nan_policy == NanPolicy::reject) {
+                for (float x : a) require(std::isfinite(x), "a sequence loaded into a reject cache attends to non-finite output");
+            }
             try {
                 append(c, ids[i], l, 3, 1.0f);
                 c.attend(l, ids[i], q.data(), a.data());
@@ -188,6 +194,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool raw = in.ConsumeIntegralInRange<int>(0, 7) == 0;
     CacheConfig cfg = base_config(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? (which + 1) % 3 : which);
     cfg.max_blocks = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<size_t>(2, 10);
+    // The base files are saved under propagate; a reject cache must refuse what reject never stores.
+    if (in.ConsumeBool()) cfg.nan_policy = NanPolicy::reject;
     const std::vector<uint8_t> file = raw ? in.ConsumeRemainingBytes<uint8_t>() : mutated(in, base_file(which));
     const std::string path = temp_path("input");
     spit(path, file);
@@ -211,9 +219,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fail(std::string("I/O error on a file the target wrote: ") + e.what());
     }
     try {
-        KVCache loaded = KVCache::load(path);
+        LoadOptions options;
+        options.max_blocks = cfg.max_blocks;
+        KVCache loaded = KVCache::load(path, options);
         observe(loaded);
+        const PoolStats p = loaded.pool_stats();
+        require(p.blocks_total == p.blocks_used, "KVCache::load allocated blocks beyond the file's");
     } catch (const BadCacheFile&) {
+    } catch (const PoolExhausted&) {
+        require(cfg.max_blocks > 0, "PoolExhausted from a load without a limit");
     }
     std::remove(path.c_str());
     return 0;

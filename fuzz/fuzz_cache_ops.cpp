@@ -1,12 +1,18 @@
-// Fuzz target: random sequences of cache operations (add, append, fork, truncate, remove, attend) on a
+// Fuzz target: random sequences of cache operations (add, append, fork, truncate, remove, attend, and the
+// hostile ones: appends of token counts whose sizes overflow, attends with queries of ~1e38) on a
 // small cache with a pool limit, checked against a reference model that keeps every sequence's tokens
 // as floats and knows which are quantized (tests/cache_model.hpp computes the attention they must give).
 // Properties: attention equals the model's to float rounding; token counts and sequence ids match; an
 // operation that throws PoolExhausted changes nothing observable; removing every sequence returns every
-// block to the pool (and LeakSanitizer finds no leak).
+// block to the pool (and LeakSanitizer finds no leak); an overflowing append is refused before it reads
+// and changes nothing; a finite query gives a finite output.
 // The model header is shared with the doctest suite; here its doctest parts compile to nothing.
 #define DOCTEST_CONFIG_DISABLE
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <map>
+#include <stdexcept>
 
 #include "cache_model.hpp"
 #include "fuzz_common.hpp"
@@ -66,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return it->first;
     };
     for (int step = 0; step < 40 && in.remaining_bytes() > 0; ++step) {
-        const int op = in.ConsumeIntegralInRange<int>(0, 5);
+        const int op = in.ConsumeIntegralInRange<int>(0, 7);
         const SequenceId id = pick();
         const int layer = in.ConsumeIntegralInRange<int>(0, cfg.n_layers - 1);
         if (op == 0 || id < 0) {
@@ -109,7 +115,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             } else if (op == 4) {
                 cache.remove(id);
                 model.erase(id);
-            } else if (ml.tok.n() > 0) {
+            } else if (op == 6) {
+                // A token count no buffer can hold (its byte size overflows), or one past the most tokens a
+                // layer takes: refused before a value is read (the buffers hold one token), nothing changed.
+                const size_t huge[] = {SIZE_MAX, SIZE_MAX / token_floats + 1, size_t(1) << 62,
+                                       size_t(PTRDIFF_MAX) / (token_floats * sizeof(float)) + 1,
+                                       kMaxSequenceTokens - ml.tok.n() + 1};
+                const size_t n = huge[in.ConsumeIntegralInRange<size_t>(0, std::size(huge) - 1)];
+                std::vector<float> k(token_floats, 1.0f), v(token_floats, 1.0f);
+                bool refused = false;
+                try {
+                    cache.append(layer, id, k.data(), v.data(), n);
+                } catch (const std::invalid_argument&) {
+                    refused = true;
+                }
+                require(refused, "append of " + std::to_string(n) + " tokens from a one-token buffer was not refused");
+                require(observe(cache, model, q) == before, "a refused append changed the cache");
+            } else if (op == 7 && ml.tok.n() > 0) {
+                // A finite query whose float scores overflow: the output is finite all the same.
+                std::vector<float> big(q.size()), out(q.size());
+                const float scale = in.ConsumeFloatingPointInRange<float>(1e30f, 3e38f);
+                for (size_t i = 0; i < q.size(); ++i) big[i] = std::clamp(q[i] * scale, -3.4e38f, 3.4e38f);
+                cache.attend(layer, id, big.data(), out.data());
+                for (float x : out) require(std::isfinite(x), "a finite query of ~1e38 gave a non-finite output");
+            } else if (op == 5 && ml.tok.n() > 0) {
                 std::vector<float> out(q.size());
                 cache.attend(layer, id, q.data(), out.data());
                 const auto expected = test::expected_attention(cache, ml.tok, 0, ml.tok.n(), ml.pool_end, q.data());
@@ -128,9 +157,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         require(cache.sequences().size() == model.size(), "sequences() differs from the model");
         const PoolStats ps = cache.pool_stats();
         require(cfg.max_blocks == 0 || ps.blocks_total <= cfg.max_blocks, "the pool grew beyond max_blocks");
+        // Memory within the limit: blocks in use and the open blocks' float staging together.
+        require(cfg.max_blocks == 0 || ps.blocks_used + ps.blocks_reserved <= cfg.max_blocks,
+                "blocks and staging hold more than max_blocks");
+        require(cfg.max_blocks == 0 ||
+                    cache.bytes_used() - cache.metadata_bytes() <= cfg.max_blocks * ps.block_bytes,
+                "bytes_used beyond max_blocks × block_bytes (bookkeeping aside)");
     }
+
     for (const auto& [s, layers] : model) cache.remove(s);
     require(cache.pool_stats().blocks_used == 0, "blocks still used after every sequence was removed");
+    require(cache.pool_stats().blocks_reserved == 0, "staging still counted after every sequence was removed");
     require(cache.bytes_used() == 0, "bytes still used after every sequence was removed");
     return 0;
 }

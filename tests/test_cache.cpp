@@ -152,11 +152,26 @@ TEST_CASE("remove returns every block to the pool") {
     CHECK(cache.bytes_used() == 0);
 }
 
+// Blocks' worth of pool capacity one layer's float staging takes (SealPolicy::on_block_full).
+size_t staging_units(const CacheConfig& cfg) {
+    CacheConfig probe = cfg;
+    probe.max_blocks = 0;
+    probe.seal = SealPolicy::on_block_full;
+    KVCache c(probe);
+    const auto s = c.add_sequence();
+    std::vector<float> k(static_cast<size_t>(probe.n_kv_heads) * probe.head_dim, 0.5f);
+    c.append(0, s, k.data(), k.data(), 1);
+    return c.pool_stats().blocks_reserved;
+}
+
 TEST_CASE("a full pool throws PoolExhausted and leaves every sequence unchanged") {
     for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
         CAPTURE(static_cast<int>(seal));
         CacheConfig cfg = config(seal);
-        cfg.max_blocks = 6;
+        // 6 blocks, plus (on_block_full) the float staging of a's and b's open blocks, which counts
+        // against max_blocks in blocks' worth of bytes.
+        const size_t units = seal == SealPolicy::on_block_full ? staging_units(cfg) : 0;
+        cfg.max_blocks = 6 + 2 * units;
         cfg.grow_blocks = 4;
         KVCache cache(cfg);
         const auto a = cache.add_sequence(), b = cache.add_sequence();
@@ -182,7 +197,8 @@ TEST_CASE("a full pool throws PoolExhausted and leaves every sequence unchanged"
         cache.remove(a);
         cache.append(0, b, &k[20 * kRow], &v[20 * kRow], 40);
         CHECK(cache.n_tokens(b) == 60);
-        CHECK(cache.pool_stats().blocks_total <= 6);
+        CHECK(cache.pool_stats().blocks_total <= 6 + units);
+        CHECK(cache.pool_stats().blocks_used + cache.pool_stats().blocks_reserved <= cfg.max_blocks);
     }
 }
 
@@ -196,7 +212,12 @@ TEST_CASE("a windowed layer runs with exactly the blocks its window needs") {
     kvq::test::random_tokens(200, 2, 64, 9, k, v);
     for (size_t t = 0; t < 200; ++t) cache.append(0, seq, &k[t * kRow], &v[t * kRow], 1);
     CHECK(cache.n_tokens(seq) == 200);
-    cache.append(0, seq, k.data(), v.data(), 200);  // a batch longer than the window stores only its end
+    // A batch keeps every block its own prefill needs until the next append: 200 more tokens need 13
+    // blocks, more than the pool has; refused, nothing changed. Token by token it runs in the window's
+    // blocks (a chunk of c tokens needs the blocks of w + c - 1 tokens, plus the slack).
+    CHECK_THROWS_AS(cache.append(0, seq, k.data(), v.data(), 200), kvq::PoolExhausted);
+    CHECK(cache.n_tokens(seq) == 200);
+    for (size_t t = 0; t < 200; ++t) cache.append(0, seq, &k[t * kRow], &v[t * kRow], 1);
     CHECK(cache.pool_stats().blocks_used <= 4);
     // Truncating into tokens the window has released is refused, and changes nothing.
     const auto q = kvq::test::gaussian(4 * 64, 10);
@@ -233,9 +254,9 @@ TEST_CASE("the pool grows in chunks and counts bytes honestly") {
     CHECK(ps.blocks_used == 3);
     CHECK(ps.block_bytes >= 2 * 16 * (68 + 36));
     const size_t staging = 2 * 2 * 16 * 64 * sizeof(float);  // float K and V of one open block
-    CHECK(cache.bytes_used() == 3 * ps.block_bytes + staging);
+    CHECK(cache.bytes_used() == 3 * ps.block_bytes + staging + cache.metadata_bytes());
     cache.append(1, seq, k.data(), v.data(), 1);
-    CHECK(cache.bytes_used() == 3 * ps.block_bytes + 2 * staging);
+    CHECK(cache.bytes_used() == 3 * ps.block_bytes + 2 * staging + cache.metadata_bytes());
     const std::string dump = cache.dump();
     CHECK(dump.find("sequence 0") != std::string::npos);
     CHECK(dump.find("2 staged") != std::string::npos);

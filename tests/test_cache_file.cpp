@@ -218,7 +218,8 @@ TEST_CASE("save/load: sliding window that released blocks, and one sequence") {
     CacheConfig cfg = config("q8_0", "q4_0");
     cfg.sliding_window = {16, 0};
     KVCache c = populated(cfg);
-    append(c, 0, 40, 70);  // layer 0 drops blocks below its window
+    append(c, 0, 40, 70);
+    append(c, 0, 1, 71);  // layer 0 drops the blocks below its window at the next append
     REQUIRE(c.dump().find("released below") != std::string::npos);
     c.save(dir / "all.kvq");
     KVCache d = KVCache::load(dir / "all.kvq");
@@ -377,11 +378,15 @@ TEST_CASE("save/load: a pool that runs out mid-load changes nothing") {
     CacheConfig cfg = config("q8_0", "q4_0");
     KVCache src = populated(cfg);
     src.save(dir / "f.kvq");
-    const size_t needed = src.pool_stats().blocks_used;
-    cfg.max_blocks = 6 + needed - 1;
+    // The file's blocks and its open blocks' float staging (counted in blocks' worth of bytes); the live
+    // cache's own 6 blocks and its 2 layers' staging leave one unit too few.
+    const size_t needed = src.pool_stats().blocks_used + src.pool_stats().blocks_reserved;
+    const size_t bb = src.pool_stats().block_bytes, units = (2 * 2 * 8 * 64 * sizeof(float) + bb - 1) / bb;
+    cfg.max_blocks = 6 + 2 * units + needed - 1;
     KVCache live(cfg);
     append(live, live.add_sequence(), 24, 3);  // 3 blocks in each of 2 layers
     REQUIRE(live.pool_stats().blocks_used == 6);
+    REQUIRE(live.pool_stats().blocks_reserved == 2 * units);
     const Snapshot before(live);
     CHECK_THROWS_AS(live.load_into(dir / "f.kvq"), kvq::PoolExhausted);
     CHECK(Snapshot(live) == before);

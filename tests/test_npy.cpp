@@ -127,6 +127,31 @@ TEST_CASE("npy data sets: (layers, tokens, kv_heads, head_dim) dumps load, anyth
         dir.write("meta.json", R"({"scale": -1})");
         CHECK_THROWS_WITH_AS(kvq::make_dataset("npy:" + dir.path.string()), doctest::Contains("positive number"), std::invalid_argument);
     }
+    SUBCASE("meta.json gives the sliding windows per layer") {
+        CHECK(kvq::make_dataset("npy:" + dir.path.string()).windows.empty());
+        dir.write("meta.json", R"({"scale": 0.0625, "windows": [0, 16]})");
+        auto d = kvq::make_dataset("npy:" + dir.path.string());
+        CHECK(d.windows == std::vector<int>{0, 16});
+        CHECK(d.first_token(0, 39) == 0);
+        CHECK(d.first_token(1, 39) == 24);  // the last 16 tokens: 24..39
+        CHECK(d.first_token(1, 10) == 0);
+        dir.write("meta.json", R"({"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]})");
+        CHECK(kvq::make_dataset("npy:" + dir.path.string()).windows == std::vector<int>{16, 0});
+        dir.write("meta.json", R"({"windows": [0, 16, 0]})");
+        CHECK_THROWS_WITH_AS(kvq::make_dataset("npy:" + dir.path.string()), doctest::Contains("'windows' has 3 entries but k.npy has 2 layers"),
+                             std::invalid_argument);
+        dir.write("meta.json", R"({"windows": [0, -4]})");
+        CHECK_THROWS_WITH_AS(kvq::make_dataset("npy:" + dir.path.string()), doctest::Contains("windows[1] must be a non-negative integer"),
+                             std::invalid_argument);
+        dir.write("meta.json", R"({"windows": [0, 1.5]})");
+        CHECK_THROWS_AS(kvq::make_dataset("npy:" + dir.path.string()), std::invalid_argument);
+        dir.write("meta.json", R"({"windows": 16})");
+        CHECK_THROWS_WITH_AS(kvq::make_dataset("npy:" + dir.path.string()), doctest::Contains("must be a list"), std::invalid_argument);
+        dir.write("meta.json", R"({"sliding_window": 16})");
+        CHECK_THROWS_WITH_AS(kvq::make_dataset("npy:" + dir.path.string()), doctest::Contains("go together"), std::invalid_argument);
+        dir.write("meta.json", R"({"sliding_window": 16, "layer_types": ["sliding_attention", "chunked"]})");
+        CHECK_THROWS_WITH_AS(kvq::make_dataset("npy:" + dir.path.string()), doctest::Contains("layer_types[1]"), std::invalid_argument);
+    }
     SUBCASE("q.npy must match k.npy") {
         const auto q = kvq::test::gaussian(L * T * 3 * D, 4);
         kvq::write_npy(dir.file("q.npy"), q.data(), q.size(), {L, T, 3, D});

@@ -4,8 +4,10 @@
 
 #include <stdexcept>
 
+#include "kvq/cache.hpp"
 #include "kvq/planner.hpp"
 #include "kvq/report.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -130,4 +132,40 @@ TEST_CASE("planner: bad configs and names are clear errors") {
     CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("q8_0"), doctest::Contains("KEY_CODEC/VALUE_CODEC"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("q8_0/q3_9"), doctest::Contains("unknown codec 'q3_9'"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("q8_0/q4_0+center"), doctest::Contains("keys only"), std::invalid_argument);
+}
+
+TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks, staging, windows, bookkeeping)") {
+    kvq::ModelShape m;
+    m.name = "small";
+    m.n_layers = 4;
+    m.n_heads = 8;
+    m.n_kv_heads = 2;
+    m.head_dim = 64;
+    m.sliding_window = {0, 96, 0, 96};
+    for (const kvq::KVFormat f : {kvq::KVFormat{"q8_0", "q4_0", false}, kvq::KVFormat{"q4_0", "q4_0", true}}) {
+        for (size_t context : {size_t(40), size_t(1040)}) {
+            CAPTURE(f.label());
+            CAPTURE(context);
+            const size_t batch = 3;
+            kvq::CacheConfig cfg;
+            cfg.n_layers = m.n_layers;
+            cfg.n_kv_heads = m.n_kv_heads;
+            cfg.n_heads = m.n_heads;
+            cfg.head_dim = m.head_dim;
+            cfg.key_codec = f.key_codec;
+            cfg.value_codec = f.value_codec;
+            cfg.center_keys = f.center_keys;
+            cfg.sliding_window = m.sliding_window;
+            kvq::KVCache cache(cfg);
+            const auto k = kvq::test::gaussian(size_t(m.n_kv_heads) * m.head_dim, 3);
+            for (size_t b = 0; b < batch; ++b) {
+                const auto s = cache.add_sequence();
+                for (size_t t = 0; t < context; ++t) {  // decode: a token at a time
+                    for (int l = 0; l < m.n_layers; ++l) cache.append(l, s, k.data(), k.data(), 1);
+                }
+            }
+            const double plan = kvq::plan_memory(m, {f}, {context, batch, 32})[0].cache_bytes_total;
+            CHECK(plan == doctest::Approx(static_cast<double>(cache.bytes_used())).epsilon(0.01));
+        }
+    }
 }

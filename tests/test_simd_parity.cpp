@@ -1,7 +1,6 @@
-// Every SIMD level this CPU runs against the scalar specification, for every block codec: the same
-// bytes from quantize and prepare_query, the same floats from dequantize, and scores and accumulations
-// equal to float rounding; head sizes 32..256 (and odd ones for the plain codecs), odd row counts, 1..8
-// queries, random data and edge cases (zeros, signed zeros, ties, equal values, huge and tiny scales).
+// Every SIMD level this CPU runs against the scalar specification at the edges: NaN/Inf anywhere,
+// every fp16 scale, rounding ties, the int16 limits of the dot products, every accumulate group and
+// chunk, decode-sized score calls. The general grid is kvq::selftest() (test_simd_selfcheck.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"
+#include "simd/level_check.hpp"
 
 using kvq::detail::BlockCodec;
 using kvq::detail::BlockKernels;
@@ -51,48 +51,11 @@ std::vector<int> head_sizes(const CodecCase& c) {
     return {32, 64, 96, 128, 160, 192, 224, 256};
 }
 
-// Rows of n values: each row a different kind of data, cycling through the kinds.
+using kvq::detail::same_float;
 std::vector<float> make_rows(size_t rows, int n, uint64_t seed, bool extreme) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> small(-4, 4);
-    std::vector<float> x(rows * n);
-    for (size_t r = 0; r < rows; ++r) {
-        float* row = x.data() + r * n;
-        const int kind = static_cast<int>((r + seed) % 10);
-        for (int j = 0; j < n; ++j) {
-            float v = normal(rng);
-            switch (kind) {
-                case 0: v = 0.0f; break;
-                case 1: v = (j % 3 == 0) ? -0.0f : 0.0f; break;                   // signed zeros
-                case 2: v = 1.25f; break;                                          // all equal
-                case 3: v = static_cast<float>(small(rng)) * 0.5f; break;          // exact ties, ±extremes
-                case 4: v = (j % 2 ? 1.0f : -1.0f) * (j % 32 == 5 ? 2.0f : 0.5f); break;
-                case 5: v *= extreme ? 1e30f : 1e4f; break;                        // huge
-                case 6: v *= extreme ? 1e-30f : 1e-6f; break;                      // tiny
-                case 7: v *= extreme ? 1e-41f : 3e-5f; break;                      // subnormal scales
-                case 8: v = v * 1e-3f + 5.0f; break;                               // offset, narrow range
-                default: break;                                                    // N(0, 1)
-            }
-            row[j] = v;
-        }
-        if (kind == 3 && n >= 2) row[n - 1] = -row[0];  // a +a/-a tie in the last block
-    }
-    return x;
+    return kvq::detail::parity_rows(rows, n, seed, extreme);
 }
-
-bool same_float(float a, float b) {
-    uint32_t ua, ub;
-    std::memcpy(&ua, &a, 4);
-    std::memcpy(&ub, &b, 4);
-    return ua == ub || (std::isnan(a) && std::isnan(b));
-}
-
-bool close(float simd, float ref, double tol) {
-    if (std::isnan(ref) || std::isnan(simd)) return std::isnan(ref) && std::isnan(simd);
-    if (std::isinf(ref) || std::isinf(simd)) return simd == ref;
-    return std::fabs(double(simd) - double(ref)) <= tol;
-}
+bool close(float simd, float ref, double tol) { return kvq::detail::close_to(simd, ref, tol); }
 
 }  // namespace
 
@@ -117,133 +80,9 @@ TEST_CASE("SIMD levels: this CPU runs the levels it reports, and KVQ_SIMD names 
     CHECK_THROWS_AS(kvq::parse_simd_level("avx9000"), std::invalid_argument);
 }
 
-TEST_CASE("every SIMD level quantizes, prepares queries and dequantizes exactly as the scalar specification") {
-    for (auto level : simd_levels()) {
-        for (const auto& c : block_codecs()) {
-            const BlockKernels& ref = kvq::detail::scalar_kernels(c.codec);
-            const BlockKernels& simd = *kvq::detail::level_kernels(c.codec, level);
-            for (int n : head_sizes(c)) {
-                CAPTURE(kvq::simd_level_name(level));
-                CAPTURE(c.name);
-                CAPTURE(n);
-                const size_t rows = 41, row_bytes = size_t(n / c.block) * c.bytes_per_block;
-                for (bool extreme : {false, true}) {
-                    const auto x = make_rows(rows, n, 1000 + n, extreme);
-                    std::vector<uint8_t> a(rows * row_bytes, 0xAB), b(rows * row_bytes, 0xCD);
-                    size_t bad = 0;
-                    for (size_t r = 0; r < rows; ++r) {
-                        ref.quantize(x.data() + r * n, a.data() + r * row_bytes, n);
-                        simd.quantize(x.data() + r * n, b.data() + r * row_bytes, n);
-                        bad += std::memcmp(a.data() + r * row_bytes, b.data() + r * row_bytes, row_bytes) != 0;
-                    }
-                    CHECK_MESSAGE(bad == 0, bad << " rows quantize differently (extreme=" << extreme << ")");
-
-                    const size_t qbytes = c.block == 1 ? n * sizeof(float) : size_t(n / 32) * 40;
-                    std::vector<uint8_t> pa(qbytes), pb(qbytes);
-                    size_t bad_prep = 0;
-                    for (size_t r = 0; r < rows; ++r) {
-                        ref.prepare_query(x.data() + r * n, pa.data(), n);
-                        simd.prepare_query(x.data() + r * n, pb.data(), n);
-                        bad_prep += pa != pb;
-                    }
-                    CHECK_MESSAGE(bad_prep == 0, bad_prep << " queries prepare differently");
-
-                    // Dequantize the quantized rows, and rows of random bytes (any scale bits at all).
-                    std::vector<uint8_t> random(rows * row_bytes);
-                    std::mt19937 rng(n);
-                    for (auto& v : random) v = static_cast<uint8_t>(rng());
-                    for (const auto* bytes : {&a, &random}) {
-                        std::vector<float> ya(rows * n), yb(rows * n);
-                        for (size_t r = 0; r < rows; ++r) {
-                            ref.dequantize(bytes->data() + r * row_bytes, ya.data() + r * n, n);
-                            simd.dequantize(bytes->data() + r * row_bytes, yb.data() + r * n, n);
-                        }
-                        size_t diff = 0;
-                        for (size_t i = 0; i < ya.size(); ++i) diff += !same_float(ya[i], yb[i]);
-                        CHECK_MESSAGE(diff == 0, diff << " values dequantize differently");
-                    }
-                }
-            }
-        }
-    }
-}
-
-TEST_CASE("every SIMD level scores and accumulates as the scalar specification, to float rounding") {
-    for (auto level : simd_levels()) {
-        for (const auto& c : block_codecs()) {
-            const BlockKernels& ref = kvq::detail::scalar_kernels(c.codec);
-            const BlockKernels& simd = *kvq::detail::level_kernels(c.codec, level);
-            for (int n : head_sizes(c)) {
-                for (size_t rows : {size_t(1), size_t(13), size_t(67), size_t(130)}) {
-                    CAPTURE(kvq::simd_level_name(level));
-                    CAPTURE(c.name);
-                    CAPTURE(n);
-                    CAPTURE(rows);
-                    const size_t row_bytes = size_t(n / c.block) * c.bytes_per_block, stride = row_bytes + 3;
-                    const auto k = make_rows(rows, n, 7 * n + rows, false);
-                    std::vector<uint8_t> keys(rows * stride);
-                    for (size_t r = 0; r < rows; ++r) ref.quantize(k.data() + r * n, keys.data() + r * stride, n);
-                    std::vector<float> kd(rows * n);  // dequantized keys, for the error bound
-                    for (size_t r = 0; r < rows; ++r) ref.dequantize(keys.data() + r * stride, kd.data() + r * n, n);
-
-                    const int n_q = 1 + static_cast<int>((n + rows) % 8);  // 1..8 across the cases
-                    CAPTURE(n_q);
-                    const auto q = make_rows(n_q, n, 99 + n, false);
-                    const size_t qbytes = c.block == 1 ? n * sizeof(float) : size_t(n / 32) * 40;
-                    std::vector<uint8_t> prep(n_q * qbytes);
-                    for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
-                    std::vector<float> qe(n_q * n);  // the query the kernels see
-                    for (int i = 0; i < n_q; ++i) {
-                        if (c.block == 1) {
-                            std::memcpy(qe.data() + i * n, q.data() + i * n, n * sizeof(float));
-                            continue;
-                        }
-                        for (int j = 0; j < n; ++j) {
-                            const uint8_t* blk = prep.data() + i * qbytes + (j / 32) * 40;
-                            float d;
-                            std::memcpy(&d, blk, 4);
-                            qe[i * n + j] = d * static_cast<int8_t>(blk[8 + j % 32]);
-                        }
-                    }
-
-                    const size_t score_stride = rows + 5;
-                    std::vector<float> sa(n_q * score_stride, -1.0f), sb(n_q * score_stride, -1.0f);
-                    ref.score(prep.data(), qbytes, n_q, keys.data(), stride, rows, n, sa.data(), score_stride);
-                    simd.score(prep.data(), qbytes, n_q, keys.data(), stride, rows, n, sb.data(), score_stride);
-                    size_t bad = 0;
-                    for (int i = 0; i < n_q; ++i) {
-                        for (size_t r = 0; r < rows; ++r) {
-                            double mag = 0, row_max = 0;
-                            for (int j = 0; j < n; ++j) row_max = std::max(row_max, double(std::fabs(kd[r * n + j])));
-                            for (int j = 0; j < n; ++j) {
-                                mag += std::fabs(double(qe[i * n + j])) * (std::fabs(double(kd[r * n + j])) + row_max);
-                            }
-                            bad += !close(sb[i * score_stride + r], sa[i * score_stride + r], 2e-6 * mag + 1e-35);
-                        }
-                        for (size_t r = rows; r < score_stride; ++r) bad += sb[i * score_stride + r] != -1.0f;
-                    }
-                    CHECK_MESSAGE(bad == 0, bad << " scores differ beyond float rounding (or outside the rows)");
-
-                    const size_t w_stride = rows + 2;
-                    const auto w = make_rows(n_q, static_cast<int>(w_stride), 5, false);
-                    std::vector<float> acc0 = make_rows(n_q, n, 17, false);
-                    std::vector<float> aa = acc0, ab = acc0;
-                    ref.accumulate(w.data(), w_stride, n_q, keys.data(), stride, rows, n, aa.data());
-                    simd.accumulate(w.data(), w_stride, n_q, keys.data(), stride, rows, n, ab.data());
-                    size_t bad_acc = 0;
-                    for (int i = 0; i < n_q; ++i) {
-                        for (int j = 0; j < n; ++j) {
-                            double mag = std::fabs(acc0[i * n + j]);
-                            for (size_t r = 0; r < rows; ++r) mag += std::fabs(double(w[i * w_stride + r]) * kd[r * n + j]);
-                            bad_acc += !close(ab[i * n + j], aa[i * n + j], 2e-6 * mag + 1e-35);
-                        }
-                    }
-                    CHECK_MESSAGE(bad_acc == 0, bad_acc << " accumulated values differ beyond float rounding");
-                }
-            }
-        }
-    }
-}
+// The grid of quantize/prepare/dequantize (identical bytes) and score/accumulate (float rounding) for
+// every block codec, head size, 1-8 queries and 1-129 rows is kvq::selftest(), shipped in the library
+// (tests/test_simd_selfcheck.cpp runs it); the cases below are the edges it does not reach.
 
 TEST_CASE("all_finite finds every NaN and Inf at every level, wherever it is") {
     const kvq::SimdLevel active = kvq::simd_level();

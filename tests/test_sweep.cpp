@@ -150,42 +150,159 @@ TEST_CASE("plan and info output parse as JSON") {
     CHECK(info.find("simd_level")->as_string());
 }
 
-TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center and +rot included") {
+TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center, +rot and windows included") {
     const auto d = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=256,query_positions=1");
     const size_t n = 256;
     const int dim = d.head_dim, g = d.group();
-    for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3"}) {
-        CAPTURE(pair);
-        const auto f = kvq::KVFormat::parse(pair);
-        kvq::CacheConfig c;
-        c.n_kv_heads = d.kv_heads;
-        c.n_heads = d.q_heads;
-        c.head_dim = dim;
-        c.key_codec = f.key_codec;
-        c.value_codec = f.value_codec;
-        c.center_keys = f.center_keys;
-        kvq::KVCache cache(c);
-        const auto seq = cache.add_sequence();
-        cache.append(0, seq, d.k.data(), d.v.data(), n);
-        std::vector<float> from_cache(size_t(d.q_heads) * dim);
-        cache.attend(0, seq, d.q.data(), from_cache.data());
+    for (const int window : {0, 100}) {
+        for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3", "turbo4+center/turbo4",
+                                 "turbo3:scale=ls+center/turbo3:scale=unbiased", "polar+center/q4_0"}) {
+            CAPTURE(pair);
+            CAPTURE(window);
+            const auto f = kvq::KVFormat::parse(pair);
+            kvq::CacheConfig c;
+            c.n_kv_heads = d.kv_heads;
+            c.n_heads = d.q_heads;
+            c.head_dim = dim;
+            c.key_codec = f.key_codec;
+            c.value_codec = f.value_codec;
+            c.center_keys = f.center_keys;
+            c.sliding_window = {window};
+            kvq::KVCache cache(c);
+            const auto seq = cache.add_sequence();
+            cache.append(0, seq, d.k.data(), d.v.data(), n);
+            std::vector<float> from_cache(size_t(d.q_heads) * dim);
+            cache.attend(0, seq, d.q.data(), from_cache.data());
 
-        const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
-        for (int h = 0; h < d.kv_heads; ++h) {
-            const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
-            const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
-            const auto vc = kvq::detail::quantize_values(values, v.data(), n);
-            std::vector<float> scores(g * n), weights(g * n), out(g * dim);
-            std::vector<uint8_t> prep;
-            kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, n, d.softmax_scale(), prep, scores.data(),
-                                             weights.data(), out.data());
-            double diff = 0, norm = 0;
-            for (int i = 0; i < g * dim; ++i) {
-                const double x = from_cache[size_t(h) * g * dim + i];
-                diff += (out[i] - x) * (out[i] - x);
-                norm += x * x;
+            const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
+            const size_t first = window ? n - window : 0;
+            for (int h = 0; h < d.kv_heads; ++h) {
+                const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
+                const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
+                const auto vc = kvq::detail::quantize_values(values, v.data(), n);
+                std::vector<float> scores(g * n), weights(g * n), out(g * dim);
+                std::vector<uint8_t> prep;
+                kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, first, n, d.softmax_scale(), prep,
+                                                 scores.data(), weights.data(), out.data());
+                double diff = 0, norm = 0;
+                for (int i = 0; i < g * dim; ++i) {
+                    const double x = from_cache[size_t(h) * g * dim + i];
+                    diff += (out[i] - x) * (out[i] - x);
+                    norm += x * x;
+                }
+                CHECK(std::sqrt(diff / norm) < 1e-4);
             }
-            CHECK(std::sqrt(diff / norm) < 1e-4);
         }
+    }
+}
+
+TEST_CASE("sweep: a sliding-window layer is measured on its window, and full and window layers are reported apart") {
+    // Two layers of the same data; layer 1 has a window of 24 of the 64 tokens.
+    const auto src = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1");
+    kvq::KVData d = src;
+    d.name = "two";
+    d.layers = 2;
+    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
+    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
+    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
+    d.windows = {0, 24};
+    // The last 24 tokens alone, with the query at the end: what layer 1 should see.
+    kvq::KVData tail = src;
+    tail.name = "tail";
+    tail.tokens = 24;
+    tail.query_positions = {23};
+    const size_t row = size_t(src.kv_heads) * src.head_dim;
+    tail.k.assign(src.k.begin() + 40 * row, src.k.end());
+    tail.v.assign(src.v.begin() + 40 * row, src.v.end());
+    kvq::SweepOptions o;
+    o.timing = false;
+    o.formats = kvq::parse_kv_formats("q4_0/q4_0,turbo3/q4_0");
+    const auto r = kvq::run_sweep({d, src, tail}, o).rows;
+    REQUIRE(r.size() == 2 * 3 + 2 + 2);  // "two": all, full, window per format; then src and tail
+    for (int f = 0; f < 2; ++f) {
+        const auto &all = r[3 * f], &full = r[3 * f + 1], &window = r[3 * f + 2], &whole = r[6 + f], &last = r[8 + f];
+        CHECK(all.layers == "all");
+        CHECK(full.layers == "full");
+        CHECK(window.layers == "window");
+        CHECK(whole.layers == "all");
+        CHECK(all.errors.queries == full.errors.queries + window.errors.queries);
+        // Row-wise codecs: the full layer is the whole data, the window layer is the last 24 tokens alone.
+        CHECK(full.errors.kl.mean == doctest::Approx(whole.errors.kl.mean).epsilon(1e-9));
+        CHECK(window.errors.kl.mean == doctest::Approx(last.errors.kl.mean).epsilon(1e-9));
+        CHECK(window.errors.output_l2.mean == doctest::Approx(last.errors.output_l2.mean).epsilon(1e-9));
+        CHECK(std::fabs(window.errors.kl.mean - whole.errors.kl.mean) > 1e-3 * whole.errors.kl.mean);  // the window matters
+        CHECK(all.errors.kl.mean == doctest::Approx(0.5 * (full.errors.kl.mean + window.errors.kl.mean)).epsilon(1e-9));
+    }
+    const std::string table = kvq::format_sweep(kvq::run_sweep({d}, o), kvq::TableFormat::markdown);
+    CHECK(table.find("| two [window] | q4_0 | q4_0 |") != std::string::npos);
+    CHECK(table.find("| two [full] | turbo3 | q4_0 |") != std::string::npos);
+}
+
+TEST_CASE("chanB keys: per-channel minimum and step per block, exact bits, and errors") {
+    // Two blocks of 32 rows, head_dim 8: channel c = offset_c + token-dependent variation.
+    const int d = 8, n = 40;  // the second block is partial (8 rows)
+    std::vector<float> k(size_t(n) * d);
+    for (int t = 0; t < n; ++t)
+        for (int c = 0; c < d; ++c) k[size_t(t) * d + c] = 100.0f * (c - 3) + (c + 1) * std::sin(0.37f * t + c);
+    for (int bits : {2, 4, 8}) {
+        CAPTURE(bits);
+        const auto q = kvq::detail::quantize_channel_keys(k.data(), n, d, bits, 32);
+        REQUIRE(q.mins.size() == size_t(2 * d));
+        for (int t = 0; t < n; ++t) {
+            const size_t b = t / 32;
+            for (int c = 0; c < d; ++c) {
+                const float step = q.steps[b * d + c], x = k[size_t(t) * d + c];
+                const float y = q.mins[b * d + c] + step * q.rows[size_t(t) * d + c];
+                CHECK(q.rows[size_t(t) * d + c] < (1 << bits));
+                // Half a step, plus the fp16 rounding of the minimum (|min| ≤ 600: 0.25) and of the step.
+                CHECK(std::fabs(y - x) <= 0.5f * step + 0.25f + (1 << bits) * step * 1e-3f);
+            }
+        }
+    }
+    const auto f = kvq::KVFormat::parse("chan4/q4_0");
+    CHECK(f.channel_bits == 4);
+    CHECK(f.key_label() == "chan4");
+    CHECK(f.key_bits(128, 32) == 5.0);
+    CHECK(f.key_bits(128, 64) == 4.5);
+    CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("chan4+center/q4_0"), doctest::Contains("+center does not apply"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("chan9/q4_0"), doctest::Contains("chan2 .. chan8"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("chan4+rot/q4_0"), doctest::Contains("chan2 .. chan8"), std::invalid_argument);
+    CHECK_THROWS_AS(kvq::KVFormat::parse("q4_0/chan4"), std::invalid_argument);
+    std::vector<float> big(32 * 8, 1.0f);
+    big[5] = 1e6f;
+    CHECK_THROWS_WITH_AS(kvq::detail::quantize_channel_keys(big.data(), 32, 8, 4, 32), doctest::Contains("beyond fp16"), std::invalid_argument);
+}
+
+TEST_CASE("chanB keys in the sweep: scores are min + step·code dotted with q; on llm keys chan4 beats q4_0 at 5 bits") {
+    kvq::SweepOptions o;
+    o.formats = kvq::parse_kv_formats("chan4/f32,q4_0+rot+center/f32,q4_0/f32,chan8/f32,chan2/f32");
+    o.timing = true;  // chanB rows are not timed (no cache holds them); the others are
+    o.timing_repeats = 1;
+    const auto r = kvq::run_sweep({kvq::make_dataset("llm:layers=1,kv_heads=2,tokens=512")}, o).rows;
+    REQUIRE(r.size() == 5);
+    MESSAGE("KL chan4 " << r[0].errors.kl.mean << ", q4_0+rot+center " << r[1].errors.kl.mean << ", q4_0 " << r[2].errors.kl.mean
+                        << ", chan8 " << r[3].errors.kl.mean << ", chan2 " << r[4].errors.kl.mean);
+    CHECK(r[0].error.empty());
+    CHECK(r[0].key_bits == 5.0);
+    CHECK(r[0].decode_seconds == 0.0);
+    CHECK(r[1].decode_seconds > 0.0);
+    CHECK(r[0].errors.kl.mean < r[2].errors.kl.mean);
+    CHECK(r[3].errors.kl.mean < 0.01 * r[0].errors.kl.mean);  // 8-bit codes: far below 4-bit
+    CHECK(r[4].errors.kl.mean > r[0].errors.kl.mean);
+    CHECK(kvq::kv_bytes_per_token(kvq::model_preset("llama-3-8b"), kvq::KVFormat::parse("chan4/f16"), 32) ==
+          doctest::Approx(32 * 8 * (128 * 4 / 8.0 + 4.0 * 128 / 32 + 256)));
+}
+
+TEST_CASE("+center on the rotating codecs: on keys with a large per-channel bias it removes what the rotation spreads") {
+    kvq::SweepOptions o;
+    o.timing = false;
+    o.formats = kvq::parse_kv_formats("turbo4/f32,turbo4+center/f32,turbo3:scale=ls/f32,turbo3:scale=ls+center/f32,polar/f32,polar+center/f32");
+    const auto r = kvq::run_sweep({kvq::make_dataset("llm:layers=1,kv_heads=2,tokens=512,key_bias=4,rope=0")}, o).rows;
+    REQUIRE(r.size() == 6);
+    for (size_t i = 0; i < 6; i += 2) {
+        CAPTURE(r[i].format.label());
+        MESSAGE(r[i].format.label() << ": KL " << r[i].errors.kl.mean << ", centered " << r[i + 1].errors.kl.mean);
+        CHECK(r[i + 1].key_bits == doctest::Approx(r[i].key_bits + 0.5));
+        CHECK(r[i + 1].errors.kl.mean < 0.5 * r[i].errors.kl.mean);
     }
 }

@@ -34,7 +34,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,6 +53,16 @@ enum class SealPolicy {
     on_block_full,  // the open block stays float32 until it fills, then it is quantized in one go
 };
 
+// An engine's own threads: runs task(i) once for every i in [0, n), on any threads (the calling one
+// included or not) in any order, and returns when every call has returned. task does not throw.
+using Executor = std::function<void(int n, const std::function<void(int)>& task)>;
+
+// Bounds of a configuration (checked by KVCache's constructor, so every cache can be saved and loaded):
+// n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..4096, threads 1..256;
+// a sequence holds at most kMaxSequenceTokens tokens per layer.
+inline constexpr int kMaxCacheDim = 1 << 16;
+inline constexpr size_t kMaxSequenceTokens = size_t(1) << 48;
+
 struct CacheConfig {
     int n_layers = 1;
     int n_kv_heads = 1;
@@ -59,18 +71,26 @@ struct CacheConfig {
     std::string key_codec = "q8_0";
     std::string value_codec = "q4_0";
     int block_tokens = 32;
-    size_t max_blocks = 0;      // pool capacity in blocks (all layers together); 0 = no limit
+    // Pool capacity in blocks (all layers together); 0 = no limit. The float staging of open blocks
+    // (SealPolicy::on_block_full: one per sequence and layer that has begun one) counts against it in
+    // block-sized units, so blocks and staging together never hold more than max_blocks blocks' bytes.
+    size_t max_blocks = 0;
     size_t initial_blocks = 0;  // blocks allocated up front
     size_t grow_blocks = 64;    // blocks added when the pool grows
     float scale = 0.0f;         // softmax scale; 0 means 1/sqrt(head_dim)
     float softcap = 0.0f;       // logit soft-cap c: s -> c·tanh(s/c); 0 = off (Gemma 2 uses 50)
-    // Per layer, in tokens; empty, or 0 for a layer, = full attention. A block returns to the pool once it
-    // lies more than one block before the window (the slack lets truncate go back block_tokens tokens).
+    // Per layer, in tokens; empty, or 0 for a layer, = full attention. A block returns to the pool at an
+    // append once it lies more than one block before the window of that append's first token (the slack
+    // lets truncate go back block_tokens tokens), so attend_prefill after appending a whole prompt sees
+    // everything its queries need, and the next append releases the rest.
     std::vector<int> sliding_window;
     SealPolicy seal = SealPolicy::on_block_full;
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
-    int threads = 1;            // threads for one attend call (split by block ranges)
+    int threads = 1;            // threads for one attend call: it is split into parts for this many
+    // Runs those parts; empty: kvq's own pool (hardware threads − 1 workers, shared by every cache of the
+    // process), on at most `threads` threads per call. Not saved in cache files.
+    Executor executor;
     uint64_t seed = kDefaultSeed;  // rotation seed for +rot, polar and turbo codecs
 };
 
@@ -101,12 +121,22 @@ public:
     using std::invalid_argument::invalid_argument;
 };
 
+// What KVCache::load takes from the caller rather than from the file: the pool's limits and the threads
+// of one attend call (files store neither).
+struct LoadOptions {
+    size_t max_blocks = 0;   // pool capacity in blocks; 0 = no limit. A file with more blocks: PoolExhausted
+    size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own)
+    int threads = 1;         // as CacheConfig::threads
+};
+
 struct PoolStats {
     size_t block_bytes = 0;      // bytes of one block
     size_t blocks_total = 0;     // allocated
     size_t blocks_used = 0;      // referenced by at least one sequence
     size_t blocks_shared = 0;    // referenced by more than one sequence
     size_t max_blocks = 0;       // capacity (0 = unlimited)
+    size_t blocks_reserved = 0;  // blocks' worth of memory the open blocks' float staging holds (counted
+                                 // against max_blocks: blocks_used + blocks_reserved <= max_blocks)
 };
 
 class KVCache {
@@ -129,15 +159,24 @@ public:
     // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length).
     void truncate(SequenceId seq, size_t n_tokens);
 
-    // k, v: n_tokens × n_kv_heads × head_dim floats (C order).
+    // k, v: n_tokens × n_kv_heads × head_dim floats (C order). n_tokens whose buffers could not exist
+    // (their byte size overflows) or that would take the sequence past kMaxSequenceTokens throw
+    // std::invalid_argument before anything is read.
     void append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens);
 
     // Decode attention over every token of the sequence in this layer (its window, if it has one).
-    // q, out: n_heads × head_dim floats.
+    // q, out: n_heads × head_dim floats. Finite queries over finite keys and values give a finite output:
+    // a head whose scores overflow float (a query of 1e38, say) is recomputed in double precision.
     void attend(int layer, SequenceId seq, const float* q, float* out) const;
     // Causal attention for the last n_queries tokens of the sequence (prefill): query i sees the tokens
-    // up to and including its own position. q, out: n_queries × n_heads × head_dim floats.
+    // up to and including its own position (within the layer's window). With a window, the queries may
+    // reach back to the first token of the latest append. q, out: n_queries × n_heads × head_dim floats.
     void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
+    // Decode attention of many sequences of one layer in one call: q, out: seqs.size() × n_heads ×
+    // head_dim floats (sequence i's query vectors at i·n_heads·head_dim). The work is split across
+    // sequences, block ranges and kv heads; each result is bit-identical to attend() of that sequence.
+    // A sequence may appear once.
+    void attend_batch(int layer, std::span<const SequenceId> seqs, const float* q, float* out) const;
 
     size_t n_tokens(SequenceId seq, int layer = 0) const;
     std::vector<SequenceId> sequences() const;
@@ -146,21 +185,33 @@ public:
     // Writes every sequence (or one) with its block tables, shared blocks once, the open block's float rows
     // and the configuration to `path`: into `path.tmp.<pid>.<n>`, fsynced, renamed over `path`, directory
     // fsynced. Throws FileIOError (the temporary file removed, an old file at `path` untouched) or
-    // std::invalid_argument (no such sequence). Reads the sequences as attend does: no writer of them may
-    // run at the same time.
+    // std::invalid_argument (no such sequence, or a path holding a NUL byte). Reads the sequences as
+    // attend does: no writer of them may run at the same time.
     void save(const std::string& path) const;
     void save(const std::string& path, SequenceId seq) const;
     // A new cache with the file's configuration (its codecs, shapes, seed, seal policy, windows,
     // nan_policy) holding the file's sequences, numbered 0, 1, … in the file's order. Pool limits and
-    // threads are not stored in files: the cache has an unlimited pool and one thread.
+    // threads are not stored in files: the cache has an unlimited pool and one thread, or what `options`
+    // give. The pool grows by exactly the blocks the file holds (a file's payloads are in it, so nothing
+    // is allocated beyond the file's length); a file with more blocks than options.max_blocks throws
+    // PoolExhausted. Paths holding a NUL byte throw std::invalid_argument; anything but a regular file
+    // (a FIFO, a directory, a device) throws FileIOError without being read.
     static KVCache load(const std::string& path);
+    static KVCache load(const std::string& path, const LoadOptions& options);
     // Adds the file's sequences to this cache and returns their new ids, in the file's order. Throws
     // FileIOError, BadCacheFile, ConfigMismatch (codecs, seed, shapes, block_tokens, seal, centering,
     // scale, softcap or windows differ) or PoolExhausted, and then has changed nothing: the whole file is
     // checked before any block is taken from the pool.
     std::vector<SequenceId> load_into(const std::string& path);
 
-    size_t bytes_used() const;         // bytes of the blocks in use (shared blocks counted once)
+    // Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks, and the
+    // per-sequence bookkeeping (metadata_bytes()).
+    size_t bytes_used() const;
+    // The per-sequence bookkeeping alone: for each sequence, its per-layer state (about 130 bytes per
+    // layer), so a cache of many layers costs memory per sequence before any token is appended.
+    size_t metadata_bytes() const;
+    // The bookkeeping one sequence adds to bytes_used() in a cache of n_layers layers.
+    static size_t sequence_bookkeeping_bytes(int n_layers);
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging

@@ -8,9 +8,11 @@
 //   "npy:DIR"                   real dumps: DIR/k.npy and DIR/v.npy, shape (layers, tokens, kv_heads,
 //                               head_dim), float32 or float16, and optionally DIR/q.npy, shape (layers,
 //                               tokens, n_heads, head_dim) with n_heads a multiple of kv_heads, and
-//                               optionally DIR/meta.json with the softmax "scale" (scripts/dump_hf_kv.py).
+//                               optionally DIR/meta.json with the softmax "scale" and the per-layer
+//                               sliding "windows" (scripts/dump_hf_kv.py).
 // Every data set is decode attention: query i sits at token query_positions[i] and attends to tokens
-// 0..query_positions[i] of its layer and kv head (its GQA group shares the kv head).
+// 0..query_positions[i] of its layer and kv head (its GQA group shares the kv head); in a layer with a
+// sliding window W > 0, to the last W of them (tokens query_positions[i] − W + 1 .. query_positions[i]).
 #pragma once
 
 #include <cstddef>
@@ -32,10 +34,17 @@ struct KVData {
     std::vector<float> k, v;           // layers × tokens × kv_heads × head_dim
     std::vector<float> q;              // layers × query_positions.size() × q_heads × head_dim
     float scale = 0;                   // softmax scale; 0 means 1/sqrt(head_dim)
+    std::vector<int> windows;          // per layer: sliding window in tokens, 0 = full; empty = all full
 
     int group() const { return q_heads / kv_heads; }
     int n_queries() const { return static_cast<int>(query_positions.size()); }
     float softmax_scale() const;
+    // The sliding window of a layer (0 = full attention) and the first token a query at `position` sees.
+    int window(int layer) const { return windows.empty() ? 0 : windows[size_t(layer)]; }
+    size_t first_token(int layer, int position) const {
+        const int w = window(layer);
+        return w > 0 && position + 1 > w ? size_t(position + 1 - w) : 0;
+    }
     // Keys or values of one (layer, kv head) for tokens [0, n_tokens) as n_tokens × head_dim floats.
     std::vector<float> keys(int layer, int kv_head, size_t n_tokens) const;
     std::vector<float> values(int layer, int kv_head, size_t n_tokens) const;
@@ -44,6 +53,10 @@ struct KVData {
     // Throws std::invalid_argument if sizes and shapes disagree.
     void validate() const;
 };
+
+// The most floats a synthetic data set (make_dataset's gaussian and llm) holds per tensor: keys, values
+// and queries each. Larger specs are refused with std::invalid_argument before anything is allocated.
+inline constexpr size_t kMaxDatasetValues = size_t(1) << 28;
 
 struct GaussianDataOptions {
     int layers = 1, kv_heads = 8, q_per_kv = 2, head_dim = 128, tokens = 1024, query_positions = 4;
@@ -74,7 +87,10 @@ struct NpyDataOptions {
     uint64_t seed = 0;        // for synthetic queries when DIR/q.npy is absent
 };
 // Loads DIR/k.npy, DIR/v.npy and DIR/q.npy if present, and the softmax scale from DIR/meta.json's "scale"
-// if present (else 1/sqrt(head_dim)). Without q.npy the queries are synthetic: per
+// if present (else 1/sqrt(head_dim)). Sliding windows come from meta.json too: "windows", one
+// non-negative integer per layer (0 = full attention), or else Hugging Face's "sliding_window" (tokens)
+// with "layer_types" (one "sliding_attention" or "full_attention" per layer); without them every layer
+// attends to the whole context. Without q.npy the queries are synthetic: per
 // (layer, kv head), channel c is N(0, 1) scaled by the keys' RMS in channel c over their mean RMS (so
 // queries weigh channels as the keys do); results are then indicative only.
 KVData load_npy_data(const std::string& dir, const NpyDataOptions& options = {});
@@ -91,7 +107,7 @@ std::vector<std::pair<std::string, std::string>> dataset_kinds();
 struct DataStats {
     double outlier_channel_ratio = 0;  // median over (layer, kv head) of max channel RMS / median channel RMS
     double key_bias_ratio = 0;         // median over heads of |per-channel key mean| RMS / per-channel std RMS
-    double sink_weight = 0;            // mean attention weight on token 0 over all queries
+    double sink_weight = 0;            // mean attention weight on token 0 over the queries that see it
     double entropy_min = 0, entropy_median = 0, entropy_max = 0;  // attention entropy per query, nats
     double entropy_log_context = 0;    // log(mean context length): the entropy of uniform attention
     double sharp_fraction = 0;         // queries with entropy below 1 nat

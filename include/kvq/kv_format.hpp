@@ -4,6 +4,12 @@
 // each sealed block of `block_tokens` keys has its per-channel mean subtracted before quantizing and the
 // mean kept in fp16 beside the block (CacheConfig::center_keys); the score adds q·mean back. The means
 // count in the bits per value: 16 / block_tokens bits per key value (0.5 at 32 tokens per block).
+//
+// The key part may instead be "chanB" (B = 2..8): per-channel keys within a block, as KIVI (arXiv
+// 2402.02750) and KVQuant (arXiv 2401.18079) quantize keys: for each channel of a block's keys, an fp16
+// minimum and an fp16 step over the block's tokens, and a B-bit code per value, x̃ = min + step·code
+// (B + 32 / block_tokens bits per key value). The score is q·min + Σ_c (q_c·step_c)·code_c. It is
+// measured by the sweep (kvq table) only: KVCache does not store chanB keys yet.
 #pragma once
 
 #include <string>
@@ -16,6 +22,7 @@ struct KVFormat {
     std::string key_codec;    // a kvq::Codec spec, e.g. "q4_0+rot"
     std::string value_codec;  // a kvq::Codec spec
     bool center_keys = false;
+    int channel_bits = 0;     // "chanB" keys: B; key_codec is then "chanB" (not a Codec spec)
 
     std::string key_label() const;  // the key part as written, e.g. "q4_0+rot+center"
     std::string label() const;      // "K/V"

@@ -89,6 +89,7 @@ typedef enum kvq_status {
     KVQ_ERR_IO = 11,              /* a cache file could not be opened, read, written or renamed (errno's text) */
     KVQ_ERR_BAD_FILE = 12,        /* not a cache file this kvq reads: magic, version, truncated, CRC, contents */
     KVQ_ERR_CONFIG_MISMATCH = 13, /* kvq_cache_load_into: the file's cache had another configuration */
+    KVQ_ERR_SELFTEST_FAILED = 14, /* kvq_selftest: a SIMD level differs from the scalar specification */
     KVQ_STATUS_MAX_ = 0x7fffffff  /* never returned: keeps every int status a valid value of the enum in
                                      C++ too (kvq_status_name takes any; a later version may add statuses) */
 } kvq_status;
@@ -102,6 +103,26 @@ KVQ_API const char* kvq_status_name(kvq_status status);
  * detect a header/library mismatch. */
 KVQ_API uint32_t kvq_version(void);
 KVQ_API const char* kvq_version_string(void);
+
+/* ---- SIMD levels and the self-test ------------------------------------------------------------ */
+
+/* kvq picks a SIMD level at run time: the best one the CPU runs that passes a known-answer self-check
+ * against the scalar specification (run the first time a level is about to be used; a failing level is
+ * not used, and kvq falls back to the best level below it that passes). KVQ_SIMD=scalar|sse2|avx2|
+ * avx512|neon asks for a level, KVQ_SELFCHECK=0 skips the self-check. */
+
+/* The name of the SIMD level in use ("avx2"); a static string. */
+KVQ_API const char* kvq_simd_level(void);
+/* Writes the levels this build has, whether the CPU runs them, their self-check results and the level
+ * in use with the reason, as text (one line per level, then "in use: ..."), NUL-terminated and cut to
+ * capacity bytes; returns the length of the whole text (snprintf's rule: call with capacity 0 to size
+ * the buffer). buf may be NULL when capacity is 0. */
+KVQ_API size_t kvq_simd_report(char* buf, size_t capacity);
+/* The full parity check: every codec at every level this CPU runs against the scalar specification,
+ * and cache attention against the FP32 reference (about a second per level). on_line, if not NULL, is
+ * called with each result line ("avx2    q8_0          ok ..."). KVQ_OK if every line passed, else
+ * KVQ_ERR_SELFTEST_FAILED (kvq_last_error() names the first failing level and family). */
+KVQ_API kvq_status kvq_selftest(void (*on_line)(const char* line, void* ctx), void* ctx);
 
 /* ---- the codec table -------------------------------------------------------------------------- */
 
@@ -198,14 +219,18 @@ typedef enum kvq_nan_policy {
 } kvq_nan_policy;
 
 /* Mirrors kvq::CacheConfig (kvq/cache.hpp). Grows by appending fields (see the ABI notes); start from
- * kvq_cache_params_default(). */
+ * kvq_cache_params_default(). Bounds (KVQ_ERR_BAD_PARAMS beyond them): n_layers, n_kv_heads, n_heads and
+ * head_dim at most KVQ_MAX_CACHE_DIM, block_tokens 1..4096, threads 1..256, initial_blocks <= max_blocks
+ * when max_blocks is set. A sequence holds at most KVQ_MAX_SEQUENCE_TOKENS tokens per layer. */
+#define KVQ_MAX_CACHE_DIM 65536
+#define KVQ_MAX_SEQUENCE_TOKENS (UINT64_C(1) << 48)
 typedef struct kvq_cache_params {
     size_t size;                   /* sizeof(kvq_cache_params) */
     int32_t n_layers;              /* default 1 */
     int32_t n_kv_heads;            /* default 1 */
     int32_t n_heads;               /* query heads, a multiple of n_kv_heads; 0 means n_kv_heads */
     int32_t head_dim;              /* default 128 */
-    const char* key_codec;         /* codec spec, default "q8_0"; copied by kvq_cache_create */
+    const char* key_codec;         /* codec spec, default "q8_0"; copied by kvq_cache_create; not NULL */
     const char* value_codec;       /* default "q4_0" */
     int32_t block_tokens;          /* tokens per block, default 32 */
     int32_t threads;               /* threads for one attend call, default 1 */
@@ -221,6 +246,13 @@ typedef struct kvq_cache_params {
     int32_t nan_policy;            /* kvq_nan_policy */
     int32_t reserved0;             /* must be 0 (keeps the struct free of padding) */
     uint64_t seed;                 /* rotation seed, default KVQ_DEFAULT_SEED */
+    /* Since 0.x (appended; an older caller's smaller struct leaves them NULL): the engine's own threads.
+     * kvq calls executor(executor_ctx, n, task, task_ctx), which must call task(task_ctx, i) exactly once
+     * for every i in [0, n), on any threads (the calling one included or not), and return when all calls
+     * have returned. NULL: kvq's own pool, shared by every cache of the process. `threads` still sets how
+     * many parts one call is split into. */
+    void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);
+    void* executor_ctx;
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {
@@ -250,6 +282,9 @@ typedef struct kvq_pool_stats {
     size_t blocks_used;   /* referenced by at least one sequence */
     size_t blocks_shared; /* referenced by more than one sequence */
     size_t max_blocks;    /* capacity (0 = unlimited) */
+    /* Since 0.x (appended): blocks' worth of memory the open blocks' float staging holds, counted against
+     * max_blocks (blocks_used + blocks_reserved <= max_blocks). */
+    size_t blocks_reserved;
 } kvq_pool_stats;
 
 static inline kvq_pool_stats kvq_pool_stats_init(void) {
@@ -259,8 +294,11 @@ static inline kvq_pool_stats kvq_pool_stats_init(void) {
     return s;
 }
 
-/* Creates a cache. Fails with KVQ_ERR_BAD_PARAMS, KVQ_ERR_UNKNOWN_CODEC, KVQ_ERR_BAD_HEAD_DIM,
- * KVQ_ERR_POOL_EXHAUSTED (initial_blocks > max_blocks) or KVQ_ERR_INVALID_ARGUMENT (NULL, size). */
+/* Creates a cache. Fails with KVQ_ERR_BAD_PARAMS (a field out of its range or inconsistent with another:
+ * n_layers 0 or beyond KVQ_MAX_CACHE_DIM, n_heads not a multiple of n_kv_heads, initial_blocks >
+ * max_blocks, ...), KVQ_ERR_UNKNOWN_CODEC, KVQ_ERR_BAD_HEAD_DIM (the codec cannot take head_dim) or
+ * KVQ_ERR_INVALID_ARGUMENT (a NULL pointer: params, cache, key_codec, value_codec, sliding_window with
+ * n_sliding_window > 0; a bad size field). */
 KVQ_API kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache);
 KVQ_API void kvq_cache_destroy(kvq_cache* cache); /* NULL is a no-op */
 
@@ -275,15 +313,28 @@ KVQ_API kvq_status kvq_cache_fork(kvq_cache* cache, int64_t parent, int64_t* chi
 /* Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length). */
 KVQ_API kvq_status kvq_cache_truncate(kvq_cache* cache, int64_t seq, size_t n_tokens);
 
-/* k, v: n_tokens × n_kv_heads × head_dim floats (C order). */
+/* k, v: n_tokens × n_kv_heads × head_dim floats (C order). KVQ_ERR_INVALID_ARGUMENT before anything is
+ * read when the buffers' byte size would overflow or the layer would pass KVQ_MAX_SEQUENCE_TOKENS;
+ * KVQ_ERR_NON_FINITE for NaN/Inf (nan_policy = reject), KVQ_ERR_INVALID_ARGUMENT for a finite value beyond
+ * the codec's range. */
 KVQ_API kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const float* k,
                                     const float* v, size_t n_tokens);
-/* Decode attention over the sequence's tokens in this layer. q, out: n_heads × head_dim floats. */
+/* Decode attention over the sequence's tokens in this layer. q, out: n_heads × head_dim floats.
+ * KVQ_ERR_NON_FINITE for a NaN/Inf query (nan_policy = reject). Finite queries over finite keys and values
+ * give a finite output, even when their scores overflow float (such heads are recomputed in double). */
 KVQ_API kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q,
                                     float* out);
-/* Causal attention for the last n_queries tokens (prefill). q, out: n_queries × n_heads × head_dim. */
+/* Causal attention for the last n_queries tokens (prefill). q, out: n_queries × n_heads × head_dim.
+ * KVQ_ERR_INVALID_ARGUMENT, before q is read, when n_queries exceeds the layer's tokens. */
 KVQ_API kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq,
                                             const float* q, size_t n_queries, float* out);
+/* Decode attention of n_seqs sequences of one layer in one call (a batch of decoding sequences):
+ * q, out: n_seqs × n_heads × head_dim floats, sequence seqs[i]'s at i·n_heads·head_dim. The work is
+ * split across sequences, block ranges and kv heads; each result is bit-identical to kvq_cache_attend.
+ * A sequence may appear once. KVQ_ERR_BAD_SEQUENCE, KVQ_ERR_BAD_LAYER, KVQ_ERR_NON_FINITE,
+ * KVQ_ERR_INVALID_ARGUMENT (NULL, a repeated or empty sequence); out is written only on success. */
+KVQ_API kvq_status kvq_cache_attend_batch(const kvq_cache* cache, int32_t layer, const int64_t* seqs, size_t n_seqs,
+                                          const float* q, float* out);
 
 KVQ_API kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32_t layer, size_t* n_tokens);
 /* 1 if seq is in the cache, else 0. */
@@ -302,8 +353,15 @@ KVQ_API kvq_status kvq_cache_sequences(const kvq_cache* cache, int64_t* ids, siz
  * may run at the same time (as for attend). */
 KVQ_API kvq_status kvq_cache_save(const kvq_cache* cache, const char* path, int64_t seq);
 /* A new cache with the file's configuration and sequences (ids 0, 1, … in the file's order); unlimited
- * pool, one thread. KVQ_ERR_IO, KVQ_ERR_BAD_FILE; *cache is written only on success. */
+ * pool, one thread. KVQ_ERR_IO (also for anything but a regular file: a FIFO or a directory is refused
+ * before it is read), KVQ_ERR_BAD_FILE (also for rows the file's nan_policy does not admit: NaN/Inf, or
+ * staged values beyond the codec's range, under reject); *cache is written only on success. The pool
+ * takes exactly the file's blocks (the payloads are in the file: nothing is allocated beyond its size). */
 KVQ_API kvq_status kvq_cache_load(const char* path, kvq_cache** cache);
+/* kvq_cache_load with the pool's capacity (max_blocks, 0 = no limit; a file with more blocks fails with
+ * KVQ_ERR_POOL_EXHAUSTED before anything is allocated) and the threads of one attend call (1..256, else
+ * KVQ_ERR_INVALID_ARGUMENT). */
+KVQ_API kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, int32_t threads, kvq_cache** cache);
 /* Adds the file's sequences to a cache of the same configuration. Their new ids go to ids (up to
  * capacity of them, in the file's order; ids may be NULL when capacity is 0) and their number to *count.
  * KVQ_ERR_IO, KVQ_ERR_BAD_FILE, KVQ_ERR_CONFIG_MISMATCH (the message names the field),
@@ -312,7 +370,9 @@ KVQ_API kvq_status kvq_cache_load_into(kvq_cache* cache, const char* path, int64
                                        size_t* count);
 
 /* Accounting; a NULL cache gives 0. */
-KVQ_API size_t kvq_cache_bytes_used(const kvq_cache* cache);     /* blocks in use, shared ones once */
+/* Blocks in use (shared ones once), float staging of open blocks, and per-sequence bookkeeping (about
+ * 130 bytes per layer per sequence). */
+KVQ_API size_t kvq_cache_bytes_used(const kvq_cache* cache);
 KVQ_API double kvq_cache_bytes_per_token(const kvq_cache* cache); /* K + V, all layers and kv heads */
 KVQ_API kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats);
 

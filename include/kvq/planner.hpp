@@ -67,6 +67,11 @@ struct MemoryPlan {
     double bytes_total = 0;      // context × batch, sliding windows applied
     double fp16_bytes_per_token = 0, fp16_bytes_total = 0;
     double compression = 0;      // fp16_bytes_total / bytes_total
+    // What a kvq::KVCache with this format and default settings holds for batch sequences of context
+    // tokens after decoding: whole blocks (their alignment padding included), each sequence's and
+    // layer's float32 staging of the open block, the one block of slack before each sliding window, and
+    // each sequence's bookkeeping. 0 for MLA models (a KVCache stores keys and values per head).
+    double cache_bytes_total = 0;
 };
 
 // Bytes of one token in every layer, and of `context` tokens × `batch` with windows applied. Throw
@@ -74,6 +79,9 @@ struct MemoryPlan {
 double kv_bytes_per_token(const ModelShape& model, const KVFormat& format, int block_tokens = 32);
 double kv_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch = 1,
                 int block_tokens = 32);
+// MemoryPlan::cache_bytes_total for one format (KVCache's own block layout and staging rules).
+double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch = 1,
+                      int block_tokens = 32);
 
 std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<KVFormat>& formats,
                                     const PlanOptions& options = {});

@@ -3,7 +3,8 @@
 // For every data set and every K/V format: quantize each (layer, kv head)'s keys and values, run decode
 // attention for the data set's queries on the codes (key codec scores, value codec accumulates; +center
 // keys get q·mean added back per block) and compare with the FP32 reference on the original rows.
-// Errors are the metrics of kvq/eval.hpp over all queries (mean and worst). Decode time is one decode
+// Errors are the metrics of kvq/eval.hpp over all queries (mean and worst). In a layer with a sliding
+// window (KVData::windows) a query attends to the window only, in the reference and on the codes. Decode time is one decode
 // step — KVCache::attend of the last query in each of the first 4 layers, one thread, at the full
 // context — best of a few samples, divided by f16/f16's time measured in the same run.
 #pragma once
@@ -36,6 +37,9 @@ struct SweepOptions {
 
 struct SweepRow {
     std::string dataset;
+    // Which layers the errors cover: "all"; on a data set with both full-attention and sliding-window
+    // layers (KVData::windows), each format also gets a "full" and a "window" row (same bits and timing).
+    std::string layers = "all";
     KVFormat format;
     std::string error;            // non-empty if a codec cannot take this data set (the row has no figures)
     int head_dim = 0;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "../codec/half.hpp"
@@ -32,8 +31,9 @@ T* align_line(T* p) {
 }
 
 struct WorkItem {
-    size_t source;
+    size_t task, source;
     size_t block_begin, block_end;
+    int head_begin, head_end;  // kv heads
 };
 
 // s -> c·tanh(s/c) (Gemma 2's logit soft-cap).
@@ -45,23 +45,22 @@ void soft_cap(float* s, size_t n, float softcap) {
 // The online softmax over blocks [b0, b1) of one source, for every query head, into st and acc (in the
 // value codec's basis).
 void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint8_t* prep, const float* q,
-                   size_t b0, size_t b1, SoftmaxState* st, float* acc) {
+                   size_t b0, size_t b1, int h0, int h1, SoftmaxState* st, float* acc) {
     const int g = shape.n_heads / shape.n_kv_heads;
     const int d = shape.head_dim;
     const BlockLayout& lay = src.layout;
     const size_t bt = static_cast<size_t>(lay.block_tokens);
     const size_t krb = src.key->row_bytes(), vrb = src.value->row_bytes(), qb = src.key->query_bytes();
+    const size_t krs = lay.k_row_stride ? lay.k_row_stride : krb, vrs = lay.v_row_stride ? lay.v_row_stride : vrb;
     const bool centered = lay.mean_offset != kNoMeans;
 
-    // g × block_tokens scores; the stack holds the usual sizes (g ≤ 8, 64 tokens).
-    float stack_scores[1024];
-    std::vector<float> heap_scores;
-    float* scores = stack_scores;
-    if (static_cast<size_t>(g) * bt > std::size(stack_scores)) {
-        heap_scores.resize(static_cast<size_t>(g) * bt);
-        scores = heap_scores.data();
-    }
-    std::vector<float> mean(centered ? d : 0), offset_buf(centered ? g : 0);
+    // g × block_tokens scores, the block's key mean and q·mean: this thread's scratch, grown once.
+    thread_local std::vector<float> scratch;
+    const size_t need = static_cast<size_t>(g) * bt + (centered ? static_cast<size_t>(d + g) : 0);
+    if (scratch.size() < need) scratch.resize(need);
+    float* scores = scratch.data();
+    float* mean = scores + static_cast<size_t>(g) * bt;
+    float* offset_buf = mean + d;
 
     const size_t last = src.blocks.size() - 1;
     for (size_t b = b0; b < b1; ++b) {
@@ -70,21 +69,25 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
         if (hi <= lo) continue;
         const size_t n = hi - lo;
         const uint8_t* block = src.blocks[b];
-        for (int h = 0; h < shape.n_kv_heads; ++h) {
-            const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krb;
-            const uint8_t* values = block + lay.v_offset + h * lay.v_head_stride + lo * vrb;
+        const uint8_t* value_block = src.value_blocks.empty() ? block : src.value_blocks[b];
+        for (int h = h0; h < h1; ++h) {
+            const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krs;
+            const uint8_t* values = value_block + lay.v_offset + h * lay.v_head_stride + lo * vrs;
             // The values are read only after the scores and the softmax: ask for them now, so that their
             // first touch overlaps the scoring instead of stalling the accumulate (measured: 6-10% of a
             // q8_0/q4_0 step at 4k and 32k tokens; prefetching the next head's keys as well was slower).
-            for (size_t o = 0; o < n * vrb; o += 64) __builtin_prefetch(values + o, 0, 3);
-            src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krb, n, scores, n);
+            for (size_t r = 0; r < (vrs == vrb ? 1 : n); ++r) {
+                const size_t span = vrs == vrb ? n * vrb : vrb;
+                for (size_t o = 0; o < span; o += 64) __builtin_prefetch(values + r * vrs + o, 0, 3);
+            }
+            src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krs, n, scores, n);
             // And the first half of the next head's keys (the hardware prefetcher streams the rest once it
             // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
             // (all of them, or at score time, was no better or slower).
-            const uint8_t* next_keys = h + 1 < shape.n_kv_heads ? keys + lay.k_head_stride
+            const uint8_t* next_keys = h + 1 < h1 ? keys + lay.k_head_stride
                                        : b + 1 < b1             ? src.blocks[b + 1] + lay.k_offset
                                                                 : nullptr;
-            if (next_keys) {
+            if (next_keys && krs == krb) {
                 for (size_t o = 0; o < bt * krb / 2; o += 64) __builtin_prefetch(next_keys + o, 0, 3);
             }
             float* head_acc = acc + static_cast<size_t>(h) * g * d;
@@ -92,7 +95,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             if (centered) {  // q·mean, added back to the scores of keys stored minus their block mean
                 const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
                 for (int j = 0; j < d; ++j) mean[j] = f16_to_f32(m16[j]);
-                offsets = offset_buf.data();
+                offsets = offset_buf;
                 for (int i = 0; i < g; ++i) {
                     const float* qi = q + static_cast<size_t>(h * g + i) * d;
                     float dot = 0.0f;
@@ -111,14 +114,14 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             } else {
                 softmax_update(scores, g, n, offsets, shape.scale, st + h * g, head_acc, d);
             }
-            src.value->accumulate_rows(scores, n, g, values, vrb, n, head_acc);
+            src.value->accumulate_rows(scores, n, g, values, vrs, n, head_acc);
         }
     }
 }
 
-// Splits each source into block ranges: one per source without threads, more for long sources.
-std::vector<WorkItem> plan_work(std::span<const RowSource> sources, int threads) {
-    std::vector<WorkItem> items;
+// Splits each source of a task into block ranges: one per source without threads, more for long sources;
+// a source that stays one range is split by kv heads instead when threads would otherwise idle.
+void plan_work(size_t task, std::span<const RowSource> sources, int n_kv_heads, int threads, std::vector<WorkItem>& items) {
     for (size_t s = 0; s < sources.size(); ++s) {
         const size_t nb = sources[s].blocks.size();
         if (nb == 0) continue;
@@ -126,78 +129,127 @@ std::vector<WorkItem> plan_work(std::span<const RowSource> sources, int threads)
         if (threads > 1) {
             parts = std::clamp<size_t>(nb / kMinBlocksPerPart, 1, kMaxParts);
         }
-        for (size_t p = 0; p < parts; ++p) items.push_back({s, nb * p / parts, nb * (p + 1) / parts});
+        const int head_parts = parts == 1 && threads > 1 ? std::min(threads, n_kv_heads) : 1;
+        for (size_t p = 0; p < parts; ++p) {
+            for (int hp = 0; hp < head_parts; ++hp) {
+                items.push_back({task, s, nb * p / parts, nb * (p + 1) / parts, n_kv_heads * hp / head_parts,
+                                 n_kv_heads * (hp + 1) / head_parts});
+            }
+        }
     }
-    return items;
 }
+
+// This thread's buffers of a decode call, grown once and kept (no allocation on the decode path).
+struct Scratch {
+    std::vector<uint8_t> preps;
+    std::vector<size_t> prep_at;  // per (task, source): offset into preps
+    std::vector<WorkItem> items;
+    std::vector<size_t> first_prep;  // per task: prep_at index of its first source
+    std::vector<SoftmaxState> states;
+    std::vector<float> accs;
+};
 
 }  // namespace
 
-void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q,
-                      float* out, ThreadPool* pool, int threads) {
+void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run,
+                            int threads) {
     const size_t heads = static_cast<size_t>(shape.n_heads);
     const size_t d = static_cast<size_t>(shape.head_dim);
+    const int g = shape.n_heads / shape.n_kv_heads;
+    thread_local Scratch scratch;
+    Scratch& sc = scratch;  // the caller's: a lambda running on a worker would name the worker's own
 
-    std::vector<std::vector<uint8_t>> preps(sources.size());
-    for (size_t s = 0; s < sources.size(); ++s) {
-        if (sources[s].blocks.empty()) continue;
-        preps[s].resize(heads * sources[s].key->query_bytes());
-        sources[s].key->prepare_queries(q, shape.n_heads, preps[s].data());
+    // Queries prepared once per task and source (a source's key codec), at 64-byte offsets.
+    sc.prep_at.clear();
+    size_t prep_bytes = 0;
+    for (const DecodeTask& t : tasks) {
+        for (const RowSource& src : t.sources) {
+            sc.prep_at.push_back(prep_bytes);
+            if (!src.blocks.empty()) prep_bytes += round_up(heads * src.key->query_bytes(), kLine);
+        }
+    }
+    if (sc.preps.size() < prep_bytes + kLine) sc.preps.resize(prep_bytes + kLine);
+    uint8_t* const preps = align_line(sc.preps.data());
+    {
+        size_t k = 0;
+        for (const DecodeTask& t : tasks) {
+            for (const RowSource& src : t.sources) {
+                if (!src.blocks.empty()) src.key->prepare_queries(t.q, shape.n_heads, preps + sc.prep_at[k]);
+                ++k;
+            }
+        }
     }
 
-    if (!pool) threads = 1;
-    const std::vector<WorkItem> items = plan_work(sources, threads);
+    if (!run) threads = 1;
+    sc.items.clear();
+    for (size_t t = 0; t < tasks.size(); ++t) plan_work(t, tasks[t].sources, shape.n_kv_heads, threads, sc.items);
+    const std::vector<WorkItem>& items = sc.items;
+    std::vector<size_t>& first_prep = sc.first_prep;
+    first_prep.resize(tasks.size());
+    for (size_t t = 0, k = 0; t < tasks.size(); k += tasks[t].sources.size(), ++t) first_prep[t] = k;
+
     // Each part's (max, sum) states and accumulators on cache lines of their own: parts run on different
-    // threads at once, and both are written at every block. Each part zeroes its own accumulators.
+    // threads at once, and both are written at every block. Each part resets its own.
     const size_t state_stride = round_up(heads, kLine / sizeof(SoftmaxState));
     const size_t acc_stride = round_up(heads * d, kLine / sizeof(float));
-    std::vector<SoftmaxState> state_buf(items.size() * state_stride + kLine / sizeof(SoftmaxState));
-    const std::unique_ptr<float[]> acc_buf(new float[items.size() * acc_stride + kLine / sizeof(float)]);
-    SoftmaxState* const states = align_line(state_buf.data());
-    float* const accs = align_line(acc_buf.get());
+    if (sc.states.size() < items.size() * state_stride + kLine / sizeof(SoftmaxState))
+        sc.states.resize(items.size() * state_stride + kLine / sizeof(SoftmaxState));
+    if (sc.accs.size() < items.size() * acc_stride + kLine / sizeof(float))
+        sc.accs.resize(items.size() * acc_stride + kLine / sizeof(float));
+    SoftmaxState* const states = align_line(sc.states.data());
+    float* const accs = align_line(sc.accs.data());
     auto run_item = [&](int i) {
         const WorkItem& it = items[i];
+        const DecodeTask& task = tasks[it.task];
         float* acc = accs + i * acc_stride;
         std::fill(acc, acc + heads * d, 0.0f);
-        attend_blocks(shape, sources[it.source], preps[it.source].data(), q, it.block_begin, it.block_end,
-                      states + i * state_stride, acc);
+        std::fill(states + i * state_stride, states + i * state_stride + heads, SoftmaxState{});
+        attend_blocks(shape, task.sources[it.source], preps + sc.prep_at[first_prep[it.task] + it.source], task.q,
+                      it.block_begin, it.block_end, it.head_begin, it.head_end, states + i * state_stride, acc);
     };
-    if (pool && threads > 1 && items.size() > 1) {
-        pool->run(static_cast<int>(items.size()), run_item);
+    if (run && threads > 1 && items.size() > 1) {
+        (*run)(static_cast<int>(items.size()), run_item);
     } else {
         for (size_t i = 0; i < items.size(); ++i) run_item(static_cast<int>(i));
     }
 
-    // Merge the parts of each source, finish it in its value codec (back to the caller's basis), then
-    // merge the sources. The first item of each source collects that source.
-    SoftmaxState* total = nullptr;
-    float* total_acc = nullptr;
+    // Per task: merge the parts of each source (in plan order), finish it in its value codec (back to
+    // the caller's basis), then merge the sources. The first item of each source collects that source.
     for (size_t i = 0; i < items.size();) {
-        SoftmaxState* st_i = states + i * state_stride;
-        float* acc_i = accs + i * acc_stride;
-        size_t j = i + 1;
-        for (; j < items.size() && items[j].source == items[i].source; ++j) {
-            const SoftmaxState* st_j = states + j * state_stride;
-            const float* acc_j = accs + j * acc_stride;
-            for (size_t h = 0; h < heads; ++h) {
-                merge_softmax(st_i[h], acc_i + h * d, st_j[h], acc_j + h * d, shape.head_dim);
+        const size_t task = items[i].task;
+        SoftmaxState* total = nullptr;
+        float* total_acc = nullptr;
+        for (; i < items.size() && items[i].task == task;) {
+            SoftmaxState* st_i = states + i * state_stride;
+            float* acc_i = accs + i * acc_stride;
+            size_t j = i + 1;
+            for (; j < items.size() && items[j].task == task && items[j].source == items[i].source; ++j) {
+                const SoftmaxState* st_j = states + j * state_stride;
+                const float* acc_j = accs + j * acc_stride;
+                const size_t h0 = static_cast<size_t>(items[j].head_begin) * g, h1 = static_cast<size_t>(items[j].head_end) * g;
+                for (size_t h = h0; h < h1; ++h) merge_softmax(st_i[h], acc_i + h * d, st_j[h], acc_j + h * d, shape.head_dim);
             }
-        }
-        sources[items[i].source].value->finish_accumulate(acc_i, shape.n_heads);
-        if (!total) {
-            total = st_i;
-            total_acc = acc_i;
-        } else {
-            for (size_t h = 0; h < heads; ++h) {
-                merge_softmax(total[h], total_acc + h * d, st_i[h], acc_i + h * d, shape.head_dim);
+            tasks[task].sources[items[i].source].value->finish_accumulate(acc_i, shape.n_heads);
+            if (!total) {
+                total = st_i;
+                total_acc = acc_i;
+            } else {
+                for (size_t h = 0; h < heads; ++h) merge_softmax(total[h], total_acc + h * d, st_i[h], acc_i + h * d, shape.head_dim);
             }
+            i = j;
         }
-        i = j;
+        float* out = tasks[task].out;
+        for (size_t h = 0; h < heads; ++h) {
+            const float inv = 1.0f / total[h].sum;
+            for (size_t j = 0; j < d; ++j) out[h * d + j] = total_acc[h * d + j] * inv;
+        }
     }
-    for (size_t h = 0; h < heads; ++h) {
-        const float inv = 1.0f / total[h].sum;
-        for (size_t j = 0; j < d; ++j) out[h * d + j] = total_acc[h * d + j] * inv;
-    }
+}
+
+void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q, float* out,
+                      const ParallelRun* run, int threads) {
+    const DecodeTask task{sources, q, out};
+    decode_attention_batch(shape, std::span<const DecodeTask>(&task, 1), run, threads);
 }
 
 }  // namespace kvq::detail

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "../codec/codec_impl.hpp"
@@ -27,6 +28,9 @@ struct BlockLayout {
     size_t k_offset = 0, k_head_stride = 0;
     size_t v_offset = 0, v_head_stride = 0;
     size_t mean_offset = kNoMeans;
+    // Bytes from one token's row to the next within a head; 0: the codec's row_bytes() (rows packed, as
+    // in pool blocks). A ggml KV tensor has its nb[2] here.
+    size_t k_row_stride = 0, v_row_stride = 0;
 };
 
 // Consecutive tokens held in blocks of one layout and one pair of codecs: rows [first_row, block_tokens)
@@ -39,6 +43,9 @@ struct RowSource {
     std::span<uint8_t* const> blocks;
     size_t first_row = 0;
     size_t end_row = 0;
+    // Where the values of each block are, when not in the key blocks (rows an engine owns, with keys and
+    // values in separate tensors); empty: the value rows are in `blocks` at layout.v_offset.
+    std::span<uint8_t* const> value_blocks;
 };
 
 struct AttentionShape {
@@ -49,11 +56,27 @@ struct AttentionShape {
     float softcap = 0;   // c > 0: s -> c·tanh(s/c) after scaling
 };
 
+// Runs task(i) once for every i in [0, n), on any threads, and returns when all calls have returned
+// (kvq's shared pool, or an engine's executor).
+using ParallelRun = std::function<void(int n, const std::function<void(int)>& task)>;
+
+// One decode step of one sequence: its row sources, its query vectors and where the result goes.
+struct DecodeTask {
+    std::span<const RowSource> sources;
+    const float* q = nullptr;  // n_heads × head_dim, finite (the caller checks)
+    float* out = nullptr;      // n_heads × head_dim
+};
+
 // out (n_heads × head_dim) = softmax(scores) · V over every row of every source. Each source is scored
 // in its key codec's basis and accumulated in its value codec's basis (finished, e.g. un-rotated, before
-// sources merge). q holds finite values (the caller checks). With pool and threads > 1, sources are split
-// into block ranges across the pool's threads. Every source must hold at least one row in total.
+// sources merge). With run and threads > 1, long sources are split into block ranges (and a single range
+// into kv-head ranges) that run in parallel; their states merge in a fixed order, so the result does not
+// depend on which thread ran what. Every task must hold at least one row in total.
 void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q,
-                      float* out, ThreadPool* pool, int threads);
+                      float* out, const ParallelRun* run, int threads);
+// Several sequences' steps in one parallel run: each task's result is bit-identical to decode_attention
+// of that task alone with the same threads.
+void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run,
+                            int threads);
 
 }  // namespace kvq::detail

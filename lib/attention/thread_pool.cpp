@@ -24,20 +24,28 @@ int ThreadPool::take_part_locked(Job* job) {
     return i;
 }
 
-void ThreadPool::run_erased(int n_parts, void* fn, void (*call)(void*, int)) {
+ThreadPool::Job* ThreadPool::job_for_worker_locked() {
+    for (Job* job : queue_) {
+        if (job->helpers < job->max_helpers) return job;
+    }
+    return nullptr;
+}
+
+void ThreadPool::run_erased(int n_parts, void* fn, void (*call)(void*, int), int max_helpers) {
     if (n_parts <= 0) return;
-    if (n_parts == 1 || threads_.empty()) {
+    if (n_parts == 1 || threads_.empty() || max_helpers <= 0) {
         for (int i = 0; i < n_parts; ++i) call(fn, i);
         return;
     }
-    Job job{fn, call, n_parts};
+    Job job{fn, call, n_parts, max_helpers};
     std::unique_lock<std::mutex> lock(mu_);
     queue_.push_back(&job);
     // One wake-up per part the caller will not take first; extra wake-ups only cost a spurious check.
-    if (n_parts - 1 >= workers()) {
+    const int wake = std::min(n_parts - 1, max_helpers);
+    if (wake >= workers()) {
         work_cv_.notify_all();
     } else {
-        for (int i = 0; i < n_parts - 1; ++i) work_cv_.notify_one();
+        for (int i = 0; i < wake; ++i) work_cv_.notify_one();
     }
     while (job.next < job.n_parts) {
         const int i = take_part_locked(&job);
@@ -54,15 +62,22 @@ void ThreadPool::run_erased(int n_parts, void* fn, void (*call)(void*, int)) {
 void ThreadPool::worker_loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-        work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        Job* job = nullptr;
+        work_cv_.wait(lock, [&] { return stop_ || (job = job_for_worker_locked()) != nullptr; });
         if (stop_) return;
-        Job* job = queue_.front();
         const int i = take_part_locked(job);
+        ++job->helpers;
         lock.unlock();
         job->call(job->fn, i);
         lock.lock();
+        --job->helpers;
         if (++job->done == job->n_parts) done_cv_.notify_all();
     }
+}
+
+ThreadPool& shared_pool() {
+    static ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1));
+    return pool;
 }
 
 }  // namespace kvq::detail

@@ -1,9 +1,12 @@
-// A small persistent thread pool for splitting one attention call across threads.
+// A small persistent thread pool for splitting attention calls across threads, shared by every cache of
+// the process (shared_pool()).
 //
 // run() may be called from several threads at once (each attend() of a different sequence): jobs queue up
-// and workers take parts from whichever job is first. The calling thread takes parts of its own job too,
-// so a job always finishes even when every worker is busy with another caller's job; waking a sleeping
-// worker therefore never sits on the critical path of a short job.
+// and workers take parts from the first job that still admits a helper. The calling thread takes parts of
+// its own job too, so a job always finishes even when every worker is busy with another caller's job;
+// waking a sleeping worker therefore never sits on the critical path of a short job. A job runs on at
+// most max_threads threads at once, the caller included, so a cache configured for 2 threads uses 2 of a
+// larger shared pool.
 #pragma once
 
 #include <condition_variable>
@@ -25,13 +28,13 @@ public:
 
     int workers() const { return static_cast<int>(threads_.size()); }
 
-    // Calls task(i) once for every i in [0, n_parts), on the calling thread and on the workers, and
-    // returns when all calls have returned. The task must not throw.
+    // Calls task(i) once for every i in [0, n_parts), on the calling thread and on up to max_threads − 1
+    // workers at a time, and returns when all calls have returned. The task must not throw.
     template <class F>
-    void run(int n_parts, F&& task) {
+    void run(int n_parts, F&& task, int max_threads = 1 << 30) {
         using Fn = std::remove_reference_t<F>;
         run_erased(n_parts, const_cast<void*>(static_cast<const void*>(&task)),
-                   [](void* f, int i) { (*static_cast<Fn*>(f))(i); });
+                   [](void* f, int i) { (*static_cast<Fn*>(f))(i); }, max_threads - 1);
     }
 
 private:
@@ -39,11 +42,15 @@ private:
         void* fn;
         void (*call)(void*, int);
         int n_parts;
-        int next = 0;  // next part to hand out (under mu_)
-        int done = 0;  // parts finished (under mu_)
+        int max_helpers;  // workers that may run parts at once
+        int helpers = 0;  // workers running a part now (under mu_)
+        int next = 0;     // next part to hand out (under mu_)
+        int done = 0;     // parts finished (under mu_)
     };
 
-    void run_erased(int n_parts, void* fn, void (*call)(void*, int));
+    void run_erased(int n_parts, void* fn, void (*call)(void*, int), int max_helpers);
+    // The first queued job that admits another helper, or null (under mu_).
+    Job* job_for_worker_locked();
     void worker_loop();
     // Hands out the next part of `job` (under mu_), removing the job from the queue once all are out.
     int take_part_locked(Job* job);
@@ -55,5 +62,8 @@ private:
     bool stop_ = false;
     std::vector<std::thread> threads_;
 };
+
+// The process's pool: hardware threads − 1 workers (at least one), made on first use.
+ThreadPool& shared_pool();
 
 }  // namespace kvq::detail

@@ -19,11 +19,32 @@ BlockPool::BlockPool(size_t block_bytes, size_t max_blocks, size_t initial_block
 
 size_t BlockPool::free_capacity_locked() const {
     if (max_blocks_ == 0) return std::numeric_limits<size_t>::max();
-    return free_.size() + (max_blocks_ - data_.size());
+    const size_t taken = data_.size() - free_.size() + reserved_;
+    return taken >= max_blocks_ ? 0 : max_blocks_ - taken;
+}
+
+void BlockPool::reserve(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t capacity = free_capacity_locked();
+    if (capacity != std::numeric_limits<size_t>::max() && capacity < n) {
+        throw PoolExhausted("KV cache pool exhausted: an open block's float staging needs the memory of " +
+                            std::to_string(n) + " block(s) but only " + std::to_string(capacity) +
+                            " are available (max_blocks = " + std::to_string(max_blocks_) + ", " +
+                            std::to_string(data_.size() - free_.size()) + " in use, " + std::to_string(reserved_) +
+                            " held by staging); nothing was changed");
+    }
+    reserved_ += n;
+}
+
+void BlockPool::unreserve(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ -= std::min(n, reserved_);
 }
 
 void BlockPool::grow_locked(size_t n) {
-    if (data_.size() + n > std::numeric_limits<BlockId>::max()) throw std::bad_alloc();
+    if (data_.size() + n > std::numeric_limits<BlockId>::max() || n > std::numeric_limits<size_t>::max() / block_bytes_) {
+        throw std::bad_alloc();
+    }
     // Reserve everything first so that nothing below can fail after the chunk is in place.
     data_.reserve(data_.size() + n);
     refs_.reserve(refs_.size() + n);
@@ -43,7 +64,7 @@ void BlockPool::grow_locked(size_t n) {
     free_.insert(free_.begin(), fresh.rbegin(), fresh.rend());
 }
 
-std::vector<BlockRef> BlockPool::allocate(size_t n, std::span<const BlockRef> release) {
+std::vector<BlockRef> BlockPool::allocate(size_t n, std::span<const BlockRef> release, bool exact) {
     std::lock_guard<std::mutex> lock(mu_);
     size_t freed_by_release = 0;
     for (const BlockRef& b : release) freed_by_release += refs_[b.id] == 1;
@@ -59,7 +80,7 @@ std::vector<BlockRef> BlockPool::allocate(size_t n, std::span<const BlockRef> re
     // Growing is the one step that can fail (bad_alloc); it happens before anything is released.
     const size_t free_after_release = free_.size() + freed_by_release;
     if (free_after_release < n) {
-        size_t grow = std::max(n - free_after_release, grow_blocks_);
+        size_t grow = exact ? n - free_after_release : std::max(n - free_after_release, grow_blocks_);
         if (max_blocks_ != 0) grow = std::min(grow, max_blocks_ - data_.size());
         grow_locked(grow);
     }
@@ -116,6 +137,7 @@ PoolStats BlockPool::stats() const {
     s.blocks_used = data_.size() - free_.size();
     s.blocks_shared = shared_;
     s.max_blocks = max_blocks_;
+    s.blocks_reserved = reserved_;
     return s;
 }
 

@@ -38,7 +38,13 @@ public:
     // operation; blocks that reach a count of zero that way count as free for this request. All or
     // nothing: if the pool cannot provide n blocks it throws PoolExhausted and changes nothing
     // (the blocks in `release` keep their counts). Growing may throw std::bad_alloc, also changing nothing.
-    std::vector<BlockRef> allocate(size_t n, std::span<const BlockRef> release = {});
+    // The pool grows by at least grow_blocks, or with `exact` by just the blocks missing (loading a file).
+    std::vector<BlockRef> allocate(size_t n, std::span<const BlockRef> release = {}, bool exact = false);
+    // Counts n blocks' worth of memory that lives outside the pool (the float staging of open blocks)
+    // against max_blocks: all or nothing, PoolExhausted if the pool cannot spare them. unreserve gives
+    // them back.
+    void reserve(size_t n);
+    void unreserve(size_t n);
     // One more reference to each block (fork).
     void retain(std::span<const BlockRef> blocks);
     // One reference fewer; a block whose count reaches zero returns to the free list.
@@ -68,6 +74,7 @@ private:
     std::vector<uint32_t> refs_;      // by id
     std::vector<BlockId> free_;       // ids with refs_ == 0, taken from the back
     size_t shared_ = 0;               // blocks with refs_ > 1
+    size_t reserved_ = 0;             // block-sized units counted for memory outside the pool
 };
 
 }  // namespace kvq::detail

@@ -3,6 +3,7 @@
 // staging sealed a block at a time (with optional key centering).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -10,6 +11,7 @@
 #include "../codec/half.hpp"
 #include "../simd/dispatch.hpp"
 #include "cache_impl.hpp"
+#include "input_errors.hpp"
 
 namespace kvq {
 namespace {
@@ -35,9 +37,11 @@ const float* check_rows(const float* x, const char* name, size_t n, int n_kv, in
                                                       (limit.on_norm ? "L2 norm" : "|x|") + " at most " +
                                                       std::to_string(limit.max_abs) + ")"
                                                 : " holds NaN or Inf";
-                throw std::invalid_argument(std::string("KVCache::append: ") + name + " of token " + std::to_string(t) +
+                const std::string message = std::string("KVCache::append: ") + name + " of token " + std::to_string(t) +
                                             ", kv head " + std::to_string(h) + what +
-                                            " (NanPolicy::reject); nothing was stored");
+                                            " (NanPolicy::reject); nothing was stored";
+                if (!finite) throw detail::NonFiniteInput(message);
+                throw std::invalid_argument(message);
             }
             // Recorded even where the codec keeps the values: a key of -Inf would otherwise just get
             // weight 0, and the promise is NaN for every head that reads a non-finite row.
@@ -109,6 +113,17 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     if (!k || !v) throw std::invalid_argument("KVCache::append: k or v is a null pointer");
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
+    // Before a single value is read: n tokens of k and v must be buffers that can exist.
+    if (n > static_cast<size_t>(PTRDIFF_MAX) / (token_floats * sizeof(float))) {
+        throw std::invalid_argument("KVCache::append: n_tokens = " + std::to_string(n) + " overflows the size of k and v (" +
+                                    std::to_string(n) + " x " + std::to_string(n_kv) + " kv heads x " + std::to_string(d) +
+                                    " floats); nothing was read");
+    }
+    if (n > kMaxSequenceTokens - seq.layers[layer].n_tokens) {
+        throw std::invalid_argument("KVCache::append: " + std::to_string(n) + " more tokens would take layer " +
+                                    std::to_string(layer) + " past " + std::to_string(kMaxSequenceTokens) +
+                                    " tokens; nothing was read");
+    }
     std::vector<float> k_clean, v_clean;
     std::vector<std::pair<size_t, int>> poisoned;
     k = check_rows(k, "k", n, n_kv, d, cfg.nan_policy, key_limit, store_nonfinite_k, k_clean, poisoned);
@@ -119,10 +134,12 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     const size_t bt = this->bt();
     const size_t old_n = st.n_tokens, n_final = old_n + n;
     const size_t w = window(layer);
-    // Blocks that lie wholly before the window at the end of this append, by more than one block of
-    // slack, are never needed again: the ones held are released, the ones this append would fill are
-    // not stored at all. The slack lets truncate go back up to block_tokens tokens (speculative decoding).
-    const size_t blocks_before_window = w && n_final > w ? (n_final - w) / bt : 0;
+    // Blocks that lie wholly before the window of the first token of this append (position old_n), by
+    // more than one block of slack, are never needed again: attend_prefill over the tokens of this append
+    // reads no further back, and decode after it reads less. They return to the pool here; tokens of a
+    // long append that fall out of the window only later stay until the next append. The slack lets
+    // truncate go back up to block_tokens tokens (speculative decoding).
+    const size_t blocks_before_window = w && old_n + 1 > w ? (old_n + 1 - w) / bt : 0;
     const size_t keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
     const size_t keep_block = keep_from / bt;
     const bool staging = cfg.seal == SealPolicy::on_block_full;
@@ -147,7 +164,15 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     if (staging && st.staging.empty()) new_staging.assign(staging_floats, 0.0f);
     std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + n_drop);
     if (copy_last) give_back.push_back(st.table.back());
-    const std::vector<detail::BlockRef> fresh = pool->allocate(n_new + copy_last, give_back);
+    // New staging counts against the pool first; then the blocks (all or nothing, both).
+    if (!new_staging.empty()) pool->reserve(staging_units);
+    std::vector<detail::BlockRef> fresh;
+    try {
+        fresh = pool->allocate(n_new + copy_last, give_back);
+    } catch (...) {
+        if (!new_staging.empty()) pool->unreserve(staging_units);
+        throw;
+    }
 
     // ---- from here on nothing fails ----
     if (!new_staging.empty()) {

@@ -1,12 +1,18 @@
 // Attention over a sequence's layer: the pool blocks and the float staging become the row sources of
 // the fused decode kernel (lib/attention/).
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "../codec/half.hpp"
 #include "../simd/dispatch.hpp"
 #include "cache_impl.hpp"
+#include "input_errors.hpp"
 
 namespace kvq {
 namespace {
@@ -21,8 +27,8 @@ const float* check_query(const char* what, const float* q, size_t n_head_vectors
         for (int j = 0; j < d; ++j) finite &= std::isfinite(q[h * d + j]);
         if (finite) continue;
         if (policy == NanPolicy::reject) {
-            throw std::invalid_argument(std::string("KVCache::") + what + ": query vector " + std::to_string(h) +
-                                        " holds NaN or Inf (NanPolicy::reject)");
+            throw detail::NonFiniteInput(std::string("KVCache::") + what + ": query vector " + std::to_string(h) +
+                                         " holds NaN or Inf (NanPolicy::reject)");
         }
         if (clean.empty()) {
             clean.assign(q, q + n_head_vectors * d);
@@ -42,9 +48,25 @@ void fill_nan(float* out, size_t n) {
 
 }  // namespace
 
-void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
-                                 int threads) const {
-    detail::RowSource sources[2];
+// Finite queries, keys and values whose scores overflow float (a query of 1e38, say) give Inf − Inf in the
+// softmax: those kv heads again, in double precision (only heads whose output is not finite, and not the
+// ones a non-finite row makes NaN anyway, so the fast path's bits are untouched otherwise). Then rows that
+// held NaN/Inf in a codec that could not store them make their kv head's output NaN.
+void KVCache::Impl::finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const {
+    const size_t group = static_cast<size_t>(g()) * cfg.head_dim;
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+        if (detail::all_finite(out + h * group, group)) continue;
+        const bool poisoned = std::any_of(st.poisoned.begin(), st.poisoned.end(),
+                                          [&](const auto& p) { return p.second == h && p.first >= lo && p.first < hi; });
+        if (!poisoned) attend_head_exact(st, std::max(lo, st.first_pos), hi, q, out, h);
+    }
+    for (const auto& [pos, h] : st.poisoned) {
+        if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
+    }
+}
+
+size_t KVCache::Impl::row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
+                                  uint8_t** staging_slot) const {
     size_t n_sources = 0;
     const size_t bt = this->bt();
     const size_t pool_end = st.pool_end();
@@ -59,22 +81,79 @@ void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t
         s.end_row = b - st.first_pos - (b1 - 1) * bt;
     }
     // The staging is read-only here; RowSource holds mutable pointers only because block tables do.
-    uint8_t* const staging = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(st.staging.data()));
+    *staging_slot = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(st.staging.data()));
     if (const size_t a = std::max(lo, pool_end); a < hi) {
         auto& s = sources[n_sources++];
         s.key = &exact.impl();
         s.value = &exact.impl();
         s.layout = staging_layout;
-        s.blocks = std::span<uint8_t* const>(&staging, 1);
+        s.blocks = std::span<uint8_t* const>(staging_slot, 1);
         s.first_row = a - pool_end;
         s.end_row = hi - pool_end;
     }
+    return n_sources;
+}
+
+void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                                 int threads) const {
+    detail::RowSource sources[2];
+    uint8_t* staging = nullptr;
+    const size_t n_sources = row_sources(st, lo, hi, sources, &staging);
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
-    detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, workers.get(),
-                             threads);
-    // Rows that held NaN/Inf in a codec that could not store them make their kv head's output NaN.
-    for (const auto& [pos, h] : st.poisoned) {
-        if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
+    detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads);
+    finish_output(st, lo, hi, q, out);
+}
+
+void KVCache::Impl::attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                                      int h) const {
+    const size_t d = static_cast<size_t>(cfg.head_dim), g = static_cast<size_t>(this->g()), bt = this->bt();
+    const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
+    std::vector<float> row(d);
+    // The key (or value) row of position p as attention reads it, in the caller's basis.
+    const auto read_row = [&](size_t p, bool keys) -> const float* {
+        if (p >= pool_end) {
+            const float* staged = st.staging.data() + (keys ? 0 : staging_floats / 2);
+            return staged + (static_cast<size_t>(h) * bt + (p - pool_end)) * d;
+        }
+        const uint8_t* block = st.data[(p - st.first_pos) / bt];
+        const size_t r = (p - st.first_pos) % bt;
+        if (keys) {
+            key.dequantize_rows(block + layout.k_offset + h * layout.k_head_stride + r * key.row_bytes(), 1, row.data());
+            if (cfg.center_keys) {
+                const auto* m16 = reinterpret_cast<const uint16_t*>(block + layout.mean_offset) + h * d;
+                for (size_t j = 0; j < d; ++j) row[j] += detail::f16_to_f32(m16[j]);
+            }
+        } else {
+            value.dequantize_rows(block + layout.v_offset + h * layout.v_head_stride + r * value.row_bytes(), 1, row.data());
+        }
+        return row.data();
+    };
+    std::vector<double> s(g * n), acc(g * d, 0.0), top(g, -std::numeric_limits<double>::infinity()), sum(g, 0.0);
+    for (size_t t = 0; t < n; ++t) {
+        const float* k = read_row(lo + t, true);
+        for (size_t i = 0; i < g; ++i) {
+            const float* qi = q + (h * g + i) * d;
+            double dot = 0.0;
+            for (size_t j = 0; j < d; ++j) dot += static_cast<double>(qi[j]) * k[j];
+            double x = dot * cfg.scale;
+            if (cfg.softcap > 0) x = cfg.softcap * std::tanh(x / cfg.softcap);
+            s[i * n + t] = x;
+            top[i] = std::max(top[i], x);
+        }
+    }
+    for (size_t t = 0; t < n; ++t) {
+        const float* v = read_row(lo + t, false);
+        for (size_t i = 0; i < g; ++i) {
+            const double w = std::exp(s[i * n + t] - top[i]);
+            sum[i] += w;
+            for (size_t j = 0; j < d; ++j) acc[i * d + j] += w * v[j];
+        }
+    }
+    for (size_t i = 0; i < g; ++i) {
+        float* o = out + (h * g + i) * d;
+        for (size_t j = 0; j < d; ++j) {
+            o[j] = n ? static_cast<float>(std::clamp(acc[i * d + j] / sum[i], -double(FLT_MAX), double(FLT_MAX))) : 0.0f;
+        }
     }
 }
 
@@ -104,7 +183,7 @@ void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, siz
     if (!q || !out) throw std::invalid_argument("KVCache::attend_prefill: q or out is a null pointer");
     const detail::LayerState& st = seq.layers[layer];
     const size_t n = st.n_tokens, w = window(layer);
-    if (n_queries > n) {
+    if (n_queries > n || n_queries > static_cast<size_t>(PTRDIFF_MAX) / (sizeof(float) * cfg.n_heads * cfg.head_dim)) {
         throw std::invalid_argument("KVCache::attend_prefill: " + std::to_string(n_queries) +
                                     " queries but the sequence holds " + std::to_string(n) + " tokens in layer " +
                                     std::to_string(layer));
@@ -115,8 +194,8 @@ void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, siz
     if (window_start(n - n_queries) < st.first_pos) {
         throw std::invalid_argument(
             "KVCache::attend_prefill: layer " + std::to_string(layer) + " (sliding window of " + std::to_string(w) +
-            " tokens) has released the tokens before position " + std::to_string(st.first_pos) + ", which query 0 needs; "
-            "append and attend in smaller chunks");
+            " tokens) has released the tokens before position " + std::to_string(st.first_pos) + ", which query 0 needs: "
+            "attend_prefill reaches back to the window of the first token of the latest append at most");
     }
     const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
     std::vector<float> clean;
@@ -126,11 +205,57 @@ void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, siz
         const size_t p = n - n_queries + i;
         attend_range(st, window_start(p), p + 1, q + i * vec, out + i * vec, 1);
     };
-    if (workers && n_queries > 1) {
-        workers->run(static_cast<int>(n_queries), one_query);
+    if (runner && n_queries > 1) {
+        runner(static_cast<int>(n_queries), one_query);
     } else {
         for (size_t i = 0; i < n_queries; ++i) one_query(static_cast<int>(i));
     }
+    for (size_t h = 0; h < nan_head.size(); ++h) {
+        if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
+    }
+}
+
+}  // namespace kvq
+
+namespace kvq {
+
+void KVCache::Impl::attend_batch(int layer, std::span<const SequenceId> ids, const float* q, float* out) const {
+    check_layer("attend_batch", layer);
+    if (ids.empty()) return;
+    if (!q || !out) throw std::invalid_argument("KVCache::attend_batch: q or out is a null pointer");
+    const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
+    std::vector<const detail::LayerState*> layers(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+            if (ids[j] == ids[i]) {
+                throw std::invalid_argument("KVCache::attend_batch: sequence " + std::to_string(ids[i]) +
+                                            " is given twice (entries " + std::to_string(j) + " and " + std::to_string(i) + ")");
+            }
+        }
+        const detail::LayerState& st = find("attend_batch", ids[i]).layers[layer];
+        if (st.n_tokens == 0) {
+            throw std::invalid_argument("KVCache::attend_batch: sequence " + std::to_string(ids[i]) +
+                                        " has no tokens in layer " + std::to_string(layer));
+        }
+        layers[i] = &st;
+    }
+    std::vector<float> clean;
+    std::vector<char> nan_head;
+    q = check_query("attend_batch", q, ids.size() * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
+    std::vector<detail::RowSource> sources(2 * ids.size());
+    std::vector<uint8_t*> staging(ids.size());
+    std::vector<detail::DecodeTask> tasks(ids.size());
+    std::vector<std::pair<size_t, size_t>> ranges(ids.size());
+    const size_t w = window(layer);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const size_t n = layers[i]->n_tokens;
+        ranges[i] = {w && n > w ? n - w : 0, n};
+        const size_t count = row_sources(*layers[i], ranges[i].first, ranges[i].second, &sources[2 * i], &staging[i]);
+        tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), q + i * vec, out + i * vec};
+    }
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    detail::decode_attention_batch(shape, tasks, run(), cfg.threads);
+    for (size_t i = 0; i < ids.size(); ++i) finish_output(*layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
     for (size_t h = 0; h < nan_head.size(); ++h) {
         if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
     }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "crc32c.hpp"
 
@@ -311,7 +312,20 @@ std::atomic<uint64_t> g_tmp_counter{0};
 
 }  // namespace
 
+namespace {
+
+// A C string ends at its first NUL: a path holding one would name another file than the caller's.
+void check_path(const std::string& path, const char* function) {
+    if (path.find('\0') != std::string::npos) {
+        throw std::invalid_argument(std::string(function) + ": the path holds a NUL byte (at offset " +
+                                    std::to_string(path.find('\0')) + "); no file was touched");
+    }
+}
+
+}  // namespace
+
 OutFile::OutFile(const std::string& path) : path_(path) {
+    check_path(path, "KVCache::save");
     // Unique per process and call, so concurrent saves to one path never share a temporary file.
     tmp_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -372,7 +386,10 @@ void OutFile::commit() {
 }
 
 InFile::InFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    check_path(path, "KVCache::load");
+    // O_NONBLOCK: opening a FIFO (or some devices) would otherwise wait for a writer; nothing but a
+    // regular file is read, and the flag is cleared once that is known.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd_ < 0) {
         const int err = errno;
         throw FileIOError("cannot open cache file '" + path + "': " + errno_text(err));
@@ -385,7 +402,15 @@ InFile::InFile(const std::string& path) : path_(path) {
     }
     if (!S_ISREG(st.st_mode)) {
         ::close(fd_);
-        throw FileIOError("cache file '" + path + "' is not a regular file");
+        const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file";
+        throw FileIOError("cache file '" + path + "' is " + kind + ", not a regular file; nothing was read");
+    }
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        const int err = errno;
+        ::close(fd_);
+        throw FileIOError("cannot read cache file '" + path + "': " + errno_text(err));
     }
     size_ = static_cast<uint64_t>(st.st_size);
 }

@@ -24,9 +24,9 @@ inline constexpr uint32_t kNoStaging = 0xFFFFFFFFu;
 // Reader limits: far beyond any model, they keep a corrupt (or hostile) file from making the reader
 // allocate or loop without bound before a CRC or a size check has caught it.
 inline constexpr uint32_t kMaxHeaderBytes = 1u << 20;
-inline constexpr int kMaxDim = 1 << 16;  // n_layers, n_kv_heads, n_heads, head_dim
+inline constexpr int kMaxDim = kMaxCacheDim;  // n_layers, n_kv_heads, n_heads, head_dim (as CacheConfig)
 inline constexpr uint32_t kMaxSpecBytes = 1024;
-inline constexpr uint64_t kMaxTokens = uint64_t(1) << 48;
+inline constexpr uint64_t kMaxTokens = kMaxSequenceTokens;
 
 // Everything the header holds. `config` carries only what a file stores (see DESIGN): shapes, codecs,
 // seed, block_tokens, seal, centering, nan_policy, scale, softcap, windows; pool sizes and threads are

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,16 +71,22 @@ struct KVCache::Impl {
     detail::BlockLayout layout;          // pool blocks
     detail::BlockLayout staging_layout;  // the float staging of one layer
     size_t staging_floats = 0;           // per layer, keys and values
+    size_t staging_units = 0;            // the blocks' worth of pool capacity one layer's staging takes
     std::unique_ptr<detail::BlockPool> pool;
-    std::unique_ptr<detail::ThreadPool> workers;  // threads − 1 workers; null for one thread
+    // Runs the parts of one call: the engine's executor, or kvq's shared pool on up to cfg.threads
+    // threads; empty for one thread.
+    detail::ParallelRun runner;
+    const detail::ParallelRun* run() const { return runner ? &runner : nullptr; }
 
     mutable std::mutex seq_mu;  // guards seqs and next_id (not the sequences' contents)
     std::map<SequenceId, std::unique_ptr<detail::Sequence>> seqs;
     SequenceId next_id = 0;
     std::atomic<size_t> staging_bytes{0};
+    std::atomic<size_t> metadata_bytes{0};  // sequences × sequence_metadata_bytes()
 
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
+    size_t sequence_metadata_bytes() const;  // the bookkeeping of one sequence (bytes_used counts it)
     size_t window(int layer) const {
         return cfg.sliding_window.empty() ? 0 : static_cast<size_t>(cfg.sliding_window[layer]);
     }
@@ -95,6 +102,7 @@ struct KVCache::Impl {
     void remove(SequenceId seq);
     void attend(int layer, SequenceId seq, const float* q, float* out) const;
     void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
+    void attend_batch(int layer, std::span<const SequenceId> seqs, const float* q, float* out) const;
 
     // Save and load (cache_save.cpp, cache_load.cpp). save: every sequence, or only *only.
     void save(const std::string& path, const SequenceId* only) const;
@@ -109,6 +117,18 @@ struct KVCache::Impl {
     // Attention of one query vector set (n_heads × head_dim) over positions [lo, hi) of a layer.
     void attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                       int threads) const;
+    // The row sources of positions [lo, hi) of a layer (pool blocks, then the float staging); returns
+    // how many of sources[0..2) it filled. The staging source's block table is *staging_slot, which
+    // must outlive the sources.
+    size_t row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
+                       uint8_t** staging_slot) const;
+    // After the engine: heads whose float scores overflowed again in double precision, and NaN into the
+    // output heads that read a poisoned row of [lo, hi) (NanPolicy::propagate).
+    void finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const;
+    // The same for kv head h's query heads, in double precision from the dequantized rows (positions
+    // [lo, hi), lo >= first_pos): the fallback when float scores overflow.
+    void attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+                           int h) const;
     std::string dump() const;
 };
 

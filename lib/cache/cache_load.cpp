@@ -3,11 +3,13 @@
 // taken from the pool and filled, and the sequences added in one step. Anything that fails on the way
 // leaves the cache as it was (docs/file-format.md).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "../codec/half.hpp"
 #include "cache_file.hpp"
 #include "cache_impl.hpp"
 #include "crc32c.hpp"
@@ -198,18 +200,145 @@ void read_payload(const InFile& f, const Header& h, const Tables& t, uint64_t i,
     }
 }
 
+// A row the cache's input rules do not admit: (row within its payload, kv head).
+using BadRows = std::vector<std::pair<uint32_t, int>>;
+
+// The rows of each block that some table reads: a prefix (first_pos is a block boundary), the longest any
+// table referencing the block reads. Rows past it (left by a truncate, or never written) are never read.
+std::vector<uint32_t> live_rows(const KVCache::Impl& c, const Tables& t, uint64_t n_blocks) {
+    std::vector<uint32_t> live(n_blocks, 0);
+    const uint64_t bt = c.bt();
+    for (const auto& layers : t.sequences) {
+        for (const LayerRecord& r : layers) {
+            const uint64_t pool_end = r.n_tokens - r.staged;
+            for (size_t i = 0; i < r.blocks.size(); ++i) {
+                const uint64_t start = r.first_pos + i * bt;
+                const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt, pool_end - start));
+                live[r.blocks[i]] = std::max(live[r.blocks[i]], n);
+            }
+        }
+    }
+    return live;
+}
+
+bool all_finite(const float* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(x[i])) return false;
+    }
+    return true;
+}
+
+// The live rows of a block (as attention reads them: dequantized, plus the stored key mean) that are not
+// finite: what append never stores under NanPolicy::reject, and records as non-finite under propagate.
+BadRows bad_block_rows(const KVCache::Impl& c, const uint8_t* block, uint32_t live) {
+    BadRows bad;
+    const size_t d = static_cast<size_t>(c.cfg.head_dim);
+    std::vector<float> rows(static_cast<size_t>(live) * d);
+    for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
+        std::vector<char> row_bad(live, 0);
+        bool mean_bad = false;
+        if (c.cfg.center_keys) {
+            const auto* m16 = reinterpret_cast<const uint16_t*>(block + c.layout.mean_offset) + h * d;
+            for (size_t j = 0; j < d; ++j) mean_bad |= !std::isfinite(detail::f16_to_f32(m16[j]));
+        }
+        c.key.dequantize_rows(block + c.layout.k_offset + h * c.layout.k_head_stride, live, rows.data());
+        for (uint32_t r = 0; r < live; ++r) row_bad[r] |= mean_bad || !all_finite(rows.data() + r * d, d);
+        c.value.dequantize_rows(block + c.layout.v_offset + h * c.layout.v_head_stride, live, rows.data());
+        for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
+        for (uint32_t r = 0; r < live; ++r) {
+            if (row_bad[r]) bad.emplace_back(r, h);
+        }
+    }
+    return bad;
+}
+
+// The staged float rows of an open block against the rules append applies to its input: finite, and
+// within the range of the codec that will quantize them when the block is sealed.
+BadRows bad_staged_rows(const KVCache::Impl& c, const float* staging, uint32_t staged) {
+    BadRows bad;
+    const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_floats / 2;
+    for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
+        for (uint32_t r = 0; r < staged; ++r) {
+            const float* k = staging + (h * c.bt() + r) * d;
+            const float* v = k + half;
+            const bool ok = all_finite(k, d) && all_finite(v, d) && c.key_limit.admits(k, static_cast<int>(d)) &&
+                            c.value_limit.admits(v, static_cast<int>(d));
+            if (!ok) bad.emplace_back(r, h);
+        }
+    }
+    return bad;
+}
+
+// Applies the cache's NanPolicy to the rows found: reject refuses the file (and any non-finite row it
+// lists); propagate records them as non-finite rows of every layer that reads them.
+void apply_nan_policy(const KVCache::Impl& c, Tables& t, const std::vector<BadRows>& block_bad,
+                      const std::vector<BadRows>& staging_bad) {
+    const uint64_t bt = c.bt();
+    for (size_t s = 0; s < t.sequences.size(); ++s) {
+        for (size_t l = 0; l < t.sequences[s].size(); ++l) {
+            LayerRecord& r = t.sequences[s][l];
+            const std::string where = "sequence " + std::to_string(s) + " of the file, layer " + std::to_string(l);
+            if (c.cfg.nan_policy == NanPolicy::reject && !r.poisoned.empty()) {
+                bad(where + ": lists non-finite rows, which a cache with nan_policy = reject never holds");
+            }
+            const uint64_t pool_end = r.n_tokens - r.staged;
+            const auto found = [&](uint64_t pos, int head, const char* kind) {
+                if (c.cfg.nan_policy == NanPolicy::reject) {
+                    bad(where + ": the " + kind + " row of position " + std::to_string(pos) + ", kv head " +
+                        std::to_string(head) +
+                        " holds NaN or Inf or is beyond the codec's range, which nan_policy = reject does not admit");
+                }
+                const std::pair<uint64_t, uint32_t> p(pos, static_cast<uint32_t>(head));
+                if (std::find(r.poisoned.begin(), r.poisoned.end(), p) == r.poisoned.end()) r.poisoned.push_back(p);
+            };
+            for (size_t i = 0; i < r.blocks.size(); ++i) {
+                const uint64_t start = r.first_pos + i * bt;
+                for (const auto& [row, head] : block_bad[r.blocks[i]]) {
+                    if (start + row < pool_end) found(start + row, head, "block");
+                }
+            }
+            if (r.staging != detail::file::kNoStaging) {
+                for (const auto& [row, head] : staging_bad[r.staging]) {
+                    if (row < r.staged) found(pool_end + row, head, "staged");
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
 
 std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
     check_matches(*this, h);
     check_sizes(*this, h);
-    const Tables t = detail::file::decode_tables(f.read(h.table_offset, h.table_bytes, "block tables"), h);
+    Tables t = detail::file::decode_tables(f.read(h.table_offset, h.table_bytes, "block tables"), h);
     const std::vector<uint32_t> refs = check_tables(*this, h, t);
     // Every payload's CRC before the pool is asked for a block: a bad file must not even grow the pool.
     const uint64_t n_payloads = h.n_blocks + h.n_staging;
     // Sized by the payloads there are: a file without any may name sizes no file could hold.
     std::vector<uint8_t> scratch(std::max(h.n_blocks ? h.block_bytes : 0, h.n_staging ? h.staging_bytes : 0));
-    for (uint64_t i = 0; i < n_payloads; ++i) read_payload(f, h, t, i, scratch.data(), ": the file is corrupted");
+    // And every row a table reads against the cache's input rules (NanPolicy, the codecs' ranges): a file
+    // whose CRCs were recomputed over NaN, an Inf scale or a value too large to seal is no better than
+    // that input given to append.
+    const std::vector<uint32_t> live = live_rows(*this, t, h.n_blocks);
+    std::vector<uint32_t> staged_of(h.n_staging, 0);
+    for (const auto& layers : t.sequences) {
+        for (const LayerRecord& r : layers) {
+            if (r.staging != detail::file::kNoStaging) staged_of[r.staging] = r.staged;
+        }
+    }
+    std::vector<BadRows> block_bad(h.n_blocks), staging_bad(h.n_staging);
+    for (uint64_t i = 0; i < n_payloads; ++i) {
+        read_payload(f, h, t, i, scratch.data(), ": the file is corrupted");
+        if (i < h.n_blocks) {
+            block_bad[i] = bad_block_rows(*this, scratch.data(), live[i]);
+        } else {
+            std::vector<float> rows(staging_floats);
+            std::memcpy(rows.data(), scratch.data(), staging_floats * sizeof(float));
+            staging_bad[i - h.n_blocks] = bad_staged_rows(*this, rows.data(), staged_of[i - h.n_blocks]);
+        }
+    }
+    apply_nan_policy(*this, t, block_bad, staging_bad);
 
     // Sequences with their float rows, not yet in the cache.
     const char* changed = " since it was checked: the file changed while loading";
@@ -232,10 +361,27 @@ std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
             st.staging.resize(staging_floats);
             std::memcpy(st.staging.data(), scratch.data(), staging_floats * sizeof(float));
             staging_added += staging_floats * sizeof(float);
+            // propagate: as append does, a codec that cannot store the row gets it zeroed (it is recorded).
+            const size_t d = static_cast<size_t>(cfg.head_dim);
+            for (const auto& [row, head] : staging_bad[r.staging]) {
+                float* k = st.staging.data() + (head * bt() + row) * d;
+                if (!store_nonfinite_k) std::fill(k, k + d, 0.0f);
+                if (!store_nonfinite_v) std::fill(k + staging_floats / 2, k + staging_floats / 2 + d, 0.0f);
+            }
         }
     }
 
-    const std::vector<detail::BlockRef> blocks = pool->allocate(h.n_blocks);  // PoolExhausted: nothing changed
+    // The staging counts against the pool, then exactly the file's blocks (PoolExhausted: nothing
+    // changed): the pool never outgrows what the file holds.
+    const size_t units = staging_added / (staging_floats * sizeof(float)) * staging_units;
+    pool->reserve(units);
+    std::vector<detail::BlockRef> blocks;
+    try {
+        blocks = pool->allocate(h.n_blocks, {}, true);
+    } catch (...) {
+        pool->unreserve(units);
+        throw;
+    }
     std::vector<SequenceId> ids;
     try {
         for (uint64_t i = 0; i < h.n_blocks; ++i) read_payload(f, h, t, i, blocks[i].data, changed);
@@ -258,9 +404,11 @@ std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
         next_id += static_cast<SequenceId>(fresh.size());
     } catch (...) {
         pool->release(blocks);
+        pool->unreserve(units);
         throw;
     }
     staging_bytes += staging_added;
+    metadata_bytes += fresh.size() * sequence_metadata_bytes();
     return ids;
 }
 
@@ -287,13 +435,28 @@ std::vector<SequenceId> KVCache::load_into(const std::string& path) {
     });
 }
 
-KVCache KVCache::load(const std::string& path) {
+KVCache KVCache::load(const std::string& path) { return load(path, LoadOptions{}); }
+
+KVCache KVCache::load(const std::string& path, const LoadOptions& options) {
     return with_path(path, "load", [&] {
         const InFile f(path);
         const Header h = read_header(f);
+        if (options.threads < 1 || options.threads > 256 || options.grow_blocks < 1) {
+            throw std::invalid_argument("KVCache::load: LoadOptions need threads in 1..256 and grow_blocks >= 1, got " +
+                                        std::to_string(options.threads) + " and " + std::to_string(options.grow_blocks));
+        }
+        // Before the cache is made: its pool's limit against the file's blocks.
+        if (options.max_blocks != 0 && h.n_blocks > options.max_blocks) {
+            throw PoolExhausted("KVCache::load: '" + path + "' holds " + std::to_string(h.n_blocks) +
+                                " blocks, more than max_blocks = " + std::to_string(options.max_blocks));
+        }
+        CacheConfig config = h.config;
+        config.max_blocks = options.max_blocks;
+        config.grow_blocks = options.grow_blocks;
+        config.threads = options.threads;
         std::unique_ptr<KVCache> cache;
         try {
-            cache = std::make_unique<KVCache>(h.config);
+            cache = std::make_unique<KVCache>(config);
         } catch (const std::invalid_argument& e) {
             bad(std::string("its configuration is not one this kvq can make: ") + e.what());
         }

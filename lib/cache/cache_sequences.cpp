@@ -1,5 +1,6 @@
 // Sequence lifetime: fork (blocks shared by reference count), truncate and remove (blocks return to the
-// pool). None of these needs a new block, so none can run out of pool.
+// pool). None of these needs a new block; a fork copies the parent's float staging, which counts against
+// the pool (PoolExhausted if it does not fit, nothing changed).
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -13,11 +14,13 @@ SequenceId KVCache::Impl::fork(SequenceId parent) {
     // Copying the parent (its tables, its float staging) is the step that may throw; it changes nothing.
     auto child = std::make_unique<detail::Sequence>(p);
     std::vector<detail::BlockRef> shared;
-    size_t staging_added = 0;
+    size_t staging_added = 0, units = 0;
     for (const auto& st : child->layers) {
         shared.insert(shared.end(), st.table.begin(), st.table.end());
         staging_added += st.staging.size() * sizeof(float);
+        units += st.staging.empty() ? 0 : staging_units;
     }
+    pool->reserve(units);
     pool->retain(shared);
     SequenceId id;
     try {
@@ -27,9 +30,11 @@ SequenceId KVCache::Impl::fork(SequenceId parent) {
         ++next_id;
     } catch (...) {
         pool->release(shared);
+        pool->unreserve(units);
         throw;
     }
     staging_bytes += staging_added;
+    metadata_bytes += sequence_metadata_bytes();
     return id;
 }
 
@@ -47,7 +52,9 @@ void KVCache::Impl::remove(SequenceId id) {
     for (const auto& st : seq->layers) {
         pool->release(st.table);
         staging_bytes -= st.staging.size() * sizeof(float);
+        if (!st.staging.empty()) pool->unreserve(staging_units);
     }
+    metadata_bytes -= sequence_metadata_bytes();
 }
 
 void KVCache::Impl::truncate(SequenceId id, size_t n) {

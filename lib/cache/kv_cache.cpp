@@ -19,15 +19,22 @@ bool is_plain_codec(const std::string& spec) {
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+void check_dim(const char* what, int x) {
+    if (x < 1 || x > kMaxCacheDim) {
+        bad_config(std::string(what) + " must be in 1.." + std::to_string(kMaxCacheDim) + ", got " + std::to_string(x));
+    }
+}
+
 CacheConfig checked(CacheConfig c) {
-    if (c.n_layers < 1) bad_config("n_layers must be at least 1, got " + std::to_string(c.n_layers));
-    if (c.n_kv_heads < 1) bad_config("n_kv_heads must be at least 1, got " + std::to_string(c.n_kv_heads));
+    check_dim("n_layers", c.n_layers);
+    check_dim("n_kv_heads", c.n_kv_heads);
     if (c.n_heads == 0) c.n_heads = c.n_kv_heads;
     if (c.n_heads < 0 || c.n_heads % c.n_kv_heads != 0) {
         bad_config("n_heads (" + std::to_string(c.n_heads) + ") must be a positive multiple of n_kv_heads (" +
                    std::to_string(c.n_kv_heads) + ")");
     }
-    if (c.head_dim < 1) bad_config("head_dim must be at least 1, got " + std::to_string(c.head_dim));
+    check_dim("n_heads", c.n_heads);
+    check_dim("head_dim", c.head_dim);
     if (c.block_tokens < 1 || c.block_tokens > 4096) {
         bad_config("block_tokens must be in 1..4096, got " + std::to_string(c.block_tokens));
     }
@@ -89,8 +96,13 @@ KVCache::Impl::Impl(const CacheConfig& config)
     staging_layout.v_offset = h * staging_layout.k_head_stride;
     staging_layout.v_head_stride = staging_layout.k_head_stride;
     staging_floats = 2 * h * bt() * d;
+    staging_units = (staging_floats * sizeof(float) + bytes - 1) / bytes;
     pool = std::make_unique<detail::BlockPool>(bytes, cfg.max_blocks, cfg.initial_blocks, cfg.grow_blocks);
-    if (cfg.threads > 1) workers = std::make_unique<detail::ThreadPool>(cfg.threads - 1);
+    if (cfg.executor) {
+        runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { ex(n, task); };
+    } else if (cfg.threads > 1) {
+        runner = [t = cfg.threads](int n, const std::function<void(int)>& task) { detail::shared_pool().run(n, task, t); };
+    }
 }
 
 void KVCache::Impl::check_layer(const char* what, int layer) const {
@@ -150,13 +162,23 @@ const CacheConfig& KVCache::config() const { return impl_->cfg; }
 const Codec& KVCache::key_codec() const { return impl_->key; }
 const Codec& KVCache::value_codec() const { return impl_->value; }
 
+size_t KVCache::Impl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
+
+size_t KVCache::sequence_bookkeeping_bytes(int n_layers) {
+    return sizeof(detail::Sequence) + static_cast<size_t>(std::max(n_layers, 0)) * sizeof(detail::LayerState);
+}
+
 SequenceId KVCache::add_sequence() {
     auto seq = std::make_unique<detail::Sequence>();
     seq->layers.resize(impl_->cfg.n_layers);
-    std::lock_guard<std::mutex> lock(impl_->seq_mu);
-    const SequenceId id = impl_->next_id;
-    impl_->seqs.emplace(id, std::move(seq));
-    ++impl_->next_id;
+    SequenceId id;
+    {
+        std::lock_guard<std::mutex> lock(impl_->seq_mu);
+        id = impl_->next_id;
+        impl_->seqs.emplace(id, std::move(seq));
+        ++impl_->next_id;
+    }
+    impl_->metadata_bytes += impl_->sequence_metadata_bytes();
     return id;
 }
 
@@ -172,6 +194,10 @@ void KVCache::attend(int layer, SequenceId seq, const float* q, float* out) cons
 
 void KVCache::attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const {
     impl_->attend_prefill(layer, seq, q, n_queries, out);
+}
+
+void KVCache::attend_batch(int layer, std::span<const SequenceId> seqs, const float* q, float* out) const {
+    impl_->attend_batch(layer, seqs, q, out);
 }
 
 size_t KVCache::n_tokens(SequenceId seq, int layer) const {
@@ -192,8 +218,11 @@ bool KVCache::contains(SequenceId seq) const {
 }
 
 size_t KVCache::bytes_used() const {
-    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load();
+    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load() +
+           impl_->metadata_bytes.load();
 }
+
+size_t KVCache::metadata_bytes() const { return impl_->metadata_bytes.load(); }
 
 double KVCache::bytes_per_token() const {
     const auto& c = impl_->cfg;

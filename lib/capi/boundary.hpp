@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "../cache/input_errors.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/kvq.h"
@@ -45,6 +46,8 @@ kvq_status guarded(Body&& body) noexcept {
         return fail(KVQ_ERR_BAD_FILE, e.what());
     } catch (const kvq::ConfigMismatch& e) {
         return fail(KVQ_ERR_CONFIG_MISMATCH, e.what());
+    } catch (const kvq::detail::NonFiniteInput& e) {
+        return fail(KVQ_ERR_NON_FINITE, e.what());
     } catch (const std::invalid_argument& e) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, e.what());
     } catch (const std::bad_alloc&) {

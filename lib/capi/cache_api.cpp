@@ -1,6 +1,9 @@
 // The C API of the block-wise KV cache (kvq/cache.hpp behind kvq.h). Layer and sequence are checked
 // here, so their statuses do not depend on the order in which the C++ layer checks its arguments.
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "boundary.hpp"
@@ -14,12 +17,13 @@ struct kvq_cache {
 namespace kvq::capi {
 namespace {
 
-// Never change: the struct sizes of the first release (see the ABI notes in kvq.h).
-constexpr size_t kParamsSizeV1 = sizeof(kvq_cache_params);
-constexpr size_t kPoolStatsSizeV1 = sizeof(kvq_pool_stats);
+// Never change: the struct sizes of the first release (see the ABI notes in kvq.h): params ended at seed.
+constexpr size_t kParamsSizeV1 = offsetof(kvq_cache_params, seed) + sizeof(uint64_t);
+constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 120 && offsetof(kvq_cache_params, seed) == 112),
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 136 && offsetof(kvq_cache_params, seed) == 112 &&
+                                     offsetof(kvq_cache_params, executor) == 120),
               "kvq_cache_params has implicit padding");
 
 std::string text(const char* function, const std::string& what) { return std::string(function) + ": " + what; }
@@ -38,18 +42,6 @@ kvq_status check_sequence(const kvq_cache* c, int64_t seq, const char* function)
         return fail(KVQ_ERR_BAD_SEQUENCE, text(function, "sequence " + std::to_string(seq) + " is not in the cache"));
     }
     return KVQ_OK;
-}
-
-// The C++ cache rejects NaN/Inf with std::invalid_argument, like every other bad argument; tell them
-// apart by looking at the inputs, only on the error path.
-kvq_status input_error(const kvq_cache* c, const std::invalid_argument& e, std::initializer_list<const float*> inputs,
-                       size_t n_values) {
-    if (c->cache.config().nan_policy == NanPolicy::reject) {
-        for (const float* x : inputs) {
-            if (any_non_finite(x, n_values)) return fail(KVQ_ERR_NON_FINITE, e.what());
-        }
-    }
-    return fail(KVQ_ERR_INVALID_ARGUMENT, e.what());
 }
 
 kvq_status bad_params(const std::string& what) { return fail(KVQ_ERR_BAD_PARAMS, "kvq_cache_create: " + what); }
@@ -77,7 +69,10 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
         return bad_params("scale and softcap must be finite and >= 0");
     }
     if (p.reserved0 != 0) return bad_params("reserved0 must be 0");
-    if (p.n_sliding_window > 0 && !p.sliding_window) return bad_params("sliding_window is NULL");
+    if (p.n_sliding_window > 0 && !p.sliding_window) {
+        return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: sliding_window is NULL but n_sliding_window is " +
+                                                  std::to_string(p.n_sliding_window));
+    }
     if (p.n_sliding_window != 0 && p.n_sliding_window != static_cast<size_t>(p.n_layers)) {
         return bad_params("n_sliding_window must be 0 or n_layers (" + std::to_string(p.n_layers) + "), got " +
                           std::to_string(p.n_sliding_window));
@@ -85,7 +80,9 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     for (size_t i = 0; i < p.n_sliding_window; ++i) {
         if (p.sliding_window[i] < 0) return bad_params("sliding_window[" + std::to_string(i) + "] is negative");
     }
-    if (!p.key_codec || !p.value_codec) return bad_params("key_codec or value_codec is NULL");
+    if (!p.key_codec || !p.value_codec) {
+        return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: key_codec or value_codec is NULL");
+    }
     Codec probe;
     if (auto s = make_codec(p.key_codec, p.head_dim, p.seed, probe); s != KVQ_OK) return s;
     if (auto s = make_codec(p.value_codec, p.head_dim, p.seed, probe); s != KVQ_OK) return s;
@@ -106,6 +103,15 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.seal = p.seal == KVQ_SEAL_ON_APPEND ? SealPolicy::on_append : SealPolicy::on_block_full;
     cfg.center_keys = p.center_keys != 0;
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
+    if (p.executor) {
+        // The engine's executor sees a C task: the std::function and a trampoline.
+        cfg.executor = [exec = p.executor, ctx = p.executor_ctx](int n, const std::function<void(int)>& task) {
+            exec(ctx, n, [](void* t, int32_t i) { (*static_cast<const std::function<void(int)>*>(t))(i); },
+                 const_cast<void*>(static_cast<const void*>(&task)));
+        };
+    } else if (p.executor_ctx) {
+        return bad_params("executor_ctx is set but executor is NULL");
+    }
     cfg.threads = p.threads;
     cfg.seed = p.seed;
     return KVQ_OK;
@@ -133,16 +139,12 @@ kvq_status attend(const kvq_cache* cache, int32_t layer, int64_t seq, const floa
         if (n_queries > 0 && !(q && out)) return fail(KVQ_ERR_INVALID_ARGUMENT, std::string(function) + ": q or out is NULL");
         KVQ_TRY(check_layer(cache, layer, function));
         KVQ_TRY(check_sequence(cache, seq, function));
-        try {
-            if (n_queries == 1) {
-                cache->cache.attend(layer, seq, q, out);
-            } else {
-                cache->cache.attend_prefill(layer, seq, q, n_queries, out);
-            }
-        } catch (const std::invalid_argument& e) {
-            const auto& cfg = cache->cache.config();
-            const int n_heads = cfg.n_heads > 0 ? cfg.n_heads : cfg.n_kv_heads;
-            return kvq::capi::input_error(cache, e, {q}, n_queries * n_heads * cfg.head_dim);
+        // NaN/Inf queries come back as kvq::detail::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded);
+        // every other bad argument, before any read of q, as std::invalid_argument.
+        if (n_queries == 1) {
+            cache->cache.attend(layer, seq, q, out);
+        } else {
+            cache->cache.attend_prefill(layer, seq, q, n_queries, out);
         }
         return KVQ_OK;
     });
@@ -218,12 +220,8 @@ kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const 
         KVQ_REQUIRE(n_tokens == 0 || (k && v), "kvq_cache_append", "k or v is NULL");
         KVQ_TRY(check_layer(cache, layer, "kvq_cache_append"));
         KVQ_TRY(check_sequence(cache, seq, "kvq_cache_append"));
-        try {
-            cache->cache.append(layer, seq, k, v, n_tokens);
-        } catch (const std::invalid_argument& e) {
-            const auto& cfg = cache->cache.config();
-            return kvq::capi::input_error(cache, e, {k, v}, n_tokens * cfg.n_kv_heads * cfg.head_dim);
-        }
+        // Sizes (n_tokens × n_kv_heads × head_dim overflowing) are checked before k and v are read.
+        cache->cache.append(layer, seq, k, v, n_tokens);
         return KVQ_OK;
     });
 }
@@ -235,6 +233,26 @@ kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, 
 kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q,
                                     size_t n_queries, float* out) {
     return attend(cache, layer, seq, q, n_queries, out, "kvq_cache_attend_prefill");
+}
+
+kvq_status kvq_cache_attend_batch(const kvq_cache* cache, int32_t layer, const int64_t* seqs, size_t n_seqs,
+                                  const float* q, float* out) {
+    return kvq::capi::guarded([&] {
+        const char* function = "kvq_cache_attend_batch";
+        if (!cache) return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: cache is NULL");
+        if (n_seqs == 0) return KVQ_OK;
+        if (!seqs || !q || !out) return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: seqs, q or out is NULL");
+        KVQ_TRY(kvq::capi::check_layer(cache, layer, function));
+        for (size_t i = 0; i < n_seqs; ++i) KVQ_TRY(kvq::capi::check_sequence(cache, seqs[i], function));
+        const auto& cfg = cache->cache.config();
+        const size_t n_heads = static_cast<size_t>(cfg.n_heads > 0 ? cfg.n_heads : cfg.n_kv_heads);
+        if (n_seqs > SIZE_MAX / (n_heads * static_cast<size_t>(cfg.head_dim))) {
+            return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: n_seqs overflows the query size");
+        }
+        // NaN/Inf queries come back as kvq::detail::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded).
+        cache->cache.attend_batch(layer, std::span<const kvq::SequenceId>(seqs, n_seqs), q, out);
+        return KVQ_OK;
+    });
 }
 
 kvq_status kvq_cache_n_tokens(const kvq_cache* cache, int64_t seq, int32_t layer, size_t* n_tokens) {
@@ -278,10 +296,19 @@ kvq_status kvq_cache_save(const kvq_cache* cache, const char* path, int64_t seq)
     });
 }
 
-kvq_status kvq_cache_load(const char* path, kvq_cache** cache) {
+kvq_status kvq_cache_load(const char* path, kvq_cache** cache) { return kvq_cache_load_limited(path, 0, 1, cache); }
+
+kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, int32_t threads, kvq_cache** cache) {
     return guarded([&] {
         KVQ_REQUIRE(path && cache, "kvq_cache_load", "NULL argument");
-        kvq::KVCache made = kvq::KVCache::load(path);
+        if (threads < 1 || threads > 256) {
+            return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_load_limited: threads must be in 1..256, got " +
+                                                      std::to_string(threads));
+        }
+        kvq::LoadOptions options;
+        options.max_blocks = max_blocks;
+        options.threads = threads;
+        kvq::KVCache made = kvq::KVCache::load(path, options);
         kvq_codec key{made.key_codec()};
         kvq_codec value{made.value_codec()};
         *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};
@@ -324,6 +351,7 @@ kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats) {
         from.blocks_total = s.blocks_total;
         from.blocks_used = s.blocks_used;
         from.blocks_shared = s.blocks_shared;
+        from.blocks_reserved = s.blocks_reserved;
         from.max_blocks = s.max_blocks;
         return kvq::capi::write_versioned(from, kvq::capi::kPoolStatsSizeV1, stats);
     });

@@ -1,4 +1,5 @@
 // The C API of the codec table and of codecs working on rows (kvq/codec.hpp behind kvq.h).
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
@@ -142,7 +143,9 @@ kvq_status kvq_codec_quantize_rows(const kvq_codec* codec, const float* x, size_
         try {
             codec->codec.quantize_rows(x, n_rows, dst, dst_stride);
         } catch (const std::invalid_argument& e) {
-            const bool non_finite = x && kvq::capi::any_non_finite(x, n_rows * codec->codec.head_dim());
+            // Sizes that overflow were refused before any read; only then may the rows be scanned here.
+            const bool sane = n_rows <= static_cast<size_t>(PTRDIFF_MAX) / (sizeof(float) * codec->codec.head_dim());
+            const bool non_finite = x && sane && kvq::capi::any_non_finite(x, n_rows * codec->codec.head_dim());
             return fail(non_finite ? KVQ_ERR_NON_FINITE : KVQ_ERR_INVALID_ARGUMENT, e.what());
         }
         return KVQ_OK;

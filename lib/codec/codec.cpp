@@ -113,11 +113,22 @@ void Codec::check_range(const float* x, size_t n_rows) const {
     }
 }
 
+namespace {
+// n_rows rows of head_dim floats, or of `stride` bytes, would be a buffer larger than any can be.
+bool sizes_overflow(size_t n_rows, int head_dim, size_t stride) {
+    const size_t limit = static_cast<size_t>(PTRDIFF_MAX);
+    return n_rows > limit / (static_cast<size_t>(head_dim) * sizeof(float)) || n_rows > limit / stride;
+}
+}  // namespace
+
 void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride, NanPolicy nan) const {
     if (n_rows == 0) return;
     require(x && dst, name_, "quantize_rows: null pointer");
     if (dst_stride == 0) dst_stride = row_bytes();
     require(dst_stride >= row_bytes(), name_, "quantize_rows: dst_stride is smaller than row_bytes()");
+    if (sizes_overflow(n_rows, head_dim_, dst_stride)) {
+        fail(name_, "quantize_rows: " + std::to_string(n_rows) + " rows overflow the size of x or dst; nothing was read");
+    }
     if (nan == NanPolicy::reject) {
         const size_t n = n_rows * head_dim_;
         // One vectorized pass checks finiteness and the largest |x| together; the scalar passes only run
@@ -142,6 +153,9 @@ void Codec::dequantize_rows(const void* src, size_t n_rows, float* y, size_t src
     require(src && y, name_, "dequantize_rows: null pointer");
     if (src_stride == 0) src_stride = row_bytes();
     require(src_stride >= row_bytes(), name_, "dequantize_rows: src_stride is smaller than row_bytes()");
+    if (sizes_overflow(n_rows, head_dim_, src_stride)) {
+        fail(name_, "dequantize_rows: " + std::to_string(n_rows) + " rows overflow the size of src or y; nothing was read");
+    }
     impl_->dequantize_rows(static_cast<const uint8_t*>(src), src_stride, n_rows, y);
 }
 

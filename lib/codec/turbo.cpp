@@ -27,7 +27,7 @@ class TurboCodec final : public CodecImpl {
 public:
     TurboCodec(const TurboConfig& cfg, std::string name, int d, uint64_t seed)
         : name_(std::move(name)), rot_(d, seed), hi_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_hi, d))),
-          lo_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_lo, d))) {
+          lo_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_lo, d))), scale_(cfg.scale) {
         l_.d = d;
         l_.n_hi = cfg.half_split ? d / 2 : d;
         l_.bits_hi = hi_.bits;
@@ -60,6 +60,22 @@ public:
     size_t row_bytes() const override { return row_bytes_; }
     size_t query_bytes() const override { return query_bytes_; }
 
+    // The stored scale may exceed the norm: by at most 1/‖c‖ (ls: ⟨c, u⟩ ≤ ‖c‖) or 1/⟨c, u⟩ (unbiased).
+    // Every code's centroid has u's sign and at least the smallest centroid magnitude c_min (the codebook
+    // is symmetric with no zero), so ‖c‖ ≥ √(Σ c_min²) and ⟨c, u⟩ ≥ c_min·‖u‖₁ ≥ c_min: rows whose norm
+    // keeps s within fp16 are accepted.
+    InputLimit input_limit() const override {
+        if (scale_ == TurboScale::norm) return {65504.0f, true};
+        const double min_hi = smallest_magnitude(hi_), min_lo = smallest_magnitude(lo_);
+        double factor;
+        if (scale_ == TurboScale::ls) {
+            factor = std::sqrt(l_.n_hi * min_hi * min_hi + (l_.d - l_.n_hi) * min_lo * min_lo);
+        } else {
+            factor = l_.n_hi == l_.d ? min_hi : std::min(min_hi, min_lo);
+        }
+        return {static_cast<float>(65504.0 * std::min(factor, 1.0)), true};
+    }
+
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
         const int d = l_.d;
         std::vector<float> u(d), residual(d);
@@ -73,6 +89,7 @@ public:
             // anyway); multiplying by an infinite inverse would turn it into NaN.
             const double inv_norm = norm > 0 ? 1.0 / norm : 0.0;
             const float inv = inv_norm <= FLT_MAX ? static_cast<float>(inv_norm) : 0.0f;
+            double cu = 0, cc = 0;  // ⟨c, u⟩ and ‖c‖²
             for (int j = 0; j < d; ++j) {
                 u[j] *= inv;
                 const bool hi = j < l_.n_hi;
@@ -81,8 +98,14 @@ public:
                 const size_t bit = hi ? size_t(j) * hi_.bits : size_t(l_.n_hi) * hi_.bits + size_t(j - l_.n_hi) * lo_.bits;
                 put_code(row, bit, cb.bits, code);
                 residual[j] = u[j] - cb.values[code];
+                cu += double(cb.values[code]) * u[j];
+                cc += double(cb.values[code]) * cb.values[code];
             }
-            store_half(row + l_.norm_off, static_cast<float>(norm));
+            double scale = norm;
+            if (scale_ == TurboScale::ls) scale = cc > 0 ? norm * cu / cc : 0.0;
+            if (scale_ == TurboScale::unbiased) scale = cu > 0 ? norm / cu : 0.0;
+            if (!std::isfinite(norm)) scale = norm;  // NanPolicy::propagate: stored as the NaN/Inf it is
+            store_half(row + l_.norm_off, static_cast<float>(scale));
             if (qjl_) {
                 qjl_->sketch(residual.data(), row + l_.sign_off);
                 store_half(row + l_.gamma_off, static_cast<float>(row_norm(residual.data(), d)));
@@ -178,6 +201,12 @@ public:
     }
 
 private:
+    static double smallest_magnitude(const TurboCodebook& cb) {
+        double m = INFINITY;
+        for (int k = 0; k < (1 << cb.bits); ++k) m = std::min(m, std::fabs(double(cb.values[k])));
+        return m;
+    }
+
     // Where value j of a 32-block of n sits in the int8 query (rotated_kernels.hpp: int8_order).
     int int8_position(int j, int n) const {
         if (n != 32) return j;
@@ -189,6 +218,7 @@ private:
     std::string name_;
     Rotation rot_;
     TurboCodebook hi_, lo_;
+    TurboScale scale_;
     std::unique_ptr<QjlSketch> qjl_;
     TurboLayout l_;
     size_t row_bytes_ = 0, query_bytes_ = 0;
@@ -199,8 +229,15 @@ private:
 std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_view name, std::string_view params,
                                       int head_dim, uint64_t seed) {
     const std::string n(name);
+    TurboConfig cfg = config;
+    if (cfg.qjl) cfg.scale = TurboScale::norm;  // the residual sketch is of the unit vector: the norm scales it
     if (!params.empty()) {
-        throw std::invalid_argument("codec '" + n + "' takes no parameters, got '" + std::string(params) + "'");
+        const std::string p(params);
+        if (config.qjl) throw std::invalid_argument("codec '" + n + "' takes no parameters, got '" + p + "'");
+        if (p == "scale=norm") cfg.scale = TurboScale::norm;
+        else if (p == "scale=ls") cfg.scale = TurboScale::ls;
+        else if (p == "scale=unbiased") cfg.scale = TurboScale::unbiased;
+        else throw std::invalid_argument("codec '" + n + "' takes one parameter, scale=norm|ls|unbiased, got '" + p + "'");
     }
     const int multiple = config.half_split ? 16 : 8;
     if (head_dim < multiple || head_dim % multiple != 0) {
@@ -211,7 +248,7 @@ std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_vie
         throw std::invalid_argument("codec '" + n + "' keeps a head_dim × head_dim QJL matrix; head_dim must be at most " +
                                     std::to_string(kMaxQjlDim) + ", got " + std::to_string(head_dim));
     }
-    return std::make_unique<TurboCodec>(config, n, head_dim, seed);
+    return std::make_unique<TurboCodec>(cfg, n, head_dim, seed);
 }
 
 }  // namespace kvq::detail

@@ -18,6 +18,16 @@
 // query is rotated and rounded to int8 per 32 values once (q̃, as ggml's q8_0 query; for _qjl also
 // projected by S once), then each row costs one pass over its codes; the score is q̃·x̃ (effective_query).
 // The codecs always rotate; "+rot" on them changes nothing.
+//
+// The fp16 field after the codes is the row's scale s, x̃ = s · Rᵀc (+ the QJL part). Which s is stored is
+// a parameter of the MSE codecs (same bits, same layout, same kernels; the _qjl codecs keep the norm):
+//   scale=ls        s = ‖x‖·⟨c, u⟩/‖c‖², u = Rx/‖x‖ (the default): the least-squares fit of the codes to the
+//                   row, the least error these codes allow; about (1 − D)-shrunk on average, D the
+//                   codebook's error. Chosen by measurement (docs/accuracy.md): never more error than the
+//                   norm on a row, 32% less attention KL on the llm data set, 0-12% less on real keys;
+//   scale=norm      s = ‖x‖ (TurboQuant as published): E_R[x̃] = (1 − D)·x;
+//   scale=unbiased  s = ‖x‖/⟨c, u⟩ (EDEN, arXiv 2108.08842): ⟨x̃, x⟩ = ‖x‖² for every row, so E_R[x̃] = x over
+//                   a uniformly random rotation, at a little more error than ls.
 #pragma once
 
 #include <cstdint>
@@ -28,15 +38,19 @@
 
 namespace kvq::detail {
 
+enum class TurboScale { norm, ls, unbiased };
+
 struct TurboConfig {
     int bits_hi = 4;   // width of the first n_hi channels
     int bits_lo = 4;   // width of the others
     bool half_split = false;  // n_hi = d/2 (fractional codecs); otherwise n_hi = d
     bool qjl = false;  // add the QJL residual sketch and residual norm
+    TurboScale scale = TurboScale::ls;  // set by the spec's "scale=" parameter; the _qjl codecs use norm
 };
 
-// Throws std::invalid_argument for a head size the configuration cannot take (d must be a multiple of 8,
-// of 16 for the split codecs, at most 4096 with QJL) or for non-empty params.
+// params: empty or "scale=norm|ls|unbiased" (not for _qjl). Throws std::invalid_argument for a head size
+// the configuration cannot take (d must be a multiple of 8, of 16 for the split codecs, at most 4096 with
+// QJL) or for other params.
 std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_view name, std::string_view params,
                                       int head_dim, uint64_t seed);
 

@@ -27,7 +27,7 @@ DataStats data_stats(const KVData& data) {
     DataStats s;
     std::vector<double> outlier_ratios, bias_ratios, entropies, value_norms;
     double sink_sum = 0, log_context_sum = 0;
-    size_t n_queries = 0;
+    size_t n_queries = 0, n_sink = 0;
     for (int l = 0; l < data.layers; ++l) {
         for (int h = 0; h < data.kv_heads; ++h) {
             const auto keys = data.keys(l, h, size_t(T));
@@ -58,10 +58,13 @@ DataStats data_stats(const KVData& data) {
             }
 
             for (int i = 0; i < data.n_queries(); ++i) {
-                const size_t n = size_t(data.query_positions[i]) + 1;
+                // A sliding-window layer attends to the window only (the sink weight counts queries that see token 0).
+                const size_t first = data.first_token(l, data.query_positions[i]);
+                const size_t n = size_t(data.query_positions[i]) + 1 - first;
                 const auto q = data.queries(l, h, i);
                 std::vector<float> out(size_t(g) * dim), w(size_t(g) * n);
-                reference_attention(q.data(), g, keys.data(), values.data(), n, dim, data.softmax_scale(), out.data(), w.data());
+                reference_attention(q.data(), g, keys.data() + first * dim, values.data() + first * dim, n, dim,
+                                    data.softmax_scale(), out.data(), w.data());
                 for (int j = 0; j < g; ++j) {
                     const float* wj = w.data() + size_t(j) * n;
                     double entropy = 0;
@@ -69,7 +72,7 @@ DataStats data_stats(const KVData& data) {
                         if (wj[r] > 0) entropy -= wj[r] * std::log(double(wj[r]));
                     }
                     entropies.push_back(entropy);
-                    sink_sum += wj[0];
+                    if (first == 0) sink_sum += wj[0], ++n_sink;
                     log_context_sum += std::log(double(n));
                     ++n_queries;
                 }
@@ -78,7 +81,7 @@ DataStats data_stats(const KVData& data) {
     }
     s.outlier_channel_ratio = median(outlier_ratios);
     s.key_bias_ratio = median(bias_ratios);
-    s.sink_weight = sink_sum / n_queries;
+    s.sink_weight = n_sink ? sink_sum / n_sink : 0.0;
     s.entropy_log_context = log_context_sum / n_queries;
     s.entropy_min = *std::min_element(entropies.begin(), entropies.end());
     s.entropy_max = *std::max_element(entropies.begin(), entropies.end());

@@ -1,7 +1,9 @@
 // Data sets for the accuracy tables: the KVData accessors, the Gaussian set, .npy dumps, and specs.
 #include "kvq/datasets.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -30,6 +32,64 @@ std::vector<int> last_positions(int tokens, int n) {
 
 void check_positive(const char* what, int x) {
     if (x <= 0) bad(std::string("data set: ") + what + " must be positive, got " + std::to_string(x));
+}
+
+// A synthetic data set is made in memory: its keys, values and queries must fit kMaxDatasetValues floats
+// each (checked in double, so that no product of the knobs overflows on the way).
+void check_size(const std::string& context, int layers, int tokens, int kv_heads, int q_per_kv, int head_dim,
+                int query_positions) {
+    for (auto [what, x] : {std::pair{"layers", layers}, {"kv_heads", kv_heads}, {"q_per_kv", q_per_kv},
+                           {"head_dim", head_dim}, {"tokens", tokens}}) {
+        check_positive(what, x);
+    }
+    const double kv = double(layers) * tokens * kv_heads * head_dim;
+    const double q = double(layers) * query_positions * kv_heads * q_per_kv * head_dim;
+    if (kv > double(kMaxDatasetValues) || q > double(kMaxDatasetValues)) {
+        char text[64];
+        std::snprintf(text, sizeof text, "%.3g", std::max(kv, q));
+        bad(context + ": " + text + " values per tensor (layers x tokens x kv_heads x head_dim) is beyond the " +
+            std::to_string(kMaxDatasetValues) + " a synthetic data set may hold");
+    }
+}
+
+// A window in tokens: a non-negative integer (0 = full attention).
+int window_value(const detail::JsonValue& v, const std::string& what) {
+    const double* x = v.as_number();
+    if (!x || !(*x >= 0) || *x != std::floor(*x) || *x > 2147483647.0) bad(what + " must be a non-negative integer (0 = full attention)");
+    return static_cast<int>(*x);
+}
+
+// The per-layer sliding windows of a dump's meta.json: "windows" (one integer per layer, 0 = full), or
+// Hugging Face's "sliding_window" with "layer_types"; empty when neither is given.
+std::vector<int> read_windows(const detail::JsonValue& json, int layers, const std::string& file) {
+    std::vector<int> out;
+    const detail::JsonValue* windows = json.find("windows");
+    if (windows && !windows->is_null()) {
+        const auto* list = windows->as_array();
+        if (!list) bad(file + ": 'windows' must be a list of one integer per layer (0 = full attention)");
+        for (size_t l = 0; l < list->size(); ++l) out.push_back(window_value((*list)[l], file + ": windows[" + std::to_string(l) + "]"));
+        if (out.size() != size_t(layers)) {
+            bad(file + ": 'windows' has " + std::to_string(out.size()) + " entries but k.npy has " + std::to_string(layers) + " layers");
+        }
+        return out;
+    }
+    const detail::JsonValue* sliding = json.find("sliding_window");
+    const detail::JsonValue* types = json.find("layer_types");
+    const bool has_sliding = sliding && !sliding->is_null(), has_types = types && !types->is_null();
+    if (!has_sliding && !has_types) return out;
+    if (!has_sliding || !has_types) bad(file + ": 'sliding_window' and 'layer_types' go together (or give 'windows')");
+    const int w = window_value(*sliding, file + ": 'sliding_window'");
+    const auto* list = types->as_array();
+    if (!list || list->size() != size_t(layers)) {
+        bad(file + ": 'layer_types' must be a list of one entry per layer (" + std::to_string(layers) + ")");
+    }
+    for (size_t l = 0; l < list->size(); ++l) {
+        const std::string* t = (*list)[l].as_string();
+        if (t && *t == "sliding_attention") out.push_back(w);
+        else if (t && *t == "full_attention") out.push_back(0);
+        else bad(file + ": layer_types[" + std::to_string(l) + "] must be \"sliding_attention\" or \"full_attention\"");
+    }
+    return out;
 }
 
 }  // namespace
@@ -79,6 +139,13 @@ void KVData::validate() const {
     }
     if (q.size() != size_t(layers) * query_positions.size() * q_heads * head_dim) {
         bad("data set '" + name + "': queries do not match the shape");
+    }
+    if (!windows.empty() && windows.size() != size_t(layers)) {
+        bad("data set '" + name + "': " + std::to_string(windows.size()) + " sliding windows for " + std::to_string(layers) +
+            " layers (give one per layer, 0 = full attention, or none)");
+    }
+    for (size_t l = 0; l < windows.size(); ++l) {
+        if (windows[l] < 0) bad("data set '" + name + "': the sliding window of layer " + std::to_string(l) + " is negative");
     }
 }
 
@@ -182,6 +249,7 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
             if (!scale->as_number() || !(*scale->as_number() > 0)) bad(meta.string() + ": 'scale' must be a positive number");
             d.scale = static_cast<float>(*scale->as_number());
         }
+        d.windows = read_windows(json, d.layers, meta.string());
     }
     d.validate();
     return d;
@@ -201,6 +269,7 @@ KVData make_dataset(std::string_view spec, uint64_t seed) {
         O o;
         o.seed = seed;
         detail::set_params<O>(o, params, fields, context);
+        check_size(context, o.layers, o.tokens, o.kv_heads, o.q_per_kv, o.head_dim, o.query_positions);
         KVData d = make_gaussian_data(o);
         d.name = std::string(spec);
         return d;
@@ -229,6 +298,7 @@ KVData make_dataset(std::string_view spec, uint64_t seed) {
         O o;
         o.seed = seed;
         detail::set_params<O>(o, params, fields, context);
+        check_size(context, o.layers, o.tokens, o.kv_heads, o.q_per_kv, o.head_dim, o.query_positions);
         KVData d = make_llm_data(o);
         d.name = std::string(spec);
         return d;

@@ -63,6 +63,27 @@ std::vector<int> sliding_windows(const JsonValue& cfg, int layers, const std::st
         return w;
     }
     if (window <= 0) return {};
+    // Qwen 2/3 (transformers' Qwen2Config, Qwen3Config, Qwen2MoeConfig): the window is off unless
+    // use_sliding_window is true (default false), and then only some layers have it: layers with index >=
+    // max_window_layers (default 28) in the dense models, even-numbered layers below max_window_layers in
+    // Qwen2-MoE.
+    if (type.rfind("qwen", 0) == 0) {
+        if (!bool_field(cfg, "use_sliding_window", false)) return {};
+        int max_window = int_field(cfg, {"max_window_layers"}, name);
+        if (type == "qwen2_moe") {
+            if (max_window < 0) max_window = 28;
+            std::vector<int> w(layers, 0);
+            for (int i = 0; i < layers; ++i) w[i] = (i + 1) % 2 != 0 && i < max_window ? window : 0;
+            return w;
+        }
+        if (type == "qwen2" || type == "qwen3" || type.find("_vl") != std::string::npos) {
+            if (max_window < 0) max_window = type.find("_vl") != std::string::npos ? 80 : 28;
+            std::vector<int> w(layers, 0);
+            for (int i = 0; i < layers; ++i) w[i] = i >= max_window ? window : 0;
+            return w;
+        }
+        return std::vector<int>(layers, window);  // e.g. qwen3_moe: no per-layer rule, every layer
+    }
     // Gemma 3: sliding_window_pattern (older configs) or its default of 6: every 6th layer is global.
     int pattern = int_field(cfg, {"sliding_window_pattern", "_sliding_window_pattern"}, name);
     if (pattern <= 0 && type.rfind("gemma3", 0) == 0) pattern = 6;
@@ -72,7 +93,6 @@ std::vector<int> sliding_windows(const JsonValue& cfg, int layers, const std::st
         for (int i = 0; i < layers; ++i) w[i] = (i + 1) % pattern == 0 ? 0 : window;
         return w;
     }
-    // Qwen 2 configs carry a sliding_window that is off unless use_sliding_window is true.
     if (!bool_field(cfg, "use_sliding_window", true)) return {};
     return w;  // Mistral v0.1: every layer
 }

@@ -33,6 +33,7 @@ std::string KVFormat::key_label() const { return key_codec + (center_keys ? std:
 std::string KVFormat::label() const { return key_label() + "/" + value_codec; }
 
 double KVFormat::key_bits(int head_dim, int block_tokens) const {
+    if (channel_bits) return channel_bits + 32.0 / block_tokens;  // fp16 min and step per channel per block
     const double bits = Codec::make(key_codec, head_dim).bits_per_value();
     return center_keys ? bits + 16.0 / block_tokens : bits;
 }
@@ -53,6 +54,19 @@ KVFormat KVFormat::parse(std::string_view spec) {
     }
     f.key_codec = std::string(key);
     f.value_codec = std::string(spec.substr(slash + 1));
+    if (f.key_codec.starts_with("chan")) {
+        const std::string b = f.key_codec.substr(4);
+        if (b.size() != 1 || b[0] < '2' || b[0] > '8') {
+            throw std::invalid_argument("K/V pair '" + std::string(spec) + "': per-channel keys are chan2 .. chan8 (bits per code), got '" +
+                                        f.key_codec + "'");
+        }
+        if (f.center_keys) {
+            throw std::invalid_argument("K/V pair '" + std::string(spec) + "': chanB keys store a per-channel minimum already; +center does not apply");
+        }
+        f.channel_bits = b[0] - '0';
+        check_codec_name(f.value_codec, spec);
+        return f;
+    }
     if (f.value_codec.ends_with(kCenter)) {
         throw std::invalid_argument("K/V pair '" + std::string(spec) + "': +center applies to keys only");
     }
@@ -90,10 +104,24 @@ std::vector<KVFormat> default_kv_formats() {
     // The rotating families at the budgets that compare with the rows above (each only if registered):
     // polar and TurboQuant-MSE for K and V, TurboQuant-prod (unbiased q·k) for K with MSE values, and
     // 8-bit keys with 3-bit values.
-    static const char* const rotating[][2] = {{"polar", "polar"},      {"turbo4", "turbo4"}, {"turbo3", "turbo3"},
-                                              {"turbo4_qjl", "turbo4"}, {"q8_0", "turbo3"}};
+    // Then the pairs that real dumps chose (docs/accuracy.md, Gemma 3 270M): centered turbo keys, 5-bit
+    // rotated centered keys with 3-bit polar values (4.5 bits per value, the best that KVCache holds), and
+    // per-channel keys (chanB: measured here, not yet in KVCache) at 4.25 and 3.5 bits per value.
+    static const char* const rotating[][2] = {{"polar", "polar"},
+                                              {"turbo4", "turbo4"},
+                                              {"turbo3", "turbo3"},
+                                              {"turbo4_qjl", "turbo4"},
+                                              {"q8_0", "turbo3"},
+                                              {"turbo4+center", "turbo4"},
+                                              {"q5_0+rot+center", "polar:budget=3"},
+                                              {"chan4", "polar:budget=3.5"},
+                                              {"chan3", "polar:budget=3"}};
+    auto base = [](std::string_view spec) {
+        spec = spec.substr(0, spec.find_first_of(":+"));
+        return spec.starts_with("chan") ? std::string_view("f32") : spec;  // chanB keys need no codec
+    };
     for (const auto& [k, v] : rotating) {
-        if (have(k) && have(v)) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
+        if (have(base(k)) && have(base(v))) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
     }
     // Any other codec registered later shows up as K and V of its own.
     static const std::string_view listed[] = {"f32",   "f16",    "bf16",   "q8_0",     "q4_0",       "q4_1",

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq {
@@ -41,8 +42,8 @@ std::string lower(std::string_view s) {
 // Bytes per token of one layer (all its kv heads).
 double layer_bytes_per_token(const ModelShape& m, const KVFormat& f, int block_tokens) {
     const int kd = m.key_row_dim();
-    const Codec key = Codec::make(f.key_codec, kd);
-    double bytes = static_cast<double>(key.row_bytes());
+    double bytes = f.channel_bits ? kd * f.channel_bits / 8.0 + 4.0 * kd / block_tokens  // codes; fp16 min and step per channel per block
+                                  : static_cast<double>(Codec::make(f.key_codec, kd).row_bytes());
     if (f.center_keys) bytes += 2.0 * kd / block_tokens;  // one fp16 mean per channel per block
     if (!m.is_mla()) bytes += static_cast<double>(Codec::make(f.value_codec, m.value_row_dim()).row_bytes());
     return bytes * (m.is_mla() ? 1 : m.n_kv_heads);
@@ -84,6 +85,11 @@ void ModelShape::validate() const {
         if (mla_rope_dim < 0) bad("MLA rope dims must be >= 0");
     } else {
         if (n_kv_heads <= 0 || head_dim <= 0) bad("needs positive kv heads and head_dim");
+        // Grouped-query attention shares each kv head among n_heads / n_kv_heads query heads.
+        if (n_heads > 0 && n_heads % n_kv_heads != 0) {
+            bad(std::to_string(n_heads) + " attention heads are not a multiple of " + std::to_string(n_kv_heads) +
+                " kv heads");
+        }
         if (value_dim < 0) bad("value_dim must be >= 0");
     }
     if (!sliding_window.empty() && sliding_window.size() != size_t(n_layers)) bad("needs one sliding-window entry per layer");
@@ -156,6 +162,34 @@ double kv_bytes(const ModelShape& model, const KVFormat& format, size_t context,
     return per_layer * tokens * static_cast<double>(batch);
 }
 
+double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch, int block_tokens) {
+    model.validate();
+    if (model.is_mla()) return 0.0;
+    CacheConfig cfg;
+    cfg.n_layers = model.n_layers;
+    cfg.n_kv_heads = model.n_kv_heads;
+    cfg.n_heads = model.n_kv_heads;  // query heads do not change what is stored
+    cfg.head_dim = model.key_row_dim();
+    cfg.key_codec = format.key_codec;
+    cfg.value_codec = format.value_codec;
+    cfg.center_keys = format.center_keys;
+    cfg.block_tokens = block_tokens;
+    const KVCache probe(cfg);  // its block size, with the layout's padding
+    const double block = static_cast<double>(probe.pool_stats().block_bytes);
+    const double staging = 2.0 * cfg.n_kv_heads * block_tokens * cfg.head_dim * sizeof(float);
+    const size_t bt = static_cast<size_t>(block_tokens), n = context;
+    double per_sequence = static_cast<double>(KVCache::sequence_bookkeeping_bytes(model.n_layers));
+    for (int l = 0; l < model.n_layers; ++l) {
+        // As KVCache::append leaves a layer after a decode step: the open block in staging, whole blocks
+        // in the pool from one block before the window of the last token's (the slack).
+        const size_t w = static_cast<size_t>(model.window(l)), pool_end = n / bt * bt;
+        const size_t before = w && n > w ? (n - w) / bt : 0;
+        const size_t keep_from = before > 1 ? (before - 1) * bt : 0;
+        per_sequence += static_cast<double>((pool_end - std::min(keep_from, pool_end)) / bt) * block + staging;
+    }
+    return per_sequence * static_cast<double>(batch);
+}
+
 std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<KVFormat>& formats, const PlanOptions& o) {
     model.validate();
     if (o.block_tokens <= 0 || o.context == 0 || o.batch == 0) {
@@ -176,6 +210,7 @@ std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<K
             r.bytes_per_token = kv_bytes_per_token(model, f, o.block_tokens);
             r.bytes_total = kv_bytes(model, f, o.context, o.batch, o.block_tokens);
             r.compression = r.bytes_total > 0 ? fp16_total / r.bytes_total : 0.0;
+            r.cache_bytes_total = kv_cache_bytes(model, f, o.context, o.batch, o.block_tokens);
         } catch (const std::invalid_argument& e) {
             r.supported = false;
             r.error = e.what();

@@ -15,19 +15,29 @@ struct QuantizedKeys {
     std::vector<uint8_t> rows;
     std::vector<float> means;  // n_blocks × head_dim fp16-rounded block means; empty when not centered
     int block_tokens = 0;
+    // Per-channel keys (KVFormat::channel_bits): rows holds one code per value (n_rows × head_dim bytes),
+    // mins and steps the fp16-rounded per-channel minimum and step of each block (n_blocks × head_dim).
+    int channel_bits = 0;
+    std::vector<float> mins, steps;
 };
 
 // k: n_rows × head_dim floats.
 QuantizedKeys quantize_keys(const Codec& codec, const float* k, size_t n_rows, bool center, int block_tokens);
+// Per-channel keys: each block of block_tokens rows (the last may be shorter) gets, per channel, an fp16
+// minimum and step (max − min)/(2^bits − 1), and codes round((x − min)/step) clamped to 0..2^bits − 1.
+// Throws std::invalid_argument if a minimum or step does not fit fp16.
+QuantizedKeys quantize_channel_keys(const float* k, size_t n_rows, int head_dim, int bits, int block_tokens);
 std::vector<uint8_t> quantize_values(const Codec& codec, const float* v, size_t n_rows);
 
 // Row-wise softmax in place over n columns of rows `stride` floats apart.
 void softmax_rows(float* s, int n_q, size_t n, size_t stride);
 
-// Decode attention of n_q queries (q: n_q × head_dim) over the first n_rows rows; writes the scaled
-// scores and weights (n_q × n_rows) and out (n_q × head_dim). prep: scratch of n_q × query_bytes().
+// Decode attention of n_q queries (q: n_q × head_dim) over rows first..n_rows−1 (first > 0: a sliding
+// window; centering blocks stay aligned to row 0, as in the cache); writes the scaled scores and weights
+// (n_q × (n_rows − first)) and out (n_q × head_dim). prep: scratch of n_q × query_bytes(). For per-channel
+// keys (k.channel_bits) the key codec is not used but for its head_dim.
 void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values,
-                         const std::vector<uint8_t>& v, const float* q, int n_q, size_t n_rows, float scale,
-                         std::vector<uint8_t>& prep, float* scores, float* weights, float* out);
+                         const std::vector<uint8_t>& v, const float* q, int n_q, size_t first, size_t n_rows,
+                         float scale, std::vector<uint8_t>& prep, float* scores, float* weights, float* out);
 
 }  // namespace kvq::detail

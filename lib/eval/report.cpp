@@ -72,7 +72,7 @@ std::string model_json(const ModelShape& m) {
            ", \"mla_rope_dim\": " + std::to_string(m.mla_rope_dim) + ", \"sliding_window\": " + windows + "]}";
 }
 
-const char* kSweepColumns[] = {"dataset", "key", "value", "key_centered", "head_dim", "key_bits", "value_bits",
+const char* kSweepColumns[] = {"dataset", "layers", "key", "value", "key_centered", "head_dim", "key_bits", "value_bits",
                                "bytes_per_token", "compression_vs_f16", "kl_mean", "kl_worst", "score_rmse_mean",
                                "score_rmse_worst", "topk_mean", "topk_worst", "output_err_mean", "output_err_worst",
                                "cosine_mean", "cosine_worst", "queries", "decode_seconds", "decode_vs_f16", "error"};
@@ -81,7 +81,7 @@ std::vector<std::string> sweep_values(const SweepRow& r) {
     const auto& e = r.errors;
     const bool ok = r.error.empty();
     auto v = [&](double x) { return ok ? num(x) : std::string("null"); };
-    return {r.dataset, r.format.key_codec, r.format.value_codec, r.format.center_keys ? "true" : "false",
+    return {r.dataset, r.layers, r.format.key_codec, r.format.value_codec, r.format.center_keys ? "true" : "false",
             std::to_string(r.head_dim), v(r.key_bits), v(r.value_bits),
             r.bytes_per_token > 0 ? num(r.bytes_per_token) : "null", r.compression > 0 ? num(r.compression) : "null",
             v(e.kl.mean), v(e.kl.worst), v(e.score_rmse.mean), v(e.score_rmse.worst), v(e.topk.mean), v(e.topk.worst),
@@ -124,7 +124,7 @@ std::string format_sweep(const SweepResult& result, TableFormat format) {
             s += "  {";
             for (size_t c = 0; c < cells.size(); ++c) {
                 const std::string name = kSweepColumns[c];
-                const bool text = name == "dataset" || name == "key" || name == "value" || name == "error";
+                const bool text = name == "dataset" || name == "layers" || name == "key" || name == "value" || name == "error";
                 s += (c ? ", " : "") + json_string(name) + ": " + (text ? json_string(cells[c]) : cells[c]);
             }
             s += i + 1 < result.rows.size() ? "},\n" : "}\n";
@@ -137,27 +137,31 @@ std::string format_sweep(const SweepResult& result, TableFormat format) {
     s += "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
     for (const auto& r : result.rows) {
         const auto& e = r.errors;
+        // Rows over part of a data set's layers (full-attention or sliding-window ones) say so.
+        const std::string data = r.layers == "all" ? r.dataset : r.dataset + " [" + r.layers + "]";
         const std::string kib = r.bytes_per_token > 0 ? fixed(r.bytes_per_token / 1024, 1) : "—";
         if (!r.error.empty()) {
-            s += markdown_row({r.dataset, r.format.key_label(), r.format.value_codec, "—", "—", kib, times(r.compression),
+            s += markdown_row({data, r.format.key_label(), r.format.value_codec, "—", "—", kib, times(r.compression),
                                "(" + r.error + ")", "", "", "", "", "", "", "", ""});
             continue;
         }
-        s += markdown_row({r.dataset, r.format.key_label(), r.format.value_codec, fixed(r.key_bits, 2), fixed(r.value_bits, 2), kib,
+        s += markdown_row({data, r.format.key_label(), r.format.value_codec, fixed(r.key_bits, 2), fixed(r.value_bits, 2), kib,
                            times(r.compression), sci(e.kl.mean), sci(e.kl.worst), fixed(e.score_rmse.mean, 4),
                            fixed(e.score_rmse.worst, 4), fixed(e.topk.mean, 3), fixed(e.topk.worst, 3),
                            fixed(e.output_l2.mean, 4), fixed(e.output_l2.worst, 4), times(r.decode_vs_f16)});
     }
     std::string counts;
+    bool windowed = false;
+    for (const auto& r : result.rows) windowed = windowed || r.layers != "all";
     for (size_t i = 0; i < result.rows.size(); ++i) {
         const auto& r = result.rows[i];
-        if ((i == 0 || r.dataset != result.rows[i - 1].dataset) && r.error.empty()) {
+        if ((i == 0 || r.dataset != result.rows[i - 1].dataset) && r.error.empty() && r.layers == "all") {
             counts += (counts.empty() ? "" : ", ") + r.dataset + " " + std::to_string(r.errors.queries);
         }
     }
     s += "\nKiB/token and vs f16: " + m.name + " (" + m.describe() + "). Errors against the FP32 reference: KL of the "
          "attention weights (nats), score RMSE / score std, top-8 agreement, relative L2 error of the output; mean and "
-         "worst over the queries (" + counts + "). Decode time: " + result.timing_method + ".\n";
+         "worst over the queries (" + counts + ")" + (windowed ? "; [full] and [window]: the same over the full-attention and the sliding-window layers only" : "") + ". Decode time: " + result.timing_method + ".\n";
     return s;
 }
 
@@ -173,19 +177,19 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
                  (r.supported ? "true" : "false") + ", \"key_bits\": " + num(r.key_bits) + ", \"value_bits\": " +
                  (m.is_mla() ? std::string("null") : num(r.value_bits)) + ", \"bytes_per_token\": " + num(r.bytes_per_token) + ", \"bytes_total\": " +
                  num(r.bytes_total) + ", \"fp16_bytes_per_token\": " + num(r.fp16_bytes_per_token) +
-                 ", \"fp16_bytes_total\": " + num(r.fp16_bytes_total) + ", \"compression_vs_f16\": " + num(r.compression) +
+                 ", \"fp16_bytes_total\": " + num(r.fp16_bytes_total) + ", \"compression_vs_f16\": " + num(r.compression) + ", \"cache_bytes_total\": " + num(r.cache_bytes_total) +
                  ", \"error\": " + json_string(r.error) + (i + 1 < rows.size() ? "},\n" : "}\n");
         }
         return s + " ]}\n";
     }
     if (format == TableFormat::csv) {
         s = "model,key,value,key_centered,supported,key_bits,value_bits,bytes_per_token,bytes_total,fp16_bytes_per_token,"
-            "fp16_bytes_total,compression_vs_f16,context,batch,error\n";
+            "fp16_bytes_total,compression_vs_f16,cache_bytes_total,context,batch,error\n";
         for (const auto& r : rows) {
             s += join({csv_field(m.name), r.format.key_codec, r.format.value_codec, r.format.center_keys ? "true" : "false",
                        r.supported ? "true" : "false", num(r.key_bits), m.is_mla() ? "" : num(r.value_bits), num(r.bytes_per_token),
                        num(r.bytes_total), num(r.fp16_bytes_per_token), num(r.fp16_bytes_total), num(r.compression),
-                       std::to_string(o.context), std::to_string(o.batch), csv_field(r.error)},
+                       num(r.cache_bytes_total), std::to_string(o.context), std::to_string(o.batch), csv_field(r.error)},
                       ",") + "\n";
         }
         return s;
@@ -194,18 +198,22 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
     if (m.is_mla()) s += "MLA: the key codec stores the latent row; values are read from it, so V does not apply.\n";
     if (m.local_layers()) s += "Per token: a token held by every layer; the context column applies the sliding windows.\n";
     s += "\n";
-    s += markdown_row({"K/V", "K bits", "V bits", "per token", "f16 per token", "context × batch", "f16 context × batch", "vs f16"});
-    s += "|---|--:|--:|--:|--:|--:|--:|--:|\n";
+    s += markdown_row({"K/V", "K bits", "V bits", "per token", "f16 per token", "context × batch", "f16 context × batch", "vs f16",
+                       "in a KVCache"});
+    s += "|---|--:|--:|--:|--:|--:|--:|--:|--:|\n";
     for (const auto& r : rows) {
         if (!r.supported) {
             s += markdown_row({r.format.label(), "—", "—", "—", human_bytes(r.fp16_bytes_per_token), "—", human_bytes(r.fp16_bytes_total),
-                               "(" + r.error + ")"});
+                               "(" + r.error + ")", "—"});
             continue;
         }
         s += markdown_row({r.format.label(), fixed(r.key_bits, 2), m.is_mla() ? "—" : fixed(r.value_bits, 2),
                            human_bytes(r.bytes_per_token), human_bytes(r.fp16_bytes_per_token), human_bytes(r.bytes_total),
-                           human_bytes(r.fp16_bytes_total), times(r.compression)});
+                           human_bytes(r.fp16_bytes_total), times(r.compression),
+                           m.is_mla() ? "—" : human_bytes(r.cache_bytes_total)});
     }
+    s += "\n\"in a KVCache\": what kvq's cache holds after decoding (whole blocks, each open block's float32 staging, the "
+         "block of slack before each window, bookkeeping).\n";
     return s;
 }
 
@@ -215,13 +223,19 @@ std::string format_codec_info(TableFormat format, int head_dim) {
         if (!levels.empty()) levels += ',';
         levels += simd_level_name(l);
     }
-    const std::string level(simd_level_name(simd_level()));
+    const SimdReport report = simd_report();
+    const std::string level(simd_level_name(report.in_use));
     std::string s;
-    if (format == TableFormat::json) s = "{\"simd_level\": " + json_string(level) + ", \"simd_available\": " + json_string(levels) + ",\n \"codecs\": [\n";
-    else if (format == TableFormat::csv) s = "name,block,bytes_per_block,bits_per_value,ggml_layout,layout\n";
-    else s = "SIMD level: " + level + " (available: " + levels + ")\n\n" +
-             markdown_row({"codec", "block", "bytes/block", "bits/value (d=" + std::to_string(head_dim) + ")", "ggml layout", "layout"}) +
-             "|---|--:|--:|--:|---|---|\n";
+    if (format == TableFormat::json) {
+        s = "{\"simd_level\": " + json_string(level) + ", \"simd_available\": " + json_string(levels) +
+            ", \"simd_reason\": " + json_string(report.reason) + ",\n \"codecs\": [\n";
+    } else if (format == TableFormat::csv) {
+        s = "name,block,bytes_per_block,bits_per_value,ggml_layout,layout\n";
+    } else {
+        s = "SIMD levels (* in use):\n\n```\n" + format_simd_report(report) + "```\n\n" +
+            markdown_row({"codec", "block", "bytes/block", "bits/value (d=" + std::to_string(head_dim) + ")", "ggml layout", "layout"}) +
+            "|---|--:|--:|--:|---|---|\n";
+    }
     const auto names = codec_names();
     for (size_t i = 0; i < names.size(); ++i) {
         const CodecInfo c = codec_info(names[i]);

@@ -86,6 +86,7 @@ std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepar
     c.scale = data.softmax_scale();
     c.threads = 1;
     c.seed = seed;
+    if (!data.windows.empty()) c.sliding_window.assign(data.windows.begin(), data.windows.begin() + layers);
     auto cache = std::make_unique<KVCache>(c);
     const SequenceId seq = cache->add_sequence();
     const size_t layer_floats = size_t(data.tokens) * data.kv_heads * data.head_dim;
@@ -159,14 +160,20 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
         for (const auto& f : formats) {
             Prepared p{f, {}, {}, {}};
             try {
-                p.keys = Codec::make(f.key_codec, d.head_dim, options.seed);
+                // chanB keys are quantized by the sweep itself; the f32 codec only carries the head size.
+                p.keys = Codec::make(f.channel_bits ? "f32" : f.key_codec, d.head_dim, options.seed);
                 p.values = Codec::make(f.value_codec, d.head_dim, options.seed);
             } catch (const std::invalid_argument& e) {
                 p.error = e.what();
             }
             prepared.push_back(std::move(p));
         }
-        std::vector<ErrorAccumulator> acc(prepared.size());
+        // Errors over every layer, and apart over full-attention and sliding-window layers when the data
+        // set has both kinds (Gemma-style models).
+        std::vector<ErrorAccumulator> acc(prepared.size()), acc_full(prepared.size()), acc_window(prepared.size());
+        bool any_full = false, any_window = false;
+        for (int l = 0; l < d.layers; ++l) (d.window(l) > 0 ? any_window : any_full) = true;
+        const bool split = any_full && any_window;
         const size_t n_rows = size_t(d.query_positions.back()) + 1;
         const int g = d.group(), dim = d.head_dim;
         const float scale = d.softmax_scale();
@@ -179,7 +186,8 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
                 std::vector<Reference> ref;
                 for (int i = 0; i < d.n_queries(); ++i) {
                     q[i] = d.queries(l, h, i);
-                    ref.push_back(reference(q[i].data(), g, k.data(), v.data(), size_t(d.query_positions[i]) + 1, dim, scale));
+                    const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
+                    ref.push_back(reference(q[i].data(), g, k.data() + first * dim, v.data() + first * dim, n - first, dim, scale));
                 }
                 std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
                 std::map<std::string, std::vector<uint8_t>> value_codes;
@@ -188,17 +196,24 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
                     if (!p.error.empty()) continue;
                     auto kc = key_codes.find(p.format.key_label());
                     if (kc == key_codes.end())
-                        kc = key_codes.emplace(p.format.key_label(), detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens)).first;
+                        kc = key_codes.emplace(p.format.key_label(),
+                                               p.format.channel_bits
+                                                   ? detail::quantize_channel_keys(k.data(), n_rows, dim, p.format.channel_bits, options.block_tokens)
+                                                   : detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens))
+                                 .first;
                     auto vc = value_codes.find(p.format.value_codec);
                     if (vc == value_codes.end()) vc = value_codes.emplace(p.format.value_codec, detail::quantize_values(*p.values, v.data(), n_rows)).first;
                     for (int i = 0; i < d.n_queries(); ++i) {
-                        const size_t n = size_t(d.query_positions[i]) + 1;
-                        scores.resize(size_t(g) * n);
-                        weights.resize(size_t(g) * n);
-                        detail::quantized_attention(*p.keys, kc->second, *p.values, vc->second, q[i].data(), g, n, scale, prep,
-                                                    scores.data(), weights.data(), out.data());
-                        acc[f].add(compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(), scores.data(),
-                                                     weights.data(), out.data(), g, n, dim, options.top_k));
+                        const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
+                        scores.resize(size_t(g) * (n - first));
+                        weights.resize(size_t(g) * (n - first));
+                        detail::quantized_attention(*p.keys, kc->second, *p.values, vc->second, q[i].data(), g, first, n, scale,
+                                                    prep, scores.data(), weights.data(), out.data());
+                        const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
+                                                                    scores.data(), weights.data(), out.data(), g, n - first, dim,
+                                                                    options.top_k);
+                        acc[f].add(e);
+                        (d.window(l) > 0 ? acc_window : acc_full)[f].add(e);
                     }
                 }
                 step();
@@ -212,7 +227,7 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
             std::vector<const Prepared*> timed;
             size_t baseline_index = SIZE_MAX;
             for (const auto& p : prepared) {
-                if (!p.error.empty()) continue;
+                if (!p.error.empty() || p.format.channel_bits) continue;  // KVCache cannot hold chanB keys: not timed
                 if (p.format.label() == f16.label()) baseline_index = timed.size();
                 timed.push_back(&p);
             }
@@ -224,7 +239,7 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
             const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens, options.seed);
             f16_seconds = t[baseline_index];
             for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
-                if (prepared[f].error.empty()) seconds[f] = t[j++];
+                if (prepared[f].error.empty() && !prepared[f].format.channel_bits) seconds[f] = t[j++];
             }
             step();
         }
@@ -233,6 +248,7 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
             const Prepared& p = prepared[f];
             SweepRow row;
             row.dataset = d.name;
+            row.layers = "all";
             row.format = p.format;
             row.head_dim = dim;
             row.error = p.error;
@@ -249,7 +265,18 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
             } catch (const std::invalid_argument&) {
                 row.bytes_per_token = row.compression = 0;  // the codec cannot take the model's head size
             }
-            result.rows.push_back(std::move(row));
+            if (split && p.error.empty()) {
+                SweepRow full = row, window = row;
+                full.layers = "full";
+                full.errors = acc_full[f].result();
+                window.layers = "window";
+                window.errors = acc_window[f].result();
+                result.rows.push_back(std::move(row));
+                result.rows.push_back(std::move(full));
+                result.rows.push_back(std::move(window));
+            } else {
+                result.rows.push_back(std::move(row));
+            }
         }
     }
     return result;

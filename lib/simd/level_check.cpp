@@ -12,12 +12,8 @@
 #include "kvq/codec.hpp"
 
 namespace kvq::detail {
-namespace {
 
-// Rows of n values, each row a different kind of data, cycling through the kinds (zeros, signed zeros,
-// equal values, exact rounding ties, alternating signs, huge, tiny, subnormal scales, a narrow range
-// around an offset, N(0, 1)).
-std::vector<float> make_rows(size_t rows, int n, uint64_t seed, bool extreme) {
+std::vector<float> parity_rows(size_t rows, int n, uint64_t seed, bool extreme) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_int_distribution<int> small(-4, 4);
@@ -46,6 +42,8 @@ std::vector<float> make_rows(size_t rows, int n, uint64_t seed, bool extreme) {
     return x;
 }
 
+namespace {
+
 std::vector<float> gaussian_rows(size_t rows, int d, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -55,19 +53,6 @@ std::vector<float> gaussian_rows(size_t rows, int d, uint64_t seed) {
         for (int j = 0; j < d; ++j) x[r * d + j] = normal(rng) * scale;
     }
     return x;
-}
-
-bool same_float(float a, float b) {
-    uint32_t ua, ub;
-    std::memcpy(&ua, &a, 4);
-    std::memcpy(&ub, &b, 4);
-    return ua == ub || (std::isnan(a) && std::isnan(b));
-}
-
-bool close(float got, float want, double tol) {
-    if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
-    if (std::isinf(want) || std::isinf(got)) return got == want;
-    return std::fabs(double(got) - double(want)) <= tol;
 }
 
 double norm(const float* x, int d) {
@@ -89,6 +74,19 @@ constexpr double kRounding = 2e-6;  // relative to the sum of the magnitudes of 
 
 }  // namespace
 
+bool same_float(float a, float b) {
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a, 4);
+    std::memcpy(&ub, &b, 4);
+    return ua == ub || (std::isnan(a) && std::isnan(b));
+}
+
+bool close_to(float got, float want, double tol) {
+    if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
+    if (std::isinf(want) || std::isinf(got)) return got == want;
+    return std::fabs(double(got) - double(want)) <= tol;
+}
+
 std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows, int n_q, bool extreme, uint64_t seed,
                               size_t& checks) {
     const BlockKernels& ref = scalar_kernels(c);
@@ -108,7 +106,7 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
     const size_t qbytes = plain ? n * sizeof(float) : size_t(n / 32) * 40;
 
     // Quantize and prepare: the same bytes.
-    const auto x = make_rows(rows, n, seed, extreme);
+    const auto x = parity_rows(rows, n, seed, extreme);
     std::vector<uint8_t> a(rows * stride, 0xAB), b(rows * stride, 0xAB);
     for (size_t r = 0; r < rows; ++r) {
         ref.quantize(x.data() + r * n, a.data() + r * stride, n);
@@ -144,12 +142,12 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
     }
 
     // Scores and accumulations on ordinary data, to float rounding.
-    const auto k = make_rows(rows, n, seed + 7, false);
+    const auto k = parity_rows(rows, n, seed + 7, false);
     std::vector<uint8_t> keys(rows * stride);
     for (size_t r = 0; r < rows; ++r) ref.quantize(k.data() + r * n, keys.data() + r * stride, n);
     std::vector<float> kd(rows * n);  // dequantized keys, for the error bound
     for (size_t r = 0; r < rows; ++r) ref.dequantize(keys.data() + r * stride, kd.data() + r * n, n);
-    const auto q = make_rows(n_q, n, seed + 99, false);
+    const auto q = parity_rows(n_q, n, seed + 99, false);
     std::vector<uint8_t> prep(n_q * qbytes);
     for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
     std::vector<float> qe(n_q * n);  // the query the kernels see
@@ -179,13 +177,13 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
             double mag = 0, row_max = 0;
             for (int j = 0; j < n; ++j) row_max = std::max(row_max, double(std::fabs(kd[r * n + j])));
             for (int j = 0; j < n; ++j) mag += std::fabs(double(qe[i * n + j])) * (std::fabs(double(kd[r * n + j])) + row_max);
-            if (!close(sb[at], sa[at], kRounding * mag + 1e-35)) return differs("score: query i, row r =", at, sb[at], sa[at]);
+            if (!close_to(sb[at], sa[at], kRounding * mag + 1e-35)) return differs("score: query i, row r =", at, sb[at], sa[at]);
         }
     }
     checks += n_q * rows;
     const size_t w_stride = rows + 2;
-    const auto w = make_rows(n_q, static_cast<int>(w_stride), seed + 5, false);
-    const std::vector<float> acc0 = make_rows(n_q, n, seed + 17, false);
+    const auto w = parity_rows(n_q, static_cast<int>(w_stride), seed + 5, false);
+    const std::vector<float> acc0 = parity_rows(n_q, n, seed + 17, false);
     std::vector<float> aa = acc0, ab = acc0;
     ref.accumulate(w.data(), w_stride, n_q, keys.data(), stride, rows, n, aa.data());
     simd.accumulate(w.data(), w_stride, n_q, keys.data(), stride, rows, n, ab.data());
@@ -193,7 +191,7 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
         for (int j = 0; j < n; ++j) {
             double mag = std::fabs(acc0[i * n + j]);
             for (size_t r = 0; r < rows; ++r) mag += std::fabs(double(w[i * w_stride + r]) * kd[r * n + j]);
-            if (!close(ab[i * n + j], aa[i * n + j], kRounding * mag + 1e-35))
+            if (!close_to(ab[i * n + j], aa[i * n + j], kRounding * mag + 1e-35))
                 return differs("accumulate: query i, column j =", i * n + j, ab[i * n + j], aa[i * n + j]);
         }
     }
@@ -244,13 +242,13 @@ std::string check_codec_path(SimdLevel level, const std::string& spec, int d, si
         for (size_t r = 0; r < rows; ++r) {
             const double xn = norm(xd.data() + r * d, d);
             const size_t at = i * rows + r;
-            if (!close(got.scores[at], want.scores[at], 1e-5 * qn * xn + 1e-6))
+            if (!close_to(got.scores[at], want.scores[at], 1e-5 * qn * xn + 1e-6))
                 return differs("score: query i, row r =", at, got.scores[at], want.scores[at]);
             wx += std::fabs(w[at]) * xn;
         }
         for (int j = 0; j < d; ++j) {
             const size_t at = i * d + j;
-            if (!close(got.acc[at], want.acc[at], 1e-5 * wx + 1e-6))
+            if (!close_to(got.acc[at], want.acc[at], 1e-5 * wx + 1e-6))
                 return differs("accumulate: query i, column j =", at, got.acc[at], want.acc[at]);
         }
     }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "../codec/kernels.hpp"
 #include "kvq/simd.hpp"
@@ -28,6 +29,15 @@ std::string check_codec_path(SimdLevel level, const std::string& spec, int d, si
 // The online softmax's block update at `level`: the same bits as the specification (weights, states and
 // rescaled accumulators) for g queries and n scores.
 std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_t& checks);
+
+// Rows of n values for parity checks, each row a different kind of data, cycling through the kinds:
+// zeros, signed zeros, equal values, exact rounding ties, alternating signs, huge, tiny, subnormal
+// scales, a narrow range around an offset, N(0, 1). extreme: the huge/tiny kinds beyond fp16's range.
+std::vector<float> parity_rows(size_t rows, int n, uint64_t seed, bool extreme);
+// a and b have the same bits, or are both NaN.
+bool same_float(float a, float b);
+// |got − want| <= tol, or both the same infinity, or both NaN.
+bool close_to(float got, float want, double tol);
 
 // The contract check of the level's primitives (ops_check.hpp).
 std::string check_primitives(SimdLevel level, size_t& checks);

@@ -78,10 +78,6 @@ struct Avx2Blocks {
         const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)), key.k);
         return _mm256_madd_epi16(_mm256_maddubs_epi16(key.abs_k, sy), _mm256_set1_epi16(1));
     }
-    static IDot dot_unsigned(UKey k, const int8_t* y) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(k, q), _mm256_set1_epi16(1));
-    }
     // Four dot products' partial sums transposed and added: lane i (of each 128-bit half) sums p[i].
     static IDot reduce4(const IDot* p) {
         const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
@@ -110,7 +106,6 @@ struct Avx2Blocks {
         return _mm256_cvtepi32_ps(dot_signed(key, y));
     }
 
-    static uint16_t f16_bits(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
     static float f16_value(uint16_t h) { return _cvtsh_ss(h); }
 
     // Two nibble blocks at once, one per 128-bit half (kernels_impl.hpp's score_group4_pairs): a block's

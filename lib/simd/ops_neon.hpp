@@ -98,7 +98,6 @@ struct Ops<xsimd::neon64> {
         s = vpadalq_s16(s, vmull_s8(vget_low_s8(k.hi), vget_low_s8(q.hi)));
         return vpadalq_s16(s, vmull_high_s8(k.hi, q.hi));
     }
-    static IDot dot_unsigned(const UKey& k, const int8_t* y) { return dot_signed(k, y); }
     static IDot reduce4(const IDot* p) { return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3])); }
     static IDot dot4_signed(const Key& k, const int8_t* const* y) {
         const IDot p[4] = {dot_signed(k, y[0]), dot_signed(k, y[1]), dot_signed(k, y[2]), dot_signed(k, y[3])};
@@ -121,7 +120,6 @@ struct Ops<xsimd::neon64> {
     static float hmax(F v) { return vmaxvq_f32(v); }
     static I to_i32(F v) { return vcvtq_s32_f32(v); }  // truncates toward zero
     static F to_f32(I v) { return vcvtq_f32_s32(v); }
-    static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
     // Normal values (all scales in practice) by moving the bits; zeros, subnormals, Inf and NaN through
     // half.hpp. Both are exact, so the bits are the same.
     static float f16_value(uint16_t h) {

@@ -113,7 +113,6 @@ struct Ops<xsimd::sse2> {
         s = _mm_add_epi32(s, _mm_madd_epi16(k.w[2], widen_lo(q.hi)));
         return _mm_add_epi32(s, _mm_madd_epi16(k.w[3], widen_hi(q.hi)));
     }
-    static IDot dot_unsigned(const UKey& k, const int8_t* y) { return dot_signed(k, y); }
     static IDot reduce4(const IDot* p) {
         const __m128i t0 = _mm_add_epi32(_mm_unpacklo_epi32(p[0], p[1]), _mm_unpackhi_epi32(p[0], p[1]));
         const __m128i t1 = _mm_add_epi32(_mm_unpacklo_epi32(p[2], p[3]), _mm_unpackhi_epi32(p[2], p[3]));
@@ -145,7 +144,6 @@ struct Ops<xsimd::sse2> {
     }
     static I to_i32(F v) { return _mm_cvttps_epi32(v); }
     static F to_f32(I v) { return _mm_cvtepi32_ps(v); }
-    static uint16_t f16_bits(float f) { return detail::f32_to_f16(f); }
     // Normal values (all scales in practice) by moving the bits; zeros, subnormals, Inf and NaN through
     // half.hpp. Both are exact, so the bits are the same.
     static float f16_value(uint16_t h) {

@@ -38,6 +38,10 @@ from ._core import (
     plan,
     quantize,
     simd_level,
+    simd_report,
+    selftest,
+    available_simd_levels,
+    force_simd_level,
     sweep,
 )
 from .attention import attention_error, reference_attention
@@ -82,5 +86,9 @@ __all__ = [
     "quantize",
     "reference_attention",
     "simd_level",
+    "simd_report",
+    "selftest",
+    "available_simd_levels",
+    "force_simd_level",
     "sweep",
 ]

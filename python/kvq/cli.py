@@ -5,17 +5,20 @@
     kvq table --plot errors.png    # also draw error against bits per value (needs matplotlib)
     kvq plan --model llama-3-70b --context 131072 --batch 8
     kvq plan --config path/to/config.json
-    kvq info
+    kvq info                       # the codec table and the SIMD levels (which passed their self-check)
+    kvq selftest                   # every codec at every SIMD level against the scalar specification
     kvq eval gemma3-270m --text tutorial.txt --pairs q8_0/q4_0,q4_0+rot+center/q4_0   # needs torch
 
 The work happens in C++ (lib/eval, through kvq._core); this module parses arguments, shows progress and
-draws the plot.
+draws the plot. Exit status: 0 on success, 2 for a bad argument (argparse's usage errors and every value
+the library refuses, with a one-line message), 1 when a file cannot be read or written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Sequence
@@ -54,6 +57,17 @@ def _cross(keys: str | None, values: str | None) -> list[str]:
     return [f"{k}/{v}" for k in ks for v in vs]
 
 
+def _plot_path(path: str) -> str:
+    """--plot names the file written, exactly: a directory is an error (matplotlib would write DIR.png
+    beside it), and so is a name without an image extension matplotlib knows."""
+    if os.path.isdir(path):
+        raise ValueError(f"--plot {path} is a directory; give a file name, such as {os.path.join(path, 'errors.png')}")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in {"png", "pdf", "svg", "jpg", "jpeg"}:
+        raise ValueError(f"--plot {path}: give a file name ending in .png, .pdf, .svg or .jpg")
+    return path
+
+
 def plot_sweep(rows: list[dict], path: str) -> None:
     """Error against bits per value, one panel per data set and metric, a labelled point per K/V pair:
     the KL of the attention weights against key bits, the output error against the mean of K and V bits."""
@@ -64,6 +78,7 @@ def plot_sweep(rows: list[dict], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise SystemExit("kvq table --plot needs matplotlib: pip install matplotlib (or pip install 'kvq-cache[plot]')") from e
+    rows = [r for r in rows if r.get("layers", "all") == "all"]  # not the [full]/[window] layer subsets
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     # The attention weights depend on the keys alone; the output on both.
     metrics = [
@@ -88,7 +103,7 @@ def plot_sweep(rows: list[dict], path: str) -> None:
             ax.set_title(name if len(name) < 48 else name[:45] + "...")
             ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=os.path.splitext(path)[1].lower().lstrip(".").replace("jpg", "jpeg"))
     plt.close(fig)
 
 
@@ -98,6 +113,8 @@ def cmd_table(args: argparse.Namespace) -> int:
         raise ValueError("give --pairs or --keys/--values, not both")
     if args.keys or args.values:
         pairs = _cross(args.keys, args.values)
+    if args.plot:
+        _plot_path(args.plot)  # before the sweep, which may take minutes
     show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
     result = _core.sweep(
         args.data or DEFAULT_DATA,
@@ -106,6 +123,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         timing=not args.no_timing,
         repeats=args.repeats,
         data_seed=args.seed,
+        block_tokens=args.block_tokens,
         progress=ProgressBar() if show_progress else None,
     )
     text = result.format(args.format)
@@ -139,6 +157,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     sys.stdout.write(_core.codec_table(args.format, args.head_dim))
     return 0
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """Prints one line per SIMD level and codec family; exit status 1 if any differs from the specification."""
+    print(_core.simd_report()["text"], end="")
+    result = _core.selftest(on_line=None if args.quiet else (lambda line: print(line, flush=True)))
+    failed = [l for l in result["lines"] if not l["passed"]]
+    for line in failed if args.quiet else []:
+        print(line["text"])
+    print(f"selftest: {len(result['lines']) - len(failed)} passed, {len(failed)} failed")
+    return 0 if result["passed"] else 1
+
+
+def _bounded(low: int, high: int, what: str):
+    """An argparse type: an integer in [low, high] (the library takes 64-bit values; a larger Python int
+    would otherwise end in a traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what} in {low}..{high}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive = _bounded(1, 2**31 - 1, "an integer")
+_seed = _bounded(0, 2**64 - 1, "a seed")
+_context = _bounded(1, 2**48, "a token count")  # kvq::kMaxSequenceTokens
+_batch = _bounded(1, 2**32, "a sequence count")
 
 
 def _model_path(spec: str) -> str:
@@ -196,16 +247,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvq", description="Quantized KV cache: accuracy tables, memory planner, codec table.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -222,9 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default="llama-3-8b", help="model preset or config.json for bytes per token (default llama-3-8b)")
     t.add_argument("--format", choices=formats, default="markdown")
     t.add_argument("--output", metavar="FILE", help="write the table to FILE instead of stdout")
-    t.add_argument("--plot", metavar="FILE.png", help="draw error against bits per value (matplotlib)")
-    t.add_argument("--seed", type=int, default=0, help="seed of the synthetic data sets (default 0)")
+    t.add_argument("--plot", metavar="FILE.png", help="draw error against bits per value into FILE (.png, .pdf, .svg; matplotlib)")
+    t.add_argument("--seed", type=_seed, default=0, help="seed of the synthetic data sets, 0..2^64-1 (default 0)")
     t.add_argument("--no-timing", action="store_true", help="skip the decode timing")
+    t.add_argument("--block-tokens", type=_positive, default=32,
+                   help="tokens per cache block: the +center and chanB blocks (default 32)")
     t.add_argument("--repeats", type=_positive, default=10, help="decode timing: best of this many samples (default 10)")
     t.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")
     t.add_argument("--no-progress", dest="progress", action="store_false")
@@ -233,8 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="KV-cache memory for a model, context and batch, per K/V pair, next to fp16")
     p.add_argument("--model", help="preset name (see --list) or path to a config.json (default llama-3-8b)")
     p.add_argument("--config", metavar="CONFIG", help="a Hugging Face config.json (or a directory holding one)")
-    p.add_argument("--context", type=_positive, default=8192, help="tokens per sequence (default 8192)")
-    p.add_argument("--batch", type=_positive, default=1, help="sequences (default 1)")
+    p.add_argument("--context", type=_context, default=8192, help="tokens per sequence, up to 2^48 (default 8192)")
+    p.add_argument("--batch", type=_batch, default=1, help="sequences, up to 2^32 (default 1)")
     p.add_argument("--pairs", action="append", metavar="K/V,...", help="K/V codec pairs (default: kvq.default_pairs())")
     p.add_argument("--format", choices=formats, default="markdown")
     p.add_argument("--list", action="store_true", help="list the model presets")
@@ -266,17 +309,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="the codec table and the SIMD level in use")
     i.add_argument("--format", choices=formats, default="markdown")
-    i.add_argument("--head-dim", type=_positive, default=128, help="head size for bits per value (default 128)")
+    i.add_argument("--head-dim", type=_bounded(1, 65536, "a head size"), default=128, help="head size for bits per value (default 128)")
     i.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("selftest", help="check every codec at every SIMD level this CPU runs against the scalar specification")
+    s.add_argument("--quiet", action="store_true", help="print only the failing lines and the summary")
+    s.set_defaults(func=cmd_selftest)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # usage errors: argparse's message, exit status 2
     try:
         return args.func(args)
-    except (ValueError, OSError) as e:
+    except OSError as e:  # a file that cannot be read or written
         print(f"kvq {args.command}: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, OverflowError) as e:  # a value the library refuses: a bad argument, as argparse's
+        print(f"kvq {args.command}: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"kvq {args.command}: out of memory (make the data set or the table smaller)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\nkvq {args.command}: interrupted", file=sys.stderr)

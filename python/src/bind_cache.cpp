@@ -1,6 +1,7 @@
 // kvq.KVCache: the block-wise quantized KV cache (include/kvq/cache.hpp) with numpy in and out.
 // Every call that touches K/V data releases the GIL; calls on one sequence are serialized by
 // SequenceLocks, calls on different sequences run in parallel.
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -45,9 +46,12 @@ std::vector<int> parse_sliding_window(const py::object& w, int n_layers) {
     }
 }
 
-// A path as Python gives it (str, bytes or os.PathLike) in the file system's encoding.
+// A path as Python gives it (str, bytes or os.PathLike) in the file system's encoding. A NUL byte would
+// end the C path early (a file other than the one named): ValueError, as open() raises.
 std::string fs_path(const py::object& path) {
-    return py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+    std::string p = py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+    if (p.find('\0') != std::string::npos) raise_value_error("path holds a NUL byte: " + py::repr(path).cast<std::string>());
+    return p;
 }
 
 class PyKVCache {
@@ -57,10 +61,14 @@ public:
         for (SequenceId s : cache_.sequences()) locks_.add(s);
     }
 
-    static std::unique_ptr<PyKVCache> load(const py::object& path) {
+    static std::unique_ptr<PyKVCache> load(const py::object& path, int64_t max_blocks, int64_t grow_blocks, int threads) {
         const std::string p = fs_path(path);
+        LoadOptions options;
+        options.max_blocks = non_negative(max_blocks, "load: max_blocks");
+        options.grow_blocks = non_negative(grow_blocks, "load: grow_blocks");
+        options.threads = threads;
         py::gil_scoped_release unlocked;
-        return std::make_unique<PyKVCache>(KVCache::load(p));
+        return std::make_unique<PyKVCache>(KVCache::load(p, options));
     }
 
     // seq=None: every sequence (each held as by a reader while it is written out).
@@ -170,6 +178,26 @@ public:
         return out;
     }
 
+    // Many sequences of one layer in one call; q (n_seqs, n_heads, head_dim), seqs in the same order.
+    py::array attend_batch(int layer, py::handle q_obj, const std::vector<SequenceId>& seqs) const {
+        const py::ssize_t heads = n_heads(), d = config().head_dim;
+        const CheckedArray q = float_array(q_obj, "attend_batch: q",
+                                           {{"len(seqs)", static_cast<py::ssize_t>(seqs.size())}, {"n_heads", heads}, {"head_dim", d}});
+        auto out = new_float_array({static_cast<py::ssize_t>(seqs.size()), heads, d});
+        float* o = out.mutable_data();
+        {
+            py::gil_scoped_release unlocked;
+            // Reader locks in id order (writers take one lock at a time, so no cycle can form).
+            std::vector<SequenceId> order(seqs);
+            std::sort(order.begin(), order.end());
+            order.erase(std::unique(order.begin(), order.end()), order.end());
+            std::vector<std::unique_ptr<SequenceGuard>> guards;
+            for (SequenceId s : order) guards.push_back(std::make_unique<SequenceGuard>(locks_, s, SequenceGuard::reader));
+            cache_.attend_batch(layer, seqs, q.floats(), o);
+        }
+        return out;
+    }
+
     // Seconds per call of `calls` attends made by a C++ loop on this same cache: the in-process baseline
     // against which bench/python_attend.py measures what the Python call adds.
     double time_attend(int layer, py::handle q_obj, std::optional<SequenceId> seq, int calls) const {
@@ -263,6 +291,7 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
 py::dict pool_stats_dict(const PoolStats& s) {
     return py::dict("block_bytes"_a = s.block_bytes, "blocks_total"_a = s.blocks_total,
                     "blocks_used"_a = s.blocks_used, "blocks_shared"_a = s.blocks_shared,
+                    "blocks_reserved"_a = s.blocks_reserved,
                     "max_blocks"_a = s.max_blocks);
 }
 
@@ -300,8 +329,10 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("add_sequence", &PyKVCache::add_sequence, "A new empty sequence; returns its id.")
         .def("fork", &PyKVCache::fork, "seq"_a = py::none(),
              "A new sequence with the same tokens as seq (full blocks shared, the open block copied); returns its id.")
-        .def("truncate", &PyKVCache::truncate, "n_tokens"_a, "seq"_a = py::none(),
-             "Keeps the first n_tokens tokens of every layer of seq.")
+        .def("truncate", &PyKVCache::truncate, "n_tokens"_a, py::kw_only(), "seq"_a = py::none(),
+             "Keeps the first n_tokens tokens of every layer of seq: truncate(n_tokens, seq=seq). seq is\n"
+             "keyword-only (C's kvq_cache_truncate takes the sequence first; two ints in either order would\n"
+             "silently truncate another sequence).")
         .def("remove", &PyKVCache::remove, "seq"_a, "Removes a sequence; its blocks return to the pool.")
         .def("append", &PyKVCache::append, "layer"_a, "k"_a, "v"_a, "seq"_a = py::none(),
              "Appends tokens to one layer of seq: k and v of shape (tokens, n_kv_heads, head_dim), float32 or float16.")
@@ -311,16 +342,24 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("attend_prefill", &PyKVCache::attend_prefill, "layer"_a, "q"_a, "seq"_a = py::none(),
              "Causal attention for the last n_queries tokens of seq: q of shape (n_queries, n_heads, head_dim);\n"
              "query i sees the tokens up to and including its own. Returns the same shape, float32.")
+        .def("attend_batch", &PyKVCache::attend_batch, "layer"_a, "q"_a, py::kw_only(), "seqs"_a,
+             "Decode attention of several sequences of one layer in one call: q of shape (len(seqs), n_heads,\n"
+             "head_dim) -> the same shape, float32; row i is bit-identical to attend(layer, q[i], seq=seqs[i]).\n"
+             "The GIL is released and the work split across sequences, block ranges and kv heads.")
         .def("_time_attend", &PyKVCache::time_attend, "layer"_a, "q"_a, "seq"_a = py::none(), "calls"_a = 1,
              "Benchmark helper: seconds per attend call when a C++ loop makes `calls` calls.")
         .def("save", &PyKVCache::save, "path"_a, "seq"_a = py::none(),
              "Writes every sequence (seq=None) or one to path (str or os.PathLike): a temporary file beside it,\n"
              "synced and renamed over path, so an existing file is replaced whole or not at all. Raises\n"
              "kvq.FileIOError (an OSError) if the file cannot be written.")
-        .def_static("load", &PyKVCache::load, "path"_a,
-                    "A new cache with the file's configuration and sequences (ids 0, 1, ... in the file's order);\n"
-                    "unlimited pool, one thread. Raises kvq.FileIOError (OSError) or kvq.BadCacheFile (ValueError:\n"
-                    "wrong magic or version, truncated, corrupted).")
+        .def_static("load", &PyKVCache::load, "path"_a, py::kw_only(), "max_blocks"_a = 0, "grow_blocks"_a = 64,
+                    "threads"_a = 1,
+                    "A new cache with the file's configuration and sequences (ids 0, 1, ... in the file's order).\n"
+                    "Files store no pool limits: max_blocks (0 = no limit), grow_blocks and threads are as for the\n"
+                    "constructor; the pool takes exactly the file's blocks, and a file with more than max_blocks\n"
+                    "raises kvq.PoolExhausted before anything is allocated. Raises kvq.FileIOError (OSError; also for\n"
+                    "anything but a regular file) or kvq.BadCacheFile (ValueError: wrong magic or version,\n"
+                    "truncated, corrupted, or rows the file's nan_policy does not admit).")
         .def("load_into", &PyKVCache::load_into, "path"_a,
              "Adds the file's sequences to this cache and returns their new ids. Raises kvq.FileIOError,\n"
              "kvq.BadCacheFile, kvq.ConfigMismatch (a ValueError naming the field that differs) or\n"
@@ -329,11 +368,15 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def("sequences", [](const PyKVCache& c) { return c.cache().sequences(); }, "Ids of the live sequences.")
         .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })
         .def("bytes_used", [](const PyKVCache& c) { return c.cache().bytes_used(); },
-             "Bytes of the blocks in use (shared blocks counted once).")
+             "Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks and\n"
+             "the per-sequence bookkeeping (metadata_bytes()).")
+        .def("metadata_bytes", [](const PyKVCache& c) { return c.cache().metadata_bytes(); },
+             "Bytes of the per-sequence bookkeeping (per-layer state of every sequence), part of bytes_used().")
         .def("bytes_per_token", [](const PyKVCache& c) { return c.cache().bytes_per_token(); },
              "Key + value bytes per token, all layers and kv heads, as stored.")
         .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },
-             "The block pool: block_bytes, blocks_total, blocks_used, blocks_shared, max_blocks.")
+             "The block pool: block_bytes, blocks_total, blocks_used, blocks_shared, max_blocks, and\n"
+             "blocks_reserved (the open blocks' float staging, counted against max_blocks).")
         .def("dump", [](const PyKVCache& c) { return c.cache().dump(); }, "Block tables, for debugging.")
         .def("__repr__", [](const PyKVCache& c) {
             const auto& k = c.config();

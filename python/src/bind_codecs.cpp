@@ -1,9 +1,10 @@
-// kvq.codecs, kvq.codec_info, kvq.quantize, kvq.dequantize, kvq.simd_level: the codec table and one
+// kvq.codecs, kvq.codec_info, kvq.quantize, kvq.dequantize, kvq.simd_level, simd_report, selftest: the codec table and one
 // codec's rows, from numpy.
 #include <string>
 
 #include "bindings.hpp"
 #include "kvq/codec.hpp"
+#include "kvq/selftest.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::python {
@@ -84,6 +85,77 @@ void bind_codecs(py::module_& m) {
           "Turns codes of shape (..., row_bytes) back into float32 rows of shape (..., head_dim).");
     m.def("simd_level", [] { return std::string(simd_level_name(kvq::simd_level())); },
           "The SIMD instruction set the kernels run with on this machine.");
+    m.def("available_simd_levels", [] {
+              std::vector<std::string> names;
+              for (auto l : kvq::available_simd_levels()) names.emplace_back(simd_level_name(l));
+              return names;
+          },
+          "The SIMD levels compiled into this build that this CPU runs, scalar first.");
+    m.def("force_simd_level", [](const std::string& name) { kvq::force_simd_level(kvq::parse_simd_level(name)); },
+          "name"_a,
+          "Uses this SIMD level from now on (or, if it fails its self-check, the best level below it that\n"
+          "passes); ValueError for an unknown level or one this CPU does not run. For tests and benchmarks:\n"
+          "not safe while other threads are computing.");
+    m.def("simd_report", [] {
+              const auto r = kvq::simd_report();
+              py::list levels;
+              for (const auto& l : r.levels) {
+                  py::dict d;
+                  d["name"] = std::string(simd_level_name(l.level));
+                  d["cpu_runs"] = l.cpu_runs;
+                  d["checked"] = l.checked;
+                  d["passed"] = l.passed;
+                  d["detail"] = l.detail;
+                  d["check_ms"] = l.check_ms;
+                  levels.append(d);
+              }
+              py::dict out;
+              out["in_use"] = std::string(simd_level_name(r.in_use));
+              out["reason"] = r.reason;
+              out["levels"] = levels;
+              out["text"] = kvq::format_simd_report(r);
+              return out;
+          },
+          "Which SIMD levels this build has, which this CPU runs, which passed their self-check, which is in\n"
+          "use and why: {'in_use', 'reason', 'levels': [{'name', 'cpu_runs', 'checked', 'passed', 'detail',\n"
+          "'check_ms'}], 'text'}.");
+    m.def("selftest", [](py::object on_line) {
+              std::vector<kvq::SelftestLine> lines;
+              {
+                  py::gil_scoped_release release;
+                  kvq::selftest([&](const kvq::SelftestLine& l) {
+                      lines.push_back(l);
+                      if (!on_line.is_none()) {
+                          py::gil_scoped_acquire acquire;
+                          on_line(kvq::format_selftest_line(l));
+                      }
+                  });
+              }
+              py::list out;
+              bool passed = !lines.empty();
+              for (const auto& l : lines) {
+                  py::dict d;
+                  d["level"] = std::string(simd_level_name(l.level));
+                  d["family"] = l.family;
+                  d["passed"] = l.passed;
+                  d["cases"] = l.cases;
+                  d["checks"] = l.checks;
+                  d["detail"] = l.detail;
+                  d["ms"] = l.ms;
+                  d["text"] = kvq::format_selftest_line(l);
+                  out.append(d);
+                  passed = passed && l.passed;
+              }
+              py::dict r;
+              r["passed"] = passed;
+              r["lines"] = out;
+              return r;
+          },
+          "on_line"_a = py::none(),
+          "The full parity check (kvq::selftest): every codec at every SIMD level this CPU runs against the\n"
+          "scalar specification, and cache attention against the FP32 reference. on_line(text) sees each\n"
+          "line as it finishes. Returns {'passed': bool, 'lines': [{'level', 'family', 'passed', 'cases',\n"
+          "'checks', 'detail', 'ms', 'text'}]}.");
 }
 
 const Registration registration("codecs", bind_codecs);

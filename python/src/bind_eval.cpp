@@ -38,7 +38,7 @@ py::object or_none(bool ok, double x) { return ok ? py::object(py::float_(x)) : 
 py::dict sweep_row_dict(const SweepRow& r) {
     const bool ok = r.error.empty();
     const auto& e = r.errors;
-    return py::dict("dataset"_a = r.dataset, "pair"_a = r.format.label(), "key"_a = r.format.key_codec,
+    return py::dict("dataset"_a = r.dataset, "layers"_a = r.layers, "pair"_a = r.format.label(), "key"_a = r.format.key_codec,
                     "value"_a = r.format.value_codec, "key_centered"_a = r.format.center_keys, "head_dim"_a = r.head_dim,
                     "key_bits"_a = or_none(ok, r.key_bits), "value_bits"_a = or_none(ok, r.value_bits),
                     "bytes_per_token"_a = or_none(r.bytes_per_token > 0, r.bytes_per_token),
@@ -117,6 +117,7 @@ void bind_eval(py::module_& m) {
         .def_readonly("q_heads", &KVData::q_heads)
         .def_readonly("head_dim", &KVData::head_dim)
         .def_readonly("query_positions", &KVData::query_positions)
+        .def_readonly("windows", &KVData::windows, "sliding window per layer in tokens (0 = full); empty = all full")
         .def_property_readonly("k", [](const KVData& d) { return array_of(d.k, {d.layers, d.tokens, d.kv_heads, d.head_dim}); },
                                "keys, (layers, tokens, kv_heads, head_dim) float32 (a copy)")
         .def_property_readonly("v", [](const KVData& d) { return array_of(d.v, {d.layers, d.tokens, d.kv_heads, d.head_dim}); },

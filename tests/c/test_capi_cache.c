@@ -5,6 +5,7 @@
 #include <kvq/kvq.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +49,17 @@ static void test_cache_params_errors(void) {
     p.head_dim = 48;
     CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_HEAD_DIM, "48");
     p = small_params();
-    p.size = sizeof(kvq_cache_params) - 8;
+    p.size = offsetof(kvq_cache_params, seed); /* smaller than the first release's struct */
     CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_INVALID_ARGUMENT, "sizeof");
+    CHECK(cache == NULL);
+    p = small_params();
+    p.size = offsetof(kvq_cache_params, executor); /* the first release's struct: no executor fields */
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    kvq_cache_destroy(cache);
+    cache = NULL;
+    p = small_params();
+    p.executor_ctx = &p; /* a context without an executor */
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "executor");
     CHECK_STATUS(kvq_cache_create(NULL, &cache), KVQ_ERR_INVALID_ARGUMENT, "NULL");
     CHECK(cache == NULL);
 
@@ -130,7 +140,9 @@ static void test_cache_life(void) {
     CHECK_OK(kvq_cache_pool_stats(cache, &stats));
     CHECK(stats.size == sizeof stats && stats.max_blocks == 8 && stats.blocks_shared == 3 * L);
     CHECK(stats.blocks_used == 3 * L && stats.block_bytes > 0);
-    CHECK(kvq_cache_bytes_used(cache) == stats.blocks_used * stats.block_bytes);
+    /* Blocks, plus the bookkeeping of two sequences of L layers (no float staging: on_append). */
+    CHECK(kvq_cache_bytes_used(cache) > stats.blocks_used * stats.block_bytes);
+    CHECK(kvq_cache_bytes_used(cache) - stats.blocks_used * stats.block_bytes < 2 * (256 + L * 256));
     int64_t ids[4];
     size_t count = 0;
     CHECK_OK(kvq_cache_sequences(cache, ids, 4, &count));
@@ -204,8 +216,61 @@ static void test_cache_life(void) {
     kvq_cache_destroy(cache);
 }
 
+/* An engine's executor: runs the tasks on the calling thread in reverse order, counting them. */
+typedef struct {
+    int calls, tasks;
+} engine_pool;
+static void engine_executor(void* ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx) {
+    engine_pool* pool = (engine_pool*)ctx;
+    ++pool->calls;
+    for (int32_t i = n - 1; i >= 0; --i) {
+        task(task_ctx, i);
+        ++pool->tasks;
+    }
+}
+
+static void test_attend_batch(void) {
+    enum { N = 3 };
+    static const size_t lengths[N] = {5, 300, 41};
+    engine_pool pool = {0, 0};
+    kvq_cache_params p = small_params();
+    p.threads = 2;
+    p.executor = engine_executor;
+    p.executor_ctx = &pool;
+    kvq_cache* cache = NULL;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    int64_t seqs[N];
+    for (int i = 0; i < N; ++i) {
+        CHECK_OK(kvq_cache_add_sequence(cache, &seqs[i]));
+        float* k = make_rows(lengths[i], 20 + i);
+        float* v = make_rows(lengths[i], 30 + i);
+        for (int l = 0; l < L; ++l) CHECK_OK(kvq_cache_append(cache, l, seqs[i], k, v, lengths[i]));
+        free(k);
+        free(v);
+    }
+    static float q[N * QH * D], out[N * QH * D], one[QH * D];
+    fill_gaussian(q, N * QH * D, 40);
+    CHECK_OK(kvq_cache_attend_batch(cache, 1, seqs, N, q, out));
+    for (int i = 0; i < N; ++i) {
+        CHECK_OK(kvq_cache_attend(cache, 1, seqs[i], q + i * QH * D, one));
+        CHECK(memcmp(one, out + i * QH * D, sizeof one) == 0); /* bit for bit */
+    }
+    CHECK(pool.calls >= 1 && pool.tasks > N); /* the executor ran the parts; the long sequence split */
+    CHECK_OK(kvq_cache_attend_batch(cache, 1, seqs, 0, NULL, NULL)); /* nothing to do */
+    const int64_t repeated[2] = {seqs[0], seqs[0]};
+    CHECK_STATUS(kvq_cache_attend_batch(cache, 1, repeated, 2, q, out), KVQ_ERR_INVALID_ARGUMENT, "twice");
+    const int64_t unknown[2] = {seqs[0], 999};
+    CHECK_STATUS(kvq_cache_attend_batch(cache, 1, unknown, 2, q, out), KVQ_ERR_BAD_SEQUENCE, "999");
+    CHECK_STATUS(kvq_cache_attend_batch(cache, L, seqs, N, q, out), KVQ_ERR_BAD_LAYER, "layer");
+    CHECK_STATUS(kvq_cache_attend_batch(cache, 1, seqs, N, NULL, out), KVQ_ERR_INVALID_ARGUMENT, "NULL");
+    q[QH * D + 7] = NAN;
+    CHECK_STATUS(kvq_cache_attend_batch(cache, 1, seqs, N, q, out), KVQ_ERR_NON_FINITE, "NaN");
+    kvq_cache_destroy(cache);
+}
+
 int main(void) {
     test_cache_params_errors();
     test_cache_life();
+    test_attend_batch();
     return check_report("test_capi_cache");
 }

@@ -165,7 +165,12 @@ static void test_failures(void) {
     CHECK(size > 4096);
 
     kvq_cache* live = NULL;
-    p.max_blocks = 3; /* 2 in use below: the file's 2 blocks do not fit */
+    /* 2 blocks in use below, and the open blocks' staging of 2 layers (counted against max_blocks in
+     * blocks' worth of bytes): the file's 2 blocks do not fit. */
+    kvq_pool_stats probe = kvq_pool_stats_init();
+    CHECK_OK(kvq_cache_pool_stats(src, &probe));
+    const size_t staging_units = (2 * KVH * BT * D * sizeof(float) + probe.block_bytes - 1) / probe.block_bytes;
+    p.max_blocks = 3 + L * staging_units;
     CHECK_OK(kvq_cache_create(&p, &live));
     int64_t s;
     CHECK_OK(kvq_cache_add_sequence(live, &s));

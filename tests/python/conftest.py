@@ -19,3 +19,21 @@ def ggml_data():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def _simd_levels():
+    import kvq
+
+    return kvq.available_simd_levels()
+
+
+@pytest.fixture(params=_simd_levels())
+def every_simd_level(request):
+    """Runs the test once per SIMD level this CPU runs (restoring the level in use after)."""
+    import kvq
+
+    before = kvq.simd_level()
+    kvq.force_simd_level(request.param)
+    assert kvq.simd_level() == request.param, kvq.simd_report()["text"]
+    yield request.param
+    kvq.force_simd_level(before)

@@ -6,6 +6,9 @@ import pytest
 
 import kvq
 
+# Cache attention goes through every kernel family and the softmax: check it at every SIMD level.
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 H, KV, D = 8, 2, 64  # GQA: 4 query heads per kv head
 
 
@@ -233,3 +236,24 @@ def test_the_configuration_reads_back():
     assert c["center_keys"] and c["sliding_window"] == [0, 512, 0, 512] and c["seal"] == "on_block_full"
     assert (cache.n_layers, cache.n_heads, cache.head_dim) == (4, 32, 128)
     assert "KVCache(n_layers=4" in repr(cache)
+
+
+def test_attend_batch_equals_attend_per_sequence_bit_for_bit(rng):
+    cache = kvq.KVCache(1, KV, D, n_heads=H, block_tokens=16, threads=2)
+    seqs = []
+    for n in (3, 40, 300):
+        s = cache.add_sequence()
+        k, v = kv(rng, n)
+        cache.append(0, k, v, seq=s)
+        seqs.append(s)
+    q = rng.standard_normal((3, H, D), dtype=np.float32)
+    out = cache.attend_batch(0, q, seqs=seqs)
+    assert out.shape == (3, H, D) and out.dtype == np.float32
+    for i, s in enumerate(seqs):
+        assert np.array_equal(out[i], cache.attend(0, q[i], seq=s))
+    with pytest.raises(ValueError, match="len\\(seqs\\)"):
+        cache.attend_batch(0, q[:2], seqs=seqs)
+    with pytest.raises(ValueError, match="twice"):
+        cache.attend_batch(0, q[:2], seqs=[seqs[0], seqs[0]])
+    with pytest.raises(TypeError):
+        cache.attend_batch(0, q, seqs)  # seqs is keyword-only

@@ -64,11 +64,11 @@ def test_table_output_file_and_plot(capsys, tmp_path):
 
 def test_table_errors_are_named(capsys):
     code, _, err = run(capsys, "table", "--data", SMALL, "--pairs", "q8_0")
-    assert code == 1 and "KEY_CODEC/VALUE_CODEC" in err
+    assert code == 2 and "KEY_CODEC/VALUE_CODEC" in err
     code, _, err = run(capsys, "table", "--data", "wikitext", "--pairs", "q8_0/q4_0")
-    assert code == 1 and "unknown data set 'wikitext'" in err
+    assert code == 2 and "unknown data set 'wikitext'" in err
     code, _, err = run(capsys, "table", "--pairs", "q8_0/q4_0", "--keys", "q8_0")
-    assert code == 1 and "not both" in err
+    assert code == 2 and "not both" in err
 
 
 @pytest.mark.parametrize("model,kib", [("gpt2-xl", 300.0), ("llama-3-8b", 128.0), ("llama-3-70b", 320.0), ("deepseek-v3", 68.625)])
@@ -95,7 +95,7 @@ def test_plan_markdown_config_and_list(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--list")
     assert "gemma-3-27b: 62 layers" in out and "deepseek-v3" in out
     code, _, err = run(capsys, "plan", "--config", str(tmp_path / "missing.json"))
-    assert code == 1 and "no such file" in err
+    assert code == 2 and "no such file" in err
 
 
 def test_plan_gemma3_windows(capsys):
@@ -144,7 +144,7 @@ def test_npy_dumps_with_wrong_dtype_or_shape_are_refused(capsys, tmp_path, probl
     else:
         _write_dump(tmp_path, q_heads=3)
     code, _, err = run(capsys, "table", "--data", f"npy:{tmp_path}", "--pairs", "q8_0/q4_0", "--no-timing")
-    assert code == 1
+    assert code == 2
     assert message in err
 
 
