@@ -13,9 +13,9 @@ Writes into DIR:
                 Phi-3 and most RoPE models in transformers); left out, with a note, when the model has none;
   meta.json     the model name, token count, dtype, the softmax scale of layer 0 (kvq uses it) and
                 "windows": the sliding window of each layer in tokens, 0 for full attention (from the config's
-                layer_types / sliding_window; informational: kvq table attends over every dumped token).
+                layer_types / sliding_window; kvq table applies them).
 
-Needs torch and transformers (pip install 'kvq-cache[hf]'; gguf too for a GGUF file). A transformers model runs
+Needs torch and transformers (pip install '.[hf]' (distribution kvq-cache); gguf too for a GGUF file). A transformers model runs
 on a cache that keeps every token of every layer (a DynamicCache without the config's sliding layers; the
 masks still apply the windows), so sliding-window layers are dumped whole. A cache that holds fewer tokens
 in some layers is cut to the tokens every layer holds, with a note.

@@ -208,7 +208,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         from . import model_eval
     except ImportError as e:
-        raise ValueError(f"kvq eval needs torch and transformers ({e}): pip install 'kvq-cache[hf]'") from e
+        raise ValueError(f"kvq eval needs torch and transformers ({e}): pip install '.[hf]' (distribution kvq-cache)") from e
     pairs = _pairs(args.pairs) or list(model_eval.DEFAULT_EVAL_PAIRS)
     with open(args.text, encoding="utf-8") as f:
         text = f.read()

@@ -197,30 +197,6 @@ def _allowed(mask: torch.Tensor) -> torch.Tensor:
     return allow
 
 
-def _window_safe_chunk(n0: int, remaining: int, window: int, block: int) -> int:
-    """How many of `remaining` tokens can be appended at once to a windowed layer holding n0 tokens so that
-    the first of them still sees its whole window: kvq releases a block once it lies more than one block
-    before the window at the end of an append (lib/cache/cache_append.cpp); mirrored here."""
-    if not window:
-        return remaining
-
-    def ok(c: int) -> bool:
-        n = n0 + c
-        blocks_before = (n - window) // block if n > window else 0
-        keep_from = (blocks_before - 1) * block if blocks_before > 1 else 0
-        first_needs = n0 + 1 - window if n0 + 1 > window else 0
-        return keep_from <= first_needs
-
-    lo, hi = 1, remaining  # ok(1) always holds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class KVQCache(Cache):
     """A transformers Cache stored in kvq (one kvq sequence per batch row); use with attn_implementation="kvq".
 
@@ -407,13 +383,10 @@ class KVQCache(Cache):
                 group.cache.append(layer_idx, ks, vs, seq=seq)
                 out[row, idx[0]] = group.cache.attend(layer_idx, qs[0], seq=seq)
                 continue
-            done = 0
-            n0 = group.cache.n_tokens(seq, layer_idx)
-            while done < idx.size:
-                c = _window_safe_chunk(n0 + done, idx.size - done, layer.window, self.block_tokens)
-                group.cache.append(layer_idx, ks[done:done + c], vs[done:done + c], seq=seq)
-                out[row, idx[done:done + c]] = group.cache.attend_prefill(layer_idx, qs[done:done + c], seq=seq)
-                done += c
+            # One append: a windowed layer releases blocks by the window of the append's first token, so
+            # every query of the piece still sees its whole window (lib/cache/cache_append.cpp).
+            group.cache.append(layer_idx, ks, vs, seq=seq)
+            out[row, idx] = group.cache.attend_prefill(layer_idx, qs, seq=seq)
         return out
 
     def _valid_new(self, layer: _KVQLayer, mask: torch.Tensor | None, b: int, past: int, q: int) -> np.ndarray:

@@ -13,7 +13,7 @@ alone) or on transformers' own cache and sdpa attention (``baseline="hf"``).
 ``per_layer=True`` adds, for each pair and each layer, the KL when only that layer is quantized with the pair
 and every other layer is kept in f32 (``KVQCache(layer_codecs=...)``).
 
-Needs torch and transformers (``pip install 'kvq-cache[hf]'``).
+Needs torch and transformers (``pip install '.[hf]' (distribution kvq-cache)``).
 """
 
 from __future__ import annotations
@@ -256,6 +256,8 @@ def plot_per_layer(rows: list[dict], path: str, title: str = "") -> None:
     full = sorted({r["layer"] for r in rows if r["window"] == "full"})
     for i, l in enumerate(full):
         ax.axvline(l, color="grey", alpha=0.3, lw=6, label="full-attention layer" if i == 0 else None)
+    layers = sorted({r["layer"] for r in rows})
+    ax.set_xticks(layers)
     ax.set_yscale("log")
     ax.set_xlabel("layer quantized (all others f32)")
     ax.set_ylabel("KL(f32 ‖ quantized) of next-token distribution, mean")

@@ -119,6 +119,6 @@ def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
     assert [l.split(",")[0] for l in lines[1:4]] == ["f32/f32 (baseline)", "q8_0/q4_0", "q4_0+rot+center/q4_0"]
     assert "pair,layer,window" in out.read_text() and plot.exists()
     rc = cli.main(["eval", str(tmp_path / "missing"), "--text", str(tiny_dir / "text.txt")])
-    assert rc == 2 and "neither a model directory nor a GGUF file" in capsys.readouterr().err
+    assert rc == 2 and "neither a model directory nor a GGUF file" in capsys.readouterr().err  # a bad argument
     rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--plot", "x.png"])
     assert rc == 2 and "--per-layer" in capsys.readouterr().err
