@@ -97,7 +97,7 @@ TEST_CASE("fork shares blocks and a forked sequence diverges without touching it
     }
 }
 
-TEST_CASE("truncate keeps the first n tokens; appending afterwards continues from there") {
+TEST_CASE("truncate keeps the first n tokens, appending afterwards continues from there") {
     for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {
         for (size_t keep : {size_t(0), size_t(16), size_t(21), size_t(40), size_t(44)}) {
             CAPTURE(static_cast<int>(seal));

@@ -122,7 +122,7 @@ TEST_CASE("centered keys: keys whose block mean or centered value would overflow
     for (float x : attend(cache, seq, q)) CHECK(std::isfinite(x));
 }
 
-TEST_CASE("zero keys and values give exactly zero output; subnormal ones give finite output") {
+TEST_CASE("zero keys and values give exactly zero output, subnormal ones give finite output") {
     for (const auto& pair : kPairs) {
         const std::string &kc = pair.first, &vc = pair.second;  // clang 14 cannot capture bindings
         for (SealPolicy seal : {SealPolicy::on_append, SealPolicy::on_block_full}) {

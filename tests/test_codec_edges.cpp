@@ -160,7 +160,7 @@ TEST_CASE("subnormal and tiny values are stored within each codec's bound, never
     }
 }
 
-TEST_CASE("rows up to the codec's range round-trip; beyond it they are rejected and nothing is written") {
+TEST_CASE("rows up to the codec's range round-trip, beyond it they are rejected and nothing is written") {
     const int d = 64;
     RestoreSimdLevel restore;
     for (const Case& kase : all_cases()) {

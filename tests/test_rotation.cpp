@@ -44,7 +44,7 @@ TEST_CASE("rotation is orthogonal, invertible and keeps inner products") {
     }
 }
 
-TEST_CASE("the seed chooses the signs; the same seed gives the same rotation") {
+TEST_CASE("the seed chooses the signs, the same seed gives the same rotation") {
     const auto x = kvq::test::gaussian(128, 9);
     std::vector<float> a(128), b(128), c(128);
     Rotation(128, 1).apply(x.data(), a.data());

@@ -47,7 +47,7 @@ const char* kSmall = "llm:layers=1,kv_heads=2,tokens=256,query_positions=2";
 
 }  // namespace
 
-TEST_CASE("sweep: f32 is exact, also with centered keys; fewer bits give more error") {
+TEST_CASE("sweep: f32 is exact, also with centered keys, fewer bits give more error") {
     const auto r = sweep(kSmall, "f32/f32,f32+center/f32,q8_0/q8_0,q4_0/q4_0");
     CHECK(row(r, "f32/f32").errors.kl.worst < 1e-6);
     CHECK(row(r, "f32/f32").errors.output_l2.worst < 1e-5);
@@ -86,7 +86,7 @@ TEST_CASE("sweep: decode time is measured against f16 in the same run, or not at
     CHECK(row(timed, "q8_0/q4_0").decode_vs_f16 > 0);
 }
 
-TEST_CASE("sweep: a codec that cannot take the head size gives an error row; progress reaches the total") {
+TEST_CASE("sweep: a codec that cannot take the head size gives an error row, progress reaches the total") {
     kvq::SweepOptions o;
     o.formats = kvq::parse_kv_formats("f16/f16,q4_0/q4_0");
     o.timing = true;
@@ -273,7 +273,7 @@ TEST_CASE("chanB keys: per-channel minimum and step per block, exact bits, and e
     CHECK_THROWS_WITH_AS(kvq::detail::quantize_channel_keys(big.data(), 32, 8, 4, 32), doctest::Contains("beyond fp16"), std::invalid_argument);
 }
 
-TEST_CASE("chanB keys in the sweep: scores are min + step·code dotted with q; on llm keys chan4 beats q4_0 at 5 bits") {
+TEST_CASE("chanB keys in the sweep: scores are min + step·code dotted with q, on llm keys chan4 beats q4_0 at 5 bits") {
     kvq::SweepOptions o;
     o.formats = kvq::parse_kv_formats("chan4/f32,q4_0+rot+center/f32,q4_0/f32,chan8/f32,chan2/f32");
     o.timing = true;  // chanB rows are not timed (no cache holds them); the others are

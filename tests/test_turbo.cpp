@@ -239,7 +239,7 @@ TEST_CASE("turbo scale=ls: the least-squares scale never has more error than the
     }
 }
 
-TEST_CASE("turbo scale=unbiased: inner products are unbiased over the rotation; norm and ls shrink them") {
+TEST_CASE("turbo scale=unbiased: inner products are unbiased over the rotation, norm and ls shrink them") {
     for (const char* spec : {"turbo2:scale=unbiased", "turbo3:scale=unbiased"}) {
         const Bias b = inner_product_bias(spec, 300, 8);
         MESSAGE(std::string(spec) << ": mean error " << b.mean << " ± " << b.standard_error);
