@@ -3,7 +3,7 @@
 # out-of-tree consumer against an installed copy, installs the Python package and runs its tests
 # (pytest), then the sanitizer runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency
 # tests under TSan) and a short run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each,
-# 30 here). KVQ_SANITIZE_ALL=0 skips the sanitizer and fuzz runs (a quick local run; CI runs them).
+# 20 here). KVQ_SANITIZE_ALL=0 skips the sanitizer and fuzz runs (a quick local run; CI runs them).
 # The Python tests include kvq.hf on tiny random transformers models and one test on the real Gemma 3 270M
 # GGUF model (pytest marker real_model, ~1-2 min; KVQ_PYTEST_ARGS='-m "not real_model"' leaves it out).
 set -euo pipefail
@@ -24,5 +24,5 @@ venv=$build/venv
 
 if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
   "$root/scripts/sanitize.sh" all
-  KVQ_FUZZ_SECONDS=${KVQ_FUZZ_SECONDS:-30} "$root/scripts/fuzz.sh"
+  KVQ_FUZZ_SECONDS=${KVQ_FUZZ_SECONDS:-20} "$root/scripts/fuzz.sh"
 fi
