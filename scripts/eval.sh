@@ -8,11 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
-"$root/scripts/setup.sh" >&2
-venv=$build/venv
-[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
-  --config-settings=build-dir="$build/py-{wheel_tag}" "$root" >&2
+venv=$("$root/scripts/python_env.sh")
 text=$build/eval/python-tutorial.txt
 [ -s "$text" ] || "$root/scripts/eval_text.sh" "$text"
 "$venv/bin/kvq" eval gemma3-270m --text "$text" --ctx 1024 --max-chunks 20 "$@"

@@ -14,12 +14,8 @@ ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
 "$root/scripts/test_consumer.sh"
 
 # The Python package goes into a virtual environment inside the build directory (it sees the system's
-# numpy and pytest), so testing never changes the user's site-packages. pip compiles it incrementally in
-# $build/py-<wheel tag>.
-venv=$build/venv
-[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
-  --config-settings=build-dir="$build/py-{wheel_tag}" "$root"
+# numpy, pytest and torch), so testing never changes the user's site-packages (scripts/python_env.sh).
+venv=$("$root/scripts/python_env.sh")
 (cd "$root" && PATH="$venv/bin:$PATH" eval "\"$venv/bin/python\" -m pytest tests/python ${KVQ_PYTEST_ARGS:-}")
 
 if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
