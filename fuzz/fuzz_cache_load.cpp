@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 
@@ -193,7 +194,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int which = in.ConsumeIntegralInRange<int>(0, 2);
     const bool raw = in.ConsumeIntegralInRange<int>(0, 7) == 0;
     CacheConfig cfg = base_config(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? (which + 1) % 3 : which);
-    cfg.max_blocks = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<size_t>(2, 10);
+    // A limit that holds the live sequence below (its blocks and its open blocks' float staging, which
+    // counts against max_blocks) plus 0..8 blocks for the file.
+    const size_t spare = in.ConsumeBool() ? SIZE_MAX : in.ConsumeIntegralInRange<size_t>(0, 8);
+    if (spare != SIZE_MAX) {
+        KVCache probe(cfg);
+        append(probe, probe.add_sequence(), 0, 5, 3.0f);
+        cfg.max_blocks = probe.pool_stats().blocks_used + probe.pool_stats().blocks_reserved + spare;
+    }
     // The base files are saved under propagate; a reject cache must refuse what reject never stores.
     if (in.ConsumeBool()) cfg.nan_policy = NanPolicy::reject;
     const std::vector<uint8_t> file = raw ? in.ConsumeRemainingBytes<uint8_t>() : mutated(in, base_file(which));
