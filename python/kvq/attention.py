@@ -69,6 +69,16 @@ def _visible(n: int, n_q: int, causal: bool, window: Optional[int], fn: str):
     return ranges
 
 
+def _per_head(fn, q, k, v, multi, causal, window):
+    """The 3-D form of the inputs (2-D ones as one head), the GQA group size, and each query's visible
+    rows (None: all of them)."""
+    if not multi:
+        _require_2d(fn, q, k, v)
+        q, k, v = q[:, None], k[:, None], v[:, None]
+    g = q.shape[1] // k.shape[1]
+    return q, k, v, g, _visible(k.shape[0], q.shape[0], causal, window, fn)
+
+
 def reference_attention(q, k, v, scale: Optional[float] = None, *, return_weights: bool = False,
                         causal: bool = False, window: Optional[int] = None):
     """FP32 attention softmax(scale * q @ k.T) @ v on unquantized rows (Eigen), per head. 2-D or 3-D shapes
@@ -78,13 +88,9 @@ def reference_attention(q, k, v, scale: Optional[float] = None, *, return_weight
     q, k, v, multi = _shapes(fn, q, k, v)
     if not multi and not causal and window is None:
         return _core.reference_attention(q, k, v, scale, return_weights=return_weights)
-    if not multi:
-        _require_2d(fn, q, k, v)
-        q, k, v = q[:, None], k[:, None], v[:, None]
+    q, k, v, g, ranges = _per_head(fn, q, k, v, multi, causal, window)
     n_q, n_heads, d = q.shape
     n, n_kv = k.shape[0], k.shape[1]
-    g = n_heads // n_kv
-    ranges = _visible(n, n_q, causal, window, fn)
     out = np.zeros((n_q, n_heads, d), dtype=np.float32)
     weights = np.zeros((n_q, n_heads, n), dtype=np.float32) if return_weights else None
     for kv in range(n_kv):
@@ -126,13 +132,9 @@ def attention_error(q, k, v, key_codec: str = "q8_0", value_codec: str = "q4_0",
     q, k, v, multi = _shapes(fn, q, k, v)
     if not multi and not causal and window is None:
         return _core.attention_error(q, k, v, key_codec, value_codec, scale, top_k, seed=seed)
-    if not multi:
-        _require_2d(fn, q, k, v)
-        q, k, v = q[:, None], k[:, None], v[:, None]
+    q, k, v, g, ranges = _per_head(fn, q, k, v, multi, causal, window)
     n_q, n_heads, d = q.shape
     n, n_kv = k.shape[0], k.shape[1]
-    g = n_heads // n_kv
-    ranges = _visible(n, n_q, causal, window, fn)
     parts = []
     for kv in range(n_kv):
         heads = slice(kv * g, (kv + 1) * g)
