@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../codec/half.hpp"
+#include "../spec/half.hpp"
 #include "online_softmax.hpp"
 
 namespace kvq::detail {

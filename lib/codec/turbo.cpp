@@ -11,12 +11,12 @@
 
 #include "../rotation/hadamard.hpp"
 #include "../simd/dispatch.hpp"
-#include "bit_codes.hpp"
-#include "lloyd_max.hpp"
-#include "qjl.hpp"
-#include "rotated_kernels.hpp"
-#include "stored_norm.hpp"
-#include "turbo_codebook.hpp"
+#include "../spec/bit_codes.hpp"
+#include "../spec/lloyd_max.hpp"
+#include "../spec/qjl.hpp"
+#include "../spec/rotated_kernels.hpp"
+#include "../spec/stored_norm.hpp"
+#include "../spec/turbo_codebook.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -233,19 +233,19 @@ std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_vie
     if (cfg.qjl) cfg.scale = TurboScale::norm;  // the residual sketch is of the unit vector: the norm scales it
     if (!params.empty()) {
         const std::string p(params);
-        if (config.qjl) throw std::invalid_argument("codec '" + n + "' takes no parameters, got '" + p + "'");
+        if (config.qjl) throw BadParams("codec '" + n + "' takes no parameters, got '" + p + "'");
         if (p == "scale=norm") cfg.scale = TurboScale::norm;
         else if (p == "scale=ls") cfg.scale = TurboScale::ls;
         else if (p == "scale=unbiased") cfg.scale = TurboScale::unbiased;
-        else throw std::invalid_argument("codec '" + n + "' takes one parameter, scale=norm|ls|unbiased, got '" + p + "'");
+        else throw BadParams("codec '" + n + "' takes one parameter, scale=norm|ls|unbiased, got '" + p + "'");
     }
     const int multiple = config.half_split ? 16 : 8;
     if (head_dim < multiple || head_dim % multiple != 0) {
-        throw std::invalid_argument("codec '" + n + "' needs a head_dim that is a multiple of " + std::to_string(multiple) +
+        throw BadHeadDim("codec '" + n + "' needs a head_dim that is a multiple of " + std::to_string(multiple) +
                                     ", got " + std::to_string(head_dim));
     }
     if (config.qjl && head_dim > kMaxQjlDim) {
-        throw std::invalid_argument("codec '" + n + "' keeps a head_dim × head_dim QJL matrix; head_dim must be at most " +
+        throw BadHeadDim("codec '" + n + "' keeps a head_dim × head_dim QJL matrix; head_dim must be at most " +
                                     std::to_string(kMaxQjlDim) + ", got " + std::to_string(head_dim));
     }
     return std::make_unique<TurboCodec>(cfg, n, head_dim, seed);

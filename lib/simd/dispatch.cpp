@@ -20,13 +20,6 @@
 namespace kvq {
 namespace detail {
 
-const BlockKernels& scalar_kernels(BlockCodec c) {
-    static const BlockKernels* const table[] = {&kScalarF32,  &kScalarF16,  &kScalarBF16, &kScalarQ8_0,
-                                                &kScalarQ4_0, &kScalarQ4_1, &kScalarQ5_0, &kScalarQ5_1};
-    static_assert(sizeof table / sizeof table[0] == static_cast<size_t>(BlockCodec::count));
-    return *table[static_cast<int>(c)];
-}
-
 namespace {
 
 constexpr int kLevels = 5;

@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "../codec/kernels.hpp"
-#include "../codec/rotated_kernels.hpp"
-#include "../codec/softmax.hpp"
+#include "../spec/block_codecs.hpp"
+#include "../spec/rotated_kernels.hpp"
+#include "../spec/softmax.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {

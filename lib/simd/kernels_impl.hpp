@@ -1,6 +1,6 @@
 // The SIMD kernels of every block codec, written once over the xsimd arch A and Ops<A> (ops.hpp); each
 // lib/simd/level_<isa>.cpp includes its ops_<isa>.hpp and this file and calls make_level<A>(), compiled
-// with that instruction set's flags only. Equal to the scalar specification (lib/codec/) in bytes for
+// with that instruction set's flags only. Equal to the scalar specification (lib/spec/) in bytes for
 // quantize and dequantize, and to float rounding for score and accumulate (lanes are summed in another
 // order and with fma).
 //
@@ -16,7 +16,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../codec/kernels.hpp"
+#include "../spec/block_codecs.hpp"
 #include "plain_impl.hpp"
 #include "loops.hpp"
 #include "ops_check.hpp"
