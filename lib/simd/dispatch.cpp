@@ -83,13 +83,21 @@ void fill_missing(LevelKernels& k, const LevelKernels& spec) {
     fill(k.softmax, spec.softmax);
 }
 
+#if defined(KVQ_SIMD_X86)
+bool cpu_has_avx512_vnni() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
 // The kernels compiled for a level in this build (nullptr if none), whether or not this CPU can run them.
 const LevelKernels* compiled_level(SimdLevel level) {
     switch (level) {
 #if defined(KVQ_SIMD_X86)
         case SimdLevel::sse2: return &level_sse2();
         case SimdLevel::avx2: return &level_avx2();
-        case SimdLevel::avx512: return &level_avx512();
+        // By capability: the VNNI build of the level where the CPU has AVX512-VNNI (its int8 dot products).
+        case SimdLevel::avx512: return cpu_has_avx512_vnni() ? &level_avx512_vnni() : &level_avx512();
 #elif defined(KVQ_SIMD_NEON)
         case SimdLevel::neon: return &level_neon();
 #endif
