@@ -248,9 +248,17 @@ int active_index() {
         std::string why = "the best level this CPU runs";
         // The decode benchmark (bench/bench_decode.cpp, decode_level/) measured avx512 0.7-8% slower than
         // avx2 on an Intel Xeon (Sapphire Rapids, 2 threads, f16 and q8_0/q4_0 at 32k and 128k), as the
-        // issue that reported the avx512 bug had on an AMD EPYC: its int8 kernels are avx2's 256-bit ones,
-        // and its 512-bit float work does not pay. So avx2 is the default where both run.
-        if (wanted == SimdLevel::avx512 && d.levels[static_cast<int>(SimdLevel::avx2)].present) {
+        // issue that reported the avx512 bug had on an AMD EPYC, while its int8 kernels were avx2's. So avx2
+        // is the default where both run, unless the CPU has AVX512-VNNI: that build of the level
+        // (vpdpbusd scores, 512-bit value accumulate) measured as fast for f16/f16 and q8_0/q4_0 at 32k
+        // with 2 threads, 1.25x for q8_0/q8_0, and 1.2x for q8_0/q4_0 on one thread in cache (issue #19).
+        bool vnni = false;
+#if defined(KVQ_SIMD_X86)
+        vnni = cpu_has_avx512_vnni();
+#endif
+        if (wanted == SimdLevel::avx512 && vnni) {
+            why = "the fastest level this CPU runs (with AVX512-VNNI)";
+        } else if (wanted == SimdLevel::avx512 && d.levels[static_cast<int>(SimdLevel::avx2)].present) {
             wanted = SimdLevel::avx2;
             why = "the fastest level this CPU runs (avx512 measured slower in decode; KVQ_SIMD=avx512 selects it)";
         }
