@@ -179,12 +179,19 @@ public:
     void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                          size_t n_rows, float* acc) const override {
         const int d = l_.d;
-        std::vector<float> sketch(qjl_ ? size_t(n_q) * d : 0, 0.0f);
-        active_rotated_kernels().turbo.accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc,
-                                                  sketch.data());
+        // The sign-space sums: this thread's buffer, grown once (no allocation on the decode path).
+        thread_local std::vector<float> sketch_buffer;
+        float* sketch = nullptr;
+        if (qjl_) {
+            const size_t need = size_t(n_q) * d;
+            if (sketch_buffer.size() < need) sketch_buffer.resize(need);
+            sketch = sketch_buffer.data();
+            std::fill(sketch, sketch + need, 0.0f);
+        }
+        active_rotated_kernels().turbo.accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
         if (qjl_) {
             for (int i = 0; i < n_q; ++i) {
-                qjl_->add_transposed(sketch.data() + size_t(i) * d, qjl_->scale(), acc + size_t(i) * d);
+                qjl_->add_transposed(sketch + size_t(i) * d, qjl_->scale(), acc + size_t(i) * d);
             }
         }
     }

@@ -29,6 +29,7 @@ struct LevelKernels {
 const LevelKernels& level_sse2();
 const LevelKernels& level_avx2();
 const LevelKernels& level_avx512();
+const LevelKernels& level_avx512_vnni();  // the avx512 level where the CPU has AVX512-VNNI
 const LevelKernels& level_neon();
 
 // True if x[0..n) holds no NaN or Inf (vectorized at the active level).
