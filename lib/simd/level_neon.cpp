@@ -4,11 +4,16 @@
 #include "dispatch.hpp"
 #include "ops_neon.hpp"
 #include "kernels_impl.hpp"
+#include "quantize_rotated_impl.hpp"
 
 namespace kvq::detail {
 
 const LevelKernels& level_neon() {
-    static const LevelKernels kernels = simd::make_level<xsimd::neon64>();
+    static const LevelKernels kernels = [] {
+        LevelKernels k = simd::make_level<xsimd::neon64>();
+        k.rotated_quantize = simd::rotated_quantize_kernels<xsimd::neon64>();  // polar and turbo quantize
+        return k;
+    }();
     return kernels;
 }
 
