@@ -53,23 +53,18 @@ void polar_rows(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uin
 
 }  // namespace
 
-double sum16_double(const double* partials) {
-    double p[16];
-    std::copy(partials, partials + 16, p);
-    for (int w = 8; w >= 1; w /= 2) {
-        for (int i = 0; i < w; ++i) p[i] = p[i] + p[i + w];
-    }
-    return p[0];
+// p[i] + p[i + 8], then + 4, + 2, + 1: written out, as the loop `for w = 8, 4, 2, 1: p[i] += p[i + w]`.
+template <class T>
+static T sum16(const T* p) {
+    const T a0 = p[0] + p[8], a1 = p[1] + p[9], a2 = p[2] + p[10], a3 = p[3] + p[11];
+    const T a4 = p[4] + p[12], a5 = p[5] + p[13], a6 = p[6] + p[14], a7 = p[7] + p[15];
+    const T b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
+    const T c0 = b0 + b2, c1 = b1 + b3;
+    return c0 + c1;
 }
 
-float sum16_float(const float* partials) {
-    float p[16];
-    std::copy(partials, partials + 16, p);
-    for (int w = 8; w >= 1; w /= 2) {
-        for (int i = 0; i < w; ++i) p[i] = p[i] + p[i + w];
-    }
-    return p[0];
-}
+double sum16_double(const double* partials) { return sum16(partials); }
+float sum16_float(const float* partials) { return sum16(partials); }
 
 float turbo_inverse_norm(double norm) {
     // A row so small that 1/norm overflows float is stored as a zero row (its fp16 scale is 0 anyway);

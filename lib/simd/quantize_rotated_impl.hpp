@@ -9,6 +9,7 @@
 // (turbo: its norm is below 1e30), and every other row goes through the specification's row function.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -118,19 +119,42 @@ struct RotatedQuantize {
 
     // The number of thresholds t (2^bits − 1 of them, ascending) with !(v < t): std::upper_bound's rank,
     // by a binary search (the predicate is monotone in t, and true for every t when v is NaN).
+    // With B ≤ 4 the search reads per-step tables (Steps): step k = 1..B−1 compares with the threshold
+    // rank + s − 1 (s = 2^(B−1−k), rank a multiple of 2s), which is table k's entry rank >> (B − k), one of
+    // 2^k ≤ 8: one register lookup.
+    struct Steps {
+        alignas(64) float t[3][16];
+        void build(const float* bounds, int bits) {
+            for (int k = 1; k < bits && k <= 3; ++k) {
+                const int s = 1 << (bits - 1 - k);
+                for (int m = 0; m < 16; ++m) t[k - 1][m] = m < (1 << k) ? bounds[2 * s * m + s - 1] : 0.0f;
+            }
+        }
+    };
     template <int B>
-    static I rank_fixed(F v, const float* bounds) {
+    static I rank_fixed(F v, const float* bounds, const Steps& steps) {
         I r(0);
         if constexpr (B >= 1) {
             r = R::add_unless_less(r, v, F(bounds[(1 << (B - 1)) - 1]), 1 << (B - 1));
 #pragma GCC unroll 8
-            for (int s = 1 << (B - 1) >> 1; s >= 1; s /= 2) {
-                const I at = r + I(s - 1);
-                const F probe = B <= 4 ? R::lookup16(bounds, at) : lookup_lanes<A>(bounds, at);
+            for (int k = 1; k < B; ++k) {
+                const int s = 1 << (B - 1 - k);
+                F probe;
+                if constexpr (B <= 4) {
+                    probe = R::lookup8(steps.t[k - 1], r >> (B - k));
+                } else {
+                    probe = lookup_lanes<A>(bounds, r + I(s - 1));
+                }
                 r = R::add_unless_less(r, v, probe, s);
             }
         }
         return r;
+    }
+
+    // Zeroes bytes [0, n) of p and up to 64 beyond (p has room for them).
+    static void zero_bytes(void* p, size_t n) {
+        const F zero(0.0f);
+        for (size_t i = 0; i < n; i += sizeof(float) * N) zero.store_unaligned(reinterpret_cast<float*>(static_cast<uint8_t*>(p) + i));
     }
     template <class Body>
     static void with_bits(int bits, Body&& body) {
@@ -153,14 +177,14 @@ struct RotatedQuantize {
     // the previous section's last bits).
     static void pack(const int32_t* codes32, int count, int bits, uint8_t* buf, size_t bit_off) {
         if (bits == 0 || count == 0) return;
-        alignas(64) int8_t codes[kMaxD + 128];
+        alignas(64) int8_t codes[kMaxD + 192];
         constexpr int kRegs = 32 / N;
         for (int j = 0; j < count; j += 32) {
             I v[kRegs];
             for (int k = 0; k < kRegs; ++k) v[k] = I::load_aligned(codes32 + j + k * N);
             O::store(O::pack_small(v), codes + j);
         }
-        std::memset(codes + (count + 31) / 32 * 32, 0, 64);  // the last register's groups past the codes
+        zero_bytes(codes + (count + 31) / 32 * 32, 64);  // the last register's groups past the codes
         using U = xsimd::batch<uint64_t, A>;
         constexpr int G = static_cast<int>(U::size);  // groups of 8 codes per register
         const int groups = (count + 7) / 8;
@@ -173,12 +197,12 @@ struct RotatedQuantize {
             w = (w & U(0x00000000FFFFFFFFull)) | ((w >> 32) << (4 * b));
             w.store_aligned(words + g);
         }
+        if (bit_off % 8 == 0) {
+            for (int g = 0; g < groups; ++g) std::memcpy(buf + bit_off / 8 + size_t(g) * b, &words[g], 8);
+            return;
+        }
         for (int g = 0; g < groups; ++g) {
             const size_t at = bit_off + size_t(g) * 8 * b;
-            if (bit_off % 8 == 0) {
-                std::memcpy(buf + at / 8, &words[g], 8);
-                continue;
-            }
             uint64_t cur;
             std::memcpy(&cur, buf + at / 8, 8);
             cur |= words[g] << (at % 8);
@@ -205,14 +229,15 @@ struct RotatedQuantize {
             for (int k = 0; k < 2 * half; ++k) {  // sign-magnitude codes, as below
                 const int t = k - half, code = t >= 0 ? t : (~t | half);
                 if (sec.code_by_rank[k] != code) return false;
+                if (sec.value_by_rank[k] != -sec.value_by_rank[2 * half - 1 - k]) return false;  // exactly ±
             }
         }
         return true;
     }
 
-    static void turbo_row(const detail::TurboQuantizeLayout& l, const float* x, uint8_t* row, float* residual) {
-        const int d = l.rot.d;
-        constexpr int kD = D::size, kNormRegs = 16 / kD, kSumRegs = 16 / N;
+    // The row's norm from 16 partial sums of x² in double (the specification's order).
+    static double row_norm(const float* x, int d) {
+        constexpr int kD = D::size, kNormRegs = 16 / kD;
         D sq[kNormRegs];
         for (auto& s : sq) s = D(0.0);
         for (int k = 0; k < d / N; ++k) {
@@ -223,15 +248,20 @@ struct RotatedQuantize {
         }
         alignas(64) double partial[16];
         for (int k = 0; k < kNormRegs; ++k) sq[k].store_aligned(partial + k * kD);
-        const double norm = std::sqrt(detail::sum16_double(partial));
+        return std::sqrt(detail::sum16_double(partial));
+    }
+
+    static void turbo_row(const detail::TurboQuantizeLayout& l, const Steps* steps, const float* x, double norm,
+                          uint8_t* row, float* residual) {
+        constexpr int kSumRegs = 16 / N;
         if (!(norm <= 1e30)) {  // NaN, Inf or huge: the specification's NaN operand order matters
             detail::turbo_quantize_row_spec(l, x, row, residual);
             return;
         }
         alignas(64) float u[kMaxD];
         alignas(64) int32_t codes[kMaxD + 32];
-        alignas(64) uint8_t buf[kMaxD + 16];
-        std::memset(buf, 0, l.row_bytes + 8);
+        alignas(64) uint8_t buf[kMaxD + 128];
+        zero_bytes(buf, l.row_bytes + 8);
         rotate(l.rot, x, u);
         const F inv(detail::turbo_inverse_norm(norm));
         F cu[kSumRegs], cc[kSumRegs];
@@ -242,12 +272,14 @@ struct RotatedQuantize {
                 constexpr int B = decltype(bits)::value;
                 if constexpr (B >= 1 && B <= 4) {
                     const I half(1 << (B - 1));
+                    const float* magnitude = sec.value_by_rank + (1 << (B - 1));
                     for (int j = sec.begin; j < sec.begin + sec.count; j += N) {
                         const F v = F::load_aligned(u + j) * inv;
-                        const I rk = rank_fixed<B>(v, sec.bounds);
-                        const I t = rk - half, neg = t >> 31;  // sign-magnitude code of the rank
-                        ((t ^ neg) | (neg & half)).store_aligned(codes + (j - sec.begin));
-                        const F c = R::lookup16(sec.value_by_rank, rk);
+                        const I rk = rank_fixed<B>(v, sec.bounds, steps[s]);
+                        // The sign-magnitude code of the rank, and its value: ± the magnitude's.
+                        const I t = rk - half, neg = t >> 31, m = t ^ neg;
+                        (m | (neg & half)).store_aligned(codes + (j - sec.begin));
+                        const F c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & I(int32_t(0x80000000u)));
                         const int p = (j / N) % kSumRegs;
                         cu[p] = cu[p] + c * v;
                         cc[p] = cc[p] + c * c;
@@ -274,9 +306,19 @@ struct RotatedQuantize {
             detail::scalar_rotated_quantize().turbo(l, x, n_rows, dst, dst_stride, residual);
             return;
         }
-        for (size_t r = 0; r < n_rows; ++r) {
-            prefetch_row(x + (r + 4) * d, d);
-            turbo_row(l, x + r * d, dst + r * dst_stride, residual ? residual + r * d : nullptr);
+        // Norms four rows at a time: each row's codes wait for its norm's sum, square root and division,
+        // and four independent chains of them overlap.
+        constexpr size_t kTile = 4;
+        Steps steps[2];
+        for (int s = 0; s < l.n_sections; ++s) steps[s].build(l.sections[s].bounds, l.sections[s].bits);
+        for (size_t r0 = 0; r0 < n_rows; r0 += kTile) {
+            const size_t n = std::min(kTile, n_rows - r0);
+            double norms[kTile];
+            for (size_t r = 0; r < n; ++r) norms[r] = row_norm(x + (r0 + r) * d, d);
+            for (size_t r = r0; r < r0 + n; ++r) {
+                prefetch_row(x + (r + 2 * kTile) * d, d);
+                turbo_row(l, steps, x + r * d, norms[r - r0], dst + r * dst_stride, residual ? residual + r * d : nullptr);
+            }
         }
     }
 
@@ -312,12 +354,12 @@ struct RotatedQuantize {
         return true;
     }
 
-    static void polar_row(const detail::PolarQuantizeLayout& l, const float* x, uint8_t* row) {
+    static void polar_row(const detail::PolarQuantizeLayout& l, const Steps* steps, const float* x, uint8_t* row) {
         const int d = l.rot.d;
         alignas(64) float y[kMaxD + kPad];
         alignas(64) int32_t codes[kMaxD / 2 + kPad];
-        alignas(64) uint8_t buf[kMaxD + 16];
-        std::memset(buf, 0, l.row_bytes + 8);
+        alignas(64) uint8_t buf[kMaxD + 128];
+        zero_bytes(buf, l.row_bytes + 8);
         rotate(l.rot, x, y);
         F bad(0.0f);
         for (int j = 0; j < d; j += N) {
@@ -338,7 +380,7 @@ struct RotatedQuantize {
                 for (int i = 0; i < nodes; i += N) {
                     F a, b;
                     R::deinterleave(F::load_aligned(y + 2 * i), F::load_aligned(y + 2 * i + N), a, b);
-                    rank_fixed<B>(angle(b, a, level == 1), bounds).store_aligned(codes + i);
+                    rank_fixed<B>(angle(b, a, level == 1), bounds, steps[level - 1]).store_aligned(codes + i);
                     xsimd::sqrt(a * a + b * b).store_aligned(y + i);
                 }
             });
@@ -359,9 +401,11 @@ struct RotatedQuantize {
             detail::scalar_rotated_quantize().polar(l, x, n_rows, dst, dst_stride);
             return;
         }
+        Steps steps[8];
+        for (int i = 0; i < l.levels; ++i) steps[i].build(l.bounds[i], l.bits[i]);
         for (size_t r = 0; r < n_rows; ++r) {
             prefetch_row(x + (r + 4) * d, d);
-            polar_row(l, x + r * d, dst + r * dst_stride);
+            polar_row(l, steps, x + r * d, dst + r * dst_stride);
         }
     }
 };

@@ -3,7 +3,7 @@
 //   swap<h>(v)            lane l takes lane l xor h (h < lanes): the partner of a Walsh-Hadamard butterfly
 //   deinterleave(a, b, e, o)  e = the even lanes of the 2N values a‖b, o = the odd ones, in order
 //   widen(v, lo, hi)      lanes 0..N/2−1 and N/2..N−1 as doubles (exact)
-//   lookup16(t, i)        t[i] for every lane, i in 0..15 (t: 16 floats)
+//   lookup16(t, i)        t[i] for every lane, i in 0..15 (t: 16 floats); lookup8 the same for i in 0..7
 //   add_unless_less(r, v, t, s)  r + s in the lanes where !(v < t) (NaN v included), r elsewhere
 // Their contracts are exercised by the quantizers' byte comparison with the specification at every level
 // (selfcheck, selftest, tests/test_rotated_quantize.cpp), on rows that reach every lane.
@@ -62,6 +62,7 @@ struct RotOps<xsimd::avx512bw> {
         hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
     }
     static F lookup16(const float* t, I i) { return _mm512_permutexvar_ps(i, _mm512_loadu_ps(t)); }
+    static F lookup8(const float* t, I i) { return lookup16(t, i); }
     static I add_unless_less(I r, F v, F t, int s) {
         return _mm512_mask_add_epi32(r, _mm512_cmp_ps_mask(v, t, _CMP_NLT_UQ), r, _mm512_set1_epi32(s));
     }
@@ -92,6 +93,7 @@ struct RotOps<xsimd::fma3<xsimd::avx2>> {
         lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
         hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
     }
+    static F lookup8(const float* t, I i) { return _mm256_permutevar8x32_ps(_mm256_loadu_ps(t), i); }
     static F lookup16(const float* t, I i) {
         const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t), i);
         const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t + 8), i);
@@ -125,6 +127,7 @@ struct RotOps<xsimd::sse2> {
         hi = _mm_cvtps_pd(_mm_movehl_ps(v, v));
     }
     static F lookup16(const float* t, I i) { return lookup_lanes<A>(t, i); }
+    static F lookup8(const float* t, I i) { return lookup_lanes<A>(t, i); }
     static I add_unless_less(I r, F v, F t, int s) {
         return _mm_add_epi32(r, _mm_and_si128(_mm_castps_si128(_mm_cmpnlt_ps(v, t)), _mm_set1_epi32(s)));
     }
@@ -152,6 +155,7 @@ struct RotOps<xsimd::neon64> {
         hi = vcvt_high_f64_f32(v);
     }
     static F lookup16(const float* t, I i) { return lookup_lanes<A>(t, i); }
+    static F lookup8(const float* t, I i) { return lookup_lanes<A>(t, i); }
     static I add_unless_less(I r, F v, F t, int s) {  // vcltq is false for NaN: bic keeps s there
         return vaddq_s32(r, vbicq_s32(vdupq_n_s32(s), vreinterpretq_s32_u32(vcltq_f32(v, t))));
     }
