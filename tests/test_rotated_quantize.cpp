@@ -98,7 +98,7 @@ TEST_CASE("every SIMD level quantizes polar and turbo rows to the specification'
     CHECK((levels.empty() || compared > 1000000));
 }
 
-TEST_CASE("the SIMD quantizers take one row or many, and the QJL chunks, as the specification") {
+TEST_CASE("the SIMD quantizers take one row or many rows and the QJL chunks as the specification does") {
     for (auto level : quantize_levels()) {
         CAPTURE(std::string(kvq::simd_level_name(level)));
         for (const char* spec : {"turbo4", "turbo3_qjl", "polar"}) {
@@ -120,7 +120,7 @@ TEST_CASE("the SIMD quantizers take one row or many, and the QJL chunks, as the 
     }
 }
 
-TEST_CASE("polar_angle is atan2 on [0, 2π) and polar_angle_q1 on [0, π/2], to 3e-7") {
+TEST_CASE("polar_angle is atan2 in 0..2π and polar_angle_q1 in 0..π/2 to within 3e-7") {
     std::mt19937_64 rng(11);
     std::normal_distribution<float> normal;
     double worst = 0;

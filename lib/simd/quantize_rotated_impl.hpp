@@ -67,13 +67,11 @@ struct RotatedQuantize {
 #pragma GCC unroll 16
         for (int h = 1; h < Rn; h *= 2) {
 #pragma GCC unroll 16
-            for (int i = 0; i < Rn; i += 2 * h) {
-#pragma GCC unroll 16
-                for (int j = i; j < i + h; ++j) {
-                    const F a = v[j], c = v[j + h];
-                    v[j] = a + c;
-                    v[j + h] = a - c;
-                }
+            for (int q = 0; q < Rn / 2; ++q) {  // butterfly q of the stage: registers j and j + h
+                const int j = (q / h) * 2 * h + q % h;
+                const F a = v[j], c = v[j + h];
+                v[j] = a + c;
+                v[j + h] = a - c;
             }
         }
 #pragma GCC unroll 16
@@ -224,7 +222,7 @@ struct RotatedQuantize {
         if (!rotation_fits(l.rot) || l.row_bytes > kMaxD) return false;
         for (int s = 0; s < l.n_sections; ++s) {
             const detail::TurboSection& sec = l.sections[s];
-            if (sec.begin % N || sec.count % N || sec.bits < 1 || sec.bits > 4 || sec.bit_off % 8) return false;
+            if (sec.begin % 16 || sec.count % N || sec.bits < 1 || sec.bits > 4 || sec.bit_off % 8) return false;
             const int half = 1 << (sec.bits - 1);
             for (int k = 0; k < 2 * half; ++k) {  // sign-magnitude codes, as below
                 const int t = k - half, code = t >= 0 ? t : (~t | half);
@@ -271,19 +269,28 @@ struct RotatedQuantize {
             with_bits(sec.bits, [&](auto bits) {
                 constexpr int B = decltype(bits)::value;
                 if constexpr (B >= 1 && B <= 4) {
-                    const I half(1 << (B - 1));
+                    const I half(1 << (B - 1)), sign(int32_t(0x80000000u));
                     const float* magnitude = sec.value_by_rank + (1 << (B - 1));
-                    for (int j = sec.begin; j < sec.begin + sec.count; j += N) {
-                        const F v = F::load_aligned(u + j) * inv;
-                        const I rk = rank_fixed<B>(v, sec.bounds, steps[s]);
-                        // The sign-magnitude code of the rank, and its value: ± the magnitude's.
-                        const I t = rk - half, neg = t >> 31, m = t ^ neg;
-                        (m | (neg & half)).store_aligned(codes + (j - sec.begin));
-                        const F c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & I(int32_t(0x80000000u)));
-                        const int p = (j / N) % kSumRegs;
-                        cu[p] = cu[p] + c * v;
-                        cc[p] = cc[p] + c * c;
-                        if (residual) (v - c).store_unaligned(residual + j);
+                    const float* bounds = sec.bounds;
+                    const Steps& st = steps[s];
+                    const int begin = sec.begin, end = sec.begin + sec.count;
+                    int32_t* out = codes - begin;
+                    // kSumRegs registers per step, so that each partial sum stays in its register.
+                    for (int j0 = begin; j0 < end; j0 += kSumRegs * N) {
+#pragma GCC unroll 4
+                        for (int p = 0; p < kSumRegs; ++p) {
+                            const int j = j0 + p * N;  // (j / N) % kSumRegs == p: begin is a multiple of 16
+                            if (j >= end) break;
+                            const F v = F::load_aligned(u + j) * inv;
+                            const I rk = rank_fixed<B>(v, bounds, st);
+                            // The sign-magnitude code of the rank, and its value: ± the magnitude's.
+                            const I t = rk - half, neg = t >> 31, m = t ^ neg;
+                            (m | (neg & half)).store_aligned(out + j);
+                            const F c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & sign);
+                            cu[p] = cu[p] + c * v;
+                            cc[p] = cc[p] + c * c;
+                            if (residual) (v - c).store_unaligned(residual + j);
+                        }
                     }
                 }
             });
