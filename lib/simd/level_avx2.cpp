@@ -4,7 +4,7 @@
 #include "dispatch.hpp"
 #include "ops_avx2.hpp"
 #include "kernels_impl.hpp"
-#include "quantize_rotated_impl.hpp"
+#include "quantize_polar_impl.hpp"
 #include "rotated_avx2.hpp"
 
 namespace kvq::detail {
