@@ -99,6 +99,9 @@ SelftestLine check_rotated(SimdLevel level, const std::string& family, const std
                     return detail::check_codec_path(level, spec, d, rows, n_q, 500 + cycle, checks);
                 });
             }
+            line.run(spec + " d=" + std::to_string(d) + " quantize, extreme rows", [&](size_t& checks) {
+                return detail::check_codec_quantize(level, spec, d, 23, 900 + cycle, checks);
+            });
         }
     }
     return line.finish();

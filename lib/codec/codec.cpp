@@ -160,7 +160,9 @@ void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_s
             }
         }
         const InputLimit limit = input_limit();
-        if (limit.on_norm || amax > limit.max_abs) check_range(x, n_rows);
+        // A row's norm is at most √d·max|x|: only when that bound is beyond the limit are the norms needed.
+        const double bound = limit.on_norm ? double(amax) * std::sqrt(double(head_dim_)) * (1 + 1e-9) : amax;
+        if (bound > limit.max_abs) check_range(x, n_rows);
     }
     impl_->quantize_rows(x, n_rows, static_cast<uint8_t*>(dst), dst_stride);
 }

@@ -16,6 +16,7 @@
 #include "../spec/polar_params.hpp"
 #include "../spec/rotated_kernels.hpp"
 #include "../spec/stored_norm.hpp"
+#include "../spec/rotated_quantize.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -58,37 +59,27 @@ public:
         l_.radius_off = bytes_for_bits(bit);
         row_bytes_ = polar_row_bytes(config, d);
         l_.row_bytes = row_bytes_;
+        q_.rot = rotation_layout(rot_);
+        q_.levels = levels_;
+        for (int level = 1; level <= levels_; ++level) {
+            const auto& b = codebooks_[level - 1]->boundaries;
+            bounds_[level - 1].assign(std::max<size_t>(b.size(), 16), 0.0f);
+            std::copy(b.begin(), b.end(), bounds_[level - 1].begin());
+            q_.bounds[level - 1] = bounds_[level - 1].data();
+            q_.bits[level - 1] = l_.bits[level - 1];
+            q_.bit_off[level - 1] = l_.bit_off[level - 1];
+        }
+        q_.radius_off = l_.radius_off;
+        q_.row_bytes = row_bytes_;
     }
 
     int head_dim() const override { return d_; }
     size_t row_bytes() const override { return row_bytes_; }
     size_t query_bytes() const override { return sizeof(float) * (d_ + size_t(d_ / 2) * (size_t(1) << l_.bits[0])); }
 
+    // At the active level (rotated_quantize.hpp).
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        const int group = 1 << levels_;
-        std::vector<float> y(d_), radius(leaves_);
-        for (size_t r = 0; r < n_rows; ++r) {
-            uint8_t* row = dst + r * dst_stride;
-            std::memset(row, 0, row_bytes_);
-            rot_.apply(x + r * d_, y.data());
-            for (int g = 0; g < d_ / group; ++g) {
-                const float* v = y.data() + g * group;
-                for (int j = 0; j < leaves_; ++j) {
-                    radius[j] = std::sqrt(v[2 * j] * v[2 * j] + v[2 * j + 1] * v[2 * j + 1]);
-                    float theta = std::atan2(v[2 * j + 1], v[2 * j]);
-                    if (theta < 0) theta += 2 * std::numbers::pi_v<float>;
-                    put(row, 1, g * leaves_ + j, theta);
-                }
-                for (int level = 2, nodes = leaves_ / 2; level <= levels_; ++level, nodes /= 2) {
-                    for (int i = 0; i < nodes; ++i) {
-                        const float a = radius[2 * i], b = radius[2 * i + 1];
-                        put(row, level, g * nodes + i, std::atan2(b, a));
-                        radius[i] = std::sqrt(a * a + b * b);
-                    }
-                }
-                store_half(row + l_.radius_off + 2 * g, radius[0]);
-            }
-        }
+        active_rotated_quantize().polar(q_, x, n_rows, dst, dst_stride);
     }
 
     void dequantize_rows(const uint8_t* src, size_t src_stride, size_t n_rows, float* y) const override {
@@ -169,12 +160,6 @@ private:
         l_.batch_factors34 = batch_factors34_.data();
     }
 
-    void put(uint8_t* row, int level, int node, float angle) const {
-        const int bits = l_.bits[level - 1];
-        const int c = codebooks_[level - 1]->encode(angle);
-        put_code(row, l_.bit_off[level - 1] + size_t(node) * bits, bits, static_cast<uint32_t>(c));
-    }
-
     int d_, levels_, leaves_;
     Rotation rot_;
     std::vector<const ScalarCodebook*> codebooks_;
@@ -182,6 +167,8 @@ private:
     std::vector<float> cossin_[kPolarMaxLevels];
     std::vector<float> batch_factors_[3], batch_factors34_;
     PolarLayout l_;
+    std::vector<float> bounds_[kPolarMaxLevels];  // each level's thresholds, zero-padded to 16
+    PolarQuantizeLayout q_;
     size_t row_bytes_ = 0;
 };
 

@@ -18,6 +18,7 @@
 #include "../spec/rotated_kernels.hpp"
 #include "../spec/stored_norm.hpp"
 #include "../spec/turbo_codebook.hpp"
+#include "../spec/rotated_quantize.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -52,6 +53,7 @@ public:
             off += 2;
         }
         row_bytes_ = off;
+        build_quantize_layout();
         l_.prep_q8_off = sizeof(float) * d * (qjl_ ? 2 : 1);
         l_.prep_scale_off = l_.prep_q8_off + (size_t(d) + 3) / 4 * 4;
         query_bytes_ = l_.prep_scale_off + sizeof(float) * ((d + 31) / 32);
@@ -77,39 +79,25 @@ public:
         return {static_cast<float>(65504.0 * std::min(factor, 1.0)), true};
     }
 
+    // The MSE stage at the active level (rotated_quantize.hpp); the QJL sign sketch of each row's residual
+    // after it, in chunks of rows.
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
+        const auto& kernel = active_rotated_quantize().turbo;
+        if (!qjl_) {
+            kernel(q_, x, n_rows, dst, dst_stride, nullptr);
+            return;
+        }
         const int d = l_.d;
-        std::vector<float> u(d), residual(d);
-        for (size_t r = 0; r < n_rows; ++r) {
-            const float* xr = x + r * d;
-            uint8_t* row = dst + r * dst_stride;
-            std::memset(row, 0, row_bytes_);
-            const double norm = row_norm(xr, d);
-            rot_.apply(xr, u.data());
-            // A row so small that 1/norm overflows float is stored as a zero row (its fp16 norm is 0
-            // anyway); multiplying by an infinite inverse would turn it into NaN.
-            const double inv_norm = norm > 0 ? 1.0 / norm : 0.0;
-            const float inv = inv_norm <= FLT_MAX ? static_cast<float>(inv_norm) : 0.0f;
-            double cu = 0, cc = 0;  // ⟨c, u⟩ and ‖c‖²
-            for (int j = 0; j < d; ++j) {
-                u[j] *= inv;
-                const bool hi = j < l_.n_hi;
-                const TurboCodebook& cb = hi ? hi_ : lo_;
-                const uint32_t code = cb.encode(u[j]);
-                const size_t bit = hi ? size_t(j) * hi_.bits : size_t(l_.n_hi) * hi_.bits + size_t(j - l_.n_hi) * lo_.bits;
-                put_code(row, bit, cb.bits, code);
-                residual[j] = u[j] - cb.values[code];
-                cu += double(cb.values[code]) * u[j];
-                cc += double(cb.values[code]) * cb.values[code];
-            }
-            double scale = norm;
-            if (scale_ == TurboScale::ls) scale = cc > 0 ? norm * cu / cc : 0.0;
-            if (scale_ == TurboScale::unbiased) scale = cu > 0 ? norm / cu : 0.0;
-            if (!std::isfinite(norm)) scale = norm;  // NanPolicy::propagate: stored as the NaN/Inf it is
-            store_half(row + l_.norm_off, static_cast<float>(scale));
-            if (qjl_) {
-                qjl_->sketch(residual.data(), row + l_.sign_off);
-                store_half(row + l_.gamma_off, static_cast<float>(row_norm(residual.data(), d)));
+        constexpr size_t kChunk = 16;
+        std::vector<float> residual(kChunk * d);
+        for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
+            const size_t n = std::min(kChunk, n_rows - r0);
+            kernel(q_, x + r0 * d, n, dst + r0 * dst_stride, dst_stride, residual.data());
+            for (size_t r = 0; r < n; ++r) {
+                uint8_t* row = dst + (r0 + r) * dst_stride;
+                const float* res = residual.data() + r * d;
+                qjl_->sketch(res, row + l_.sign_off);
+                store_half(row + l_.gamma_off, static_cast<float>(row_norm(res, d)));
             }
         }
     }
@@ -209,6 +197,37 @@ public:
     }
 
 private:
+    void build_quantize_layout() {
+        q_.rot = rotation_layout(rot_);
+        q_.scale_mode = static_cast<int>(scale_);
+        q_.norm_off = l_.norm_off;
+        q_.row_bytes = row_bytes_;
+        q_.n_sections = l_.n_hi == l_.d ? 1 : 2;
+        for (int s = 0; s < q_.n_sections; ++s) {
+            const TurboCodebook& cb = s == 0 ? hi_ : lo_;
+            const int n = 1 << cb.bits;
+            auto& t = rank_tables_[s];
+            t.bounds.assign(16, 0.0f);
+            std::copy(cb.bounds.begin(), cb.bounds.end(), t.bounds.begin());
+            t.values.assign(16, 0.0f);
+            t.ints.assign(16, 0);
+            for (int k = 0; k < n; ++k) {
+                t.values[k] = cb.values[cb.code_by_rank[k]];
+                t.ints[k] = cb.ints[cb.code_by_rank[k]];
+            }
+            TurboSection& sec = q_.sections[s];
+            sec.begin = s == 0 ? 0 : l_.n_hi;
+            sec.count = s == 0 ? l_.n_hi : l_.d - l_.n_hi;
+            sec.bits = cb.bits;
+            sec.bit_off = s == 0 ? 0 : size_t(l_.n_hi) * hi_.bits;
+            sec.bounds = t.bounds.data();
+            sec.code_by_rank = cb.code_by_rank.data();
+            sec.value_by_rank = t.values.data();
+            sec.int_by_rank = t.ints.data();
+            sec.scale = cb.scale;
+        }
+    }
+
     static double smallest_magnitude(const TurboCodebook& cb) {
         double m = INFINITY;
         for (int k = 0; k < (1 << cb.bits); ++k) m = std::min(m, std::fabs(double(cb.values[k])));
@@ -229,6 +248,11 @@ private:
     TurboScale scale_;
     std::unique_ptr<QjlSketch> qjl_;
     TurboLayout l_;
+    struct RankTables {
+        std::vector<float> bounds, values;
+        std::vector<int8_t> ints;
+    } rank_tables_[2];
+    TurboQuantizeLayout q_;
     size_t row_bytes_ = 0, query_bytes_ = 0;
 };
 

@@ -19,6 +19,7 @@ public:
     void apply(const float* x, float* y) const;          // y = H D x  (x == y allowed)
     void apply_inverse(const float* y, float* x) const;  // x = D H y  (x == y allowed)
     const std::vector<int>& blocks() const { return blocks_; }
+    const std::vector<float>& signs() const { return signs_; }  // D: ±1 per value
 
 private:
     int dim_;

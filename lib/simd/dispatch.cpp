@@ -46,6 +46,7 @@ LevelKernels scalar_level() {
     k.all_finite = scalar_all_finite;
     k.finite_max_abs = scalar_finite_max_abs;
     k.rotated = scalar_rotated_kernels();
+    k.rotated_quantize = scalar_rotated_quantize();
     k.softmax = softmax_update_scalar;
     return k;
 }
@@ -71,12 +72,15 @@ void fill_missing(LevelKernels& k, const LevelKernels& spec) {
     fill(k.rotated.turbo.accumulate, spec.rotated.turbo.accumulate);
     fill(k.rotated.polar.score, spec.rotated.polar.score);
     fill(k.rotated.polar.accumulate, spec.rotated.polar.accumulate);
+    fill(k.rotated_quantize.turbo, spec.rotated_quantize.turbo);
+    fill(k.rotated_quantize.polar, spec.rotated_quantize.polar);
     fill(k.softmax, spec.softmax);
 }
 
 struct LevelState {
     bool present = false;      // compiled, and this CPU runs it
     bool own_rotated = false;  // has polar/turbo kernels of its own
+    bool own_rotated_quantize = false;  // has polar/turbo quantizers of its own
     LevelKernels kernels{};    // gaps filled from the specification
     bool checked = false, passed = false;
     std::string finding;       // what the self-check found
@@ -103,6 +107,7 @@ struct Dispatch {
             s.present = true;
             s.kernels = *k;
             s.own_rotated = l != SimdLevel::scalar && k->rotated.turbo.score != nullptr;
+            s.own_rotated_quantize = l != SimdLevel::scalar && k->rotated_quantize.turbo != nullptr;
             fill_missing(s.kernels, spec);
         }
         LevelState& scalar = levels[0];
@@ -236,6 +241,15 @@ const RotatedKernels* level_rotated_kernels(SimdLevel level) {
     if (!s) return nullptr;
     if (level == SimdLevel::scalar) return &scalar_rotated_kernels();
     return s->own_rotated ? &s->kernels.rotated : nullptr;
+}
+
+const RotatedQuantizeKernels& active_rotated_quantize() { return active_level().rotated_quantize; }
+
+const RotatedQuantizeKernels* level_rotated_quantize(SimdLevel level) {
+    const LevelState* s = present_level(level);
+    if (!s) return nullptr;
+    if (level == SimdLevel::scalar) return &scalar_rotated_quantize();
+    return s->own_rotated_quantize ? &s->kernels.rotated_quantize : nullptr;
 }
 
 SoftmaxUpdate level_softmax(SimdLevel level) {

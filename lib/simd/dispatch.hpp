@@ -10,6 +10,7 @@
 #include "../spec/block_codecs.hpp"
 #include "../spec/rotated_kernels.hpp"
 #include "../spec/softmax.hpp"
+#include "../spec/rotated_quantize.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {
@@ -21,6 +22,7 @@ struct LevelKernels {
     bool (*all_finite)(const float* x, size_t n);  // no NaN or Inf in x[0..n)
     float (*finite_max_abs)(const float* x, size_t n);  // max |x_j| (0 for n = 0), or NaN if any is NaN or Inf
     RotatedKernels rotated{};  // polar and turbo codecs
+    RotatedQuantizeKernels rotated_quantize{};  // their quantizers
     SoftmaxUpdate softmax = nullptr;
     // The contract check of the level's primitives (ops_check.hpp): null if all hold, else the first
     // broken one. Null pointer: nothing to check (scalar).
@@ -48,6 +50,10 @@ const BlockKernels* level_kernels(BlockCodec c, SimdLevel level);
 // has none and uses the scalar specification).
 const RotatedKernels& active_rotated_kernels();
 const RotatedKernels* level_rotated_kernels(SimdLevel level);
+
+// Their quantizers: the active level's; and a given level's own (nullptr if it has none).
+const RotatedQuantizeKernels& active_rotated_quantize();
+const RotatedQuantizeKernels* level_rotated_quantize(SimdLevel level);
 
 // The online softmax's block update at the active level, and at a given one (nullptr as above).
 SoftmaxUpdate active_softmax();

@@ -4,6 +4,7 @@
 #include "dispatch.hpp"
 #include "ops_avx2.hpp"
 #include "kernels_impl.hpp"
+#include "quantize_polar_impl.hpp"
 #include "rotated_avx2.hpp"
 
 namespace kvq::detail {
@@ -12,6 +13,7 @@ const LevelKernels& level_avx2() {
     static const LevelKernels kernels = [] {
         LevelKernels k = simd::make_level<xsimd::fma3<xsimd::avx2>>();
         k.rotated = simd::rotated_kernels_avx2();  // polar and turbo: 256-bit kernels at this level too
+        k.rotated_quantize = simd::rotated_quantize_kernels<xsimd::fma3<xsimd::avx2>>();  // polar and turbo quantize
         return k;
     }();
     return kernels;

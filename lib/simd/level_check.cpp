@@ -251,6 +251,29 @@ std::string check_codec_path(SimdLevel level, const std::string& spec, int d, si
     return {};
 }
 
+std::string check_codec_quantize(SimdLevel level, const std::string& spec, int d, size_t rows, uint64_t seed,
+                                 size_t& checks) {
+    const Codec c = Codec::make(spec, d);
+    const size_t stride = c.row_bytes() + 3;
+    auto x = parity_rows(rows, d, seed, true);
+    if (rows >= 3) {  // a NaN row and an Inf row (stored as NaN/Inf under NanPolicy::propagate)
+        x[(rows - 2) * d + d / 2] = NAN;
+        x[(rows - 1) * d] = -INFINITY;
+    }
+    auto run = [&](SimdLevel l) {
+        LevelOverride at(l);
+        std::vector<uint8_t> out(rows * stride, 0xEE);
+        c.quantize_rows(x.data(), rows, out.data(), stride, NanPolicy::propagate);
+        return out;
+    };
+    const auto want = run(SimdLevel::scalar), got = run(level);
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (got[i] != want[i]) return differs("quantize: byte", i, got[i], want[i]);
+    }
+    checks += want.size();
+    return {};
+}
+
 std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_t& checks) {
     const SoftmaxUpdate simd = level_softmax(level);
     if (!simd) return "level not available";

@@ -26,6 +26,11 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
 std::string check_codec_path(SimdLevel level, const std::string& spec, int d, size_t rows, int n_q, uint64_t seed,
                              size_t& checks);
 
+// A codec's quantize_rows at `level` against the specification's: the same bytes, on parity_rows(extreme)
+// and a NaN and an Inf row (NanPolicy::propagate), into strided rows whose gaps must stay untouched.
+std::string check_codec_quantize(SimdLevel level, const std::string& spec, int d, size_t rows, uint64_t seed,
+                                 size_t& checks);
+
 // The online softmax's block update at `level`: the same bits as the specification (weights, states and
 // rescaled accumulators) for g queries and n scores.
 std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_t& checks);

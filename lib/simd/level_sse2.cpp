@@ -4,11 +4,16 @@
 #include "dispatch.hpp"
 #include "ops_sse2.hpp"
 #include "kernels_impl.hpp"
+#include "quantize_polar_impl.hpp"
 
 namespace kvq::detail {
 
 const LevelKernels& level_sse2() {
-    static const LevelKernels kernels = simd::make_level<xsimd::sse2>();
+    static const LevelKernels kernels = [] {
+        LevelKernels k = simd::make_level<xsimd::sse2>();
+        k.rotated_quantize = simd::rotated_quantize_kernels<xsimd::sse2>();  // polar and turbo quantize
+        return k;
+    }();
     return kernels;
 }
 

@@ -2,7 +2,7 @@
 // path a decode step takes: query groups of 4, 3, 2 and 1 (7 and 2 queries), odd row counts on both
 // sides of the 64-row chunk, head sizes 64 and 128 (whose 4-block loops are unrolled) and 40 for the
 // plain codecs (a tail shorter than a register), the polar and turbo kernels, the softmax, and the
-// primitives' contracts.
+// primitives' contracts; the polar/turbo quantizers also on the extreme rows and a NaN and an Inf row.
 #include "selfcheck.hpp"
 
 #include "../spec/block_codecs.hpp"
@@ -34,6 +34,7 @@ std::string quick_check_level(SimdLevel level) {
         for (const Case& k : {Case{128, 9, 7}, Case{64, 2, 2}}) {
             if (bad.empty()) fail(spec, check_codec_path(level, spec, k.n, k.rows, k.n_q, 77, checks));
         }
+        if (bad.empty()) fail(spec, check_codec_quantize(level, spec, 128, 12, 78, checks));
     }
     if (bad.empty()) fail("softmax", check_softmax(level, 4, 37, 5, checks));
     return bad;

@@ -1,0 +1,116 @@
+// The SIMD quantizer of the polar codec, over the rotation, the rank search and the bit packing of
+// quantize_rotated_impl.hpp (which says why the bytes are the specification's), and the level's table of
+// polar/turbo quantizers. Level by level over the whole row: the nodes of level ℓ in row order are the
+// pairs of level ℓ − 1's, so a register of pairs is one deinterleave away.
+#pragma once
+
+#include "quantize_rotated_impl.hpp"
+
+namespace kvq::simd {
+namespace {
+
+template <class A>
+struct PolarQuantize : RotatedQuantize<A> {
+    using Base = RotatedQuantize<A>;
+    using typename Base::F;
+    using typename Base::I;
+    using typename Base::O;
+    using typename Base::R;
+    using typename Base::Steps;
+    using Base::N;
+    using Base::kMaxD;
+    using Base::kPad;
+
+    // polar_angle_q1 / polar_angle (rotated_quantize_scalar.cpp), operation for operation.
+    static F angle(F y, F x, bool full) {
+        const F ax = xsimd::abs(x), ay = xsimd::abs(y);
+        const auto big = ay > ax;
+        const F mx = xsimd::select(big, ay, ax), mn = xsimd::select(big, ax, ay);
+        const auto red = mn > F(0.414213562f) * mx;
+        const F num = xsimd::select(red, mn - mx, mn), den = xsimd::select(red, mn + mx, mx);
+        const F t = xsimd::select(den > F(0.0f), divide(num, den), F(0.0f));
+        const F z = t * t;
+        F p = ((F(8.05374449538e-2f) * z + F(-1.38776856032e-1f)) * z + F(1.99777106478e-1f)) * z + F(-3.33329491539e-1f);
+        p = p * z;
+        p = p * t;
+        p = p + t;
+        p = xsimd::select(red, p + F(0.785398163f), p);
+        F a = xsimd::select(big, F(1.57079633f) - p, p);
+        if (full) {
+            a = xsimd::select(x < F(0.0f), F(3.14159265f) - a, a);
+            a = xsimd::select(y < F(0.0f), F(6.28318531f) - a, a);
+        }
+        return a;
+    }
+
+    static bool polar_fits(const detail::PolarQuantizeLayout& l) {
+        if (!Base::rotation_fits(l.rot) || l.row_bytes > kMaxD) return false;
+        for (int i = 0; i < l.levels; ++i) {
+            if (l.bits[i] > 7) return false;
+        }
+        return true;
+    }
+
+    static void polar_row(const detail::PolarQuantizeLayout& l, const Steps* steps, const float* x, uint8_t* row) {
+        const int d = l.rot.d;
+        alignas(64) float y[kMaxD + kPad];
+        alignas(64) int32_t codes[kMaxD / 2 + kPad];
+        alignas(64) uint8_t buf[kMaxD + 128];
+        Base::zero_bytes(buf, l.row_bytes + 8);
+        Base::rotate(l.rot, x, y);
+        F bad(0.0f);
+        for (int j = 0; j < d; j += N) {
+            const F v = F::load_aligned(y + j);
+            bad = bad + (v - v);
+        }
+        if (xsimd::any(xsimd::isnan(bad))) {  // NaN or Inf: the specification's NaN operand order matters
+            detail::polar_quantize_row_spec(l, x, row);
+            return;
+        }
+        for (int j = d; j < d + kPad; ++j) y[j] = 0.0f;
+        // Level by level over the whole row: nodes of level ℓ in row order are pairs of level ℓ − 1's.
+        // Radii replace their pair in y (node i is written after pairs 2i, 2i + 1 are read).
+        for (int level = 1, nodes = d / 2; level <= l.levels; ++level, nodes /= 2) {
+            const float* bounds = l.bounds[level - 1];
+            Base::with_bits(l.bits[level - 1], [&](auto bits) {
+                constexpr int B = decltype(bits)::value;
+                for (int i = 0; i < nodes; i += N) {
+                    F a, b;
+                    R::deinterleave(F::load_aligned(y + 2 * i), F::load_aligned(y + 2 * i + N), a, b);
+                    Base::template rank_fixed<B>(angle(b, a, level == 1), bounds, steps[level - 1]).store_aligned(codes + i);
+                    xsimd::sqrt(a * a + b * b).store_aligned(y + i);
+                }
+            });
+            Base::zero_tail(codes, nodes);
+            Base::pack(codes, nodes, l.bits[level - 1], buf, l.bit_off[level - 1]);
+        }
+        const int groups = d >> l.levels;
+        alignas(64) uint16_t radius[kMaxD / 2 + N];
+        for (int g = 0; g < groups; g += N) O::store_f16(radius + g, F::load_aligned(y + g));
+        std::memcpy(buf + l.radius_off, radius, 2 * size_t(groups));
+        std::memcpy(row, buf, l.row_bytes);
+    }
+
+    static void polar(const detail::PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                      size_t dst_stride) {
+        const int d = l.rot.d;
+        if (!polar_fits(l)) {
+            detail::scalar_rotated_quantize().polar(l, x, n_rows, dst, dst_stride);
+            return;
+        }
+        Steps steps[8];
+        for (int i = 0; i < l.levels; ++i) steps[i].build(l.bounds[i], l.bits[i]);
+        for (size_t r = 0; r < n_rows; ++r) {
+            Base::prefetch_row(x + (r + 4) * d, d);
+            polar_row(l, steps, x + r * d, dst + r * dst_stride);
+        }
+    }
+};
+
+template <class A>
+detail::RotatedQuantizeKernels rotated_quantize_kernels() {
+    return {RotatedQuantize<A>::turbo, PolarQuantize<A>::polar};
+}
+
+}  // namespace
+}  // namespace kvq::simd

@@ -1,0 +1,142 @@
+// The polar and turbo quantizers of every SIMD level write the bytes of the scalar specification
+// (lib/spec/rotated_quantize_scalar.cpp): every turbo codec and scale, polar configurations of 1..7
+// levels and 0..8 bits (wide codes and small heads take the specification's own path), head sizes whose
+// rotation has one or several Hadamard blocks, rows of every kind of parity_rows (zeros, ties, huge,
+// tiny, subnormal) and NaN/Inf rows under NanPolicy::propagate, into strided rows whose gaps must stay
+// untouched. And kvq's own atan2 (polar_angle) is the C library's to within 3e-7.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "spec/rotated_quantize.hpp"
+#include "kvq/codec.hpp"
+#include "kvq/simd.hpp"
+#include "simd/dispatch.hpp"
+#include "simd/level_check.hpp"
+
+namespace {
+
+std::vector<kvq::SimdLevel> quantize_levels() {
+    std::vector<kvq::SimdLevel> levels;
+    for (auto l : kvq::available_simd_levels()) {
+        if (l != kvq::SimdLevel::scalar && kvq::detail::level_rotated_quantize(l)) levels.push_back(l);
+    }
+    return levels;
+}
+
+std::vector<std::string> specs() {
+    std::vector<std::string> s;
+    for (const char* t : {"turbo2", "turbo3", "turbo4", "turbo2.5", "turbo3.5", "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"}) {
+        s.push_back(t);
+    }
+    for (const char* t : {"turbo4:scale=norm", "turbo3:scale=unbiased", "turbo2.5:scale=norm", "turbo3.5:scale=unbiased"}) {
+        s.push_back(t);
+    }
+    for (const char* p : {"polar", "polar:bits=4.3.3.3", "polar:bits=2.1.0.1", "polar:bits=8.8.8.8", "polar:bits=7.5.3",
+                          "polar:bits=6.3.2.2.2", "polar:budget=3", "polar:budget=5", "polar:bits=4.2", "polar:bits=3"}) {
+        s.push_back(p);
+    }
+    return s;
+}
+
+// parity_rows' kinds, then a row with a NaN, one with an Inf, one with both infinities.
+std::vector<float> rows_for(size_t n, int d, uint64_t seed) {
+    auto x = kvq::detail::parity_rows(n, d, seed, true);
+    x[(n - 3) * d + d / 3] = NAN;
+    x[(n - 2) * d + 1] = -INFINITY;
+    x[(n - 1) * d] = INFINITY;
+    x[(n - 1) * d + d - 1] = -INFINITY;
+    return x;
+}
+
+std::vector<uint8_t> quantize(const kvq::Codec& c, const std::vector<float>& x, size_t n, size_t stride) {
+    std::vector<uint8_t> out(n * stride, 0xEE);
+    c.quantize_rows(x.data(), n, out.data(), stride, kvq::NanPolicy::propagate);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("every SIMD level quantizes polar and turbo rows to the specification's bytes") {
+    const auto levels = quantize_levels();
+    if (levels.empty()) MESSAGE("no SIMD level with polar/turbo quantizers on this CPU");
+    size_t compared = 0;
+    for (const auto& spec : specs()) {
+        for (int d : {16, 32, 48, 64, 96, 128, 256, 1024, 2048}) {
+            std::unique_ptr<kvq::Codec> c;
+            try {
+                c = std::make_unique<kvq::Codec>(kvq::Codec::make(spec, d));
+            } catch (const std::invalid_argument&) {  // head size the configuration cannot take
+                continue;
+            }
+            CAPTURE(spec);
+            CAPTURE(d);
+            const size_t n = d >= 1024 ? 15 : 41, stride = c->row_bytes() + 3;
+            const auto x = rows_for(n, d, 7 + d);
+            std::vector<uint8_t> want;
+            {
+                kvq::detail::LevelOverride at(kvq::SimdLevel::scalar);
+                want = quantize(*c, x, n, stride);
+            }
+            for (auto level : levels) {
+                CAPTURE(std::string(kvq::simd_level_name(level)));
+                kvq::detail::LevelOverride at(level);
+                const auto got = quantize(*c, x, n, stride);
+                size_t first = 0;
+                while (first < got.size() && got[first] == want[first]) ++first;
+                CAPTURE(first / stride);  // the row
+                CAPTURE(first % stride);  // the byte
+                CHECK(first == got.size());
+                compared += got.size();
+            }
+        }
+    }
+    CHECK((levels.empty() || compared > 1000000));
+}
+
+TEST_CASE("the SIMD quantizers take one row or many rows and the QJL chunks as the specification does") {
+    for (auto level : quantize_levels()) {
+        CAPTURE(std::string(kvq::simd_level_name(level)));
+        for (const char* spec : {"turbo4", "turbo3_qjl", "polar"}) {
+            CAPTURE(spec);
+            const kvq::Codec c = kvq::Codec::make(spec, 128);
+            const auto x = kvq::detail::parity_rows(37, 128, 3, false);
+            std::vector<uint8_t> want, one(c.row_bytes());
+            {
+                kvq::detail::LevelOverride at(kvq::SimdLevel::scalar);
+                want = quantize(c, x, 37, c.row_bytes());
+            }
+            kvq::detail::LevelOverride at(level);
+            CHECK(quantize(c, x, 37, c.row_bytes()) == want);
+            for (size_t r = 0; r < 37; r += 6) {
+                c.quantize_rows(x.data() + r * 128, 1, one.data(), 0, kvq::NanPolicy::propagate);
+                CHECK(std::equal(one.begin(), one.end(), want.begin() + r * c.row_bytes()));
+            }
+        }
+    }
+}
+
+TEST_CASE("polar_angle is atan2 in 0..2π and polar_angle_q1 in 0..π/2 to within 3e-7") {
+    std::mt19937_64 rng(11);
+    std::normal_distribution<float> normal;
+    double worst = 0;
+    for (int i = 0; i < 200000; ++i) {
+        float x = normal(rng), y = normal(rng);
+        if (i % 7 == 0) x = 0.0f;
+        if (i % 11 == 0) y *= 1e-6f;
+        double want = std::atan2(double(y), double(x));
+        if (want < 0) want += 2 * std::numbers::pi;
+        worst = std::max(worst, std::fabs(kvq::detail::polar_angle(y, x) - want));
+        const double want_q1 = std::atan2(std::fabs(double(y)), std::fabs(double(x)));
+        worst = std::max(worst, std::fabs(kvq::detail::polar_angle_q1(std::fabs(y), std::fabs(x)) - want_q1));
+    }
+    CHECK(worst < 3e-7 * 2 * std::numbers::pi);
+    CHECK(kvq::detail::polar_angle(0.0f, 0.0f) == 0.0f);
+    CHECK(kvq::detail::polar_angle(0.0f, -1.0f) == doctest::Approx(std::numbers::pi));
+    CHECK(kvq::detail::polar_angle(-1.0f, 0.0f) == doctest::Approx(1.5 * std::numbers::pi));
+    CHECK(kvq::detail::polar_angle_q1(1.0f, 0.0f) == doctest::Approx(std::numbers::pi / 2));
+}
