@@ -5,6 +5,9 @@
 //   x_floor  time ÷ (bytes the step reads ÷ read bandwidth of that many threads): 1.0 is the physical floor
 //   vs_f16   time of the f16/f16 cache at the same length and threads ÷ this time (> 1: faster than f16)
 //   GB/s     bytes read per second
+//   GB/s/thread  the same per thread: at 4k tokens (7 MB of q8_0/q4_0, 16 MB of f16) the cache sits in
+//            the last-level cache, so the 4k rows are the kernels' compute ceiling, the 32k and 128k rows
+//            the from-memory figure, and floor_GB/s the read bandwidth of that many threads (the floor)
 // At 4k tokens the quantized caches fit in the last-level cache, so they can beat the DRAM floor.
 //
 //   ./build/bench/kvq_bench --benchmark_filter=decode
@@ -107,6 +110,8 @@ void BM_Decode(benchmark::State& state, int pair, size_t ctx, int threads) {
     const double floor = bytes / kvq::bench::read_bandwidth(threads);
     state.counters["x_floor"] = seconds / floor;
     state.counters["GB/s"] = bytes / seconds / 1e9;
+    state.counters["GB/s/thread"] = bytes / seconds / 1e9 / threads;
+    state.counters["floor_GB/s"] = kvq::bench::read_bandwidth(threads) / 1e9;
     if (pair == 0) f16_seconds()[{ctx, threads}] = seconds;
     if (const auto it = f16_seconds().find({ctx, threads}); it != f16_seconds().end()) {
         state.counters["vs_f16"] = it->second / seconds;

@@ -9,7 +9,7 @@
 //   rounding, wherever that reference is finite.
 #include <cfloat>
 
-#include "codec/half.hpp"
+#include "spec/half.hpp"
 #include "fuzz_common.hpp"
 
 using namespace kvq;

@@ -15,7 +15,7 @@
 #include <cmath>
 #include <vector>
 
-#include "codec/half.hpp"
+#include "spec/half.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/eval.hpp"
 #include "test_util.hpp"

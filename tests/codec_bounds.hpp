@@ -11,8 +11,8 @@
 //   q5_1  |x - x'| <= d/2 + 31·|d - d16| + |min - m16|
 //   f16 / bf16: half a unit in the last place; f32: exact.
 // `+rot` codecs: the same bound on the rotated row, compared in L2 norm (the rotation is orthogonal).
-// A codec not listed here (added to the table later) gets a weak generic bound, ||x - x'|| <= ||x||,
-// and the tests say so: give it its own bound here.
+// A block codec not listed here gets its registry row's bound (lib/spec/block_codecs.hpp); the rotating
+// codecs (polar, turbo) a weak generic one, ||x - x'|| <= ||x||.
 #pragma once
 
 #include <algorithm>
@@ -23,9 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/half.hpp"
+#include "spec/half.hpp"
 #include "kvq/codec.hpp"
 #include "rotation/hadamard.hpp"
+#include "spec/block_codecs.hpp"
 
 namespace kvq::test {
 
@@ -33,6 +34,21 @@ inline std::string num(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.9g", v);
     return buf;
+}
+
+// A block codec without its own formula below (iq4_nl): its registry row's bound, max_rel_error times
+// the block's max |x|, plus what an fp16 scale loses where it is subnormal (2^-25 times the largest code).
+inline bool registry_bounds(const std::string& base, const float* x, int n, double* bound) {
+    for (const auto& t : detail::kBlockCodecs) {
+        if (base != t.name) continue;
+        for (int b = 0; b < n / t.block; ++b) {
+            double amax = 0;
+            for (int j = 0; j < t.block; ++j) amax = std::max(amax, std::fabs(double(x[b * t.block + j])));
+            std::fill(bound + b * t.block, bound + (b + 1) * t.block, t.max_rel_error * amax + 127 * 0x1p-25);
+        }
+        return true;
+    }
+    return false;
 }
 
 // Per-value bounds for one unrotated row of a known codec; false if the codec is not known here.
@@ -57,7 +73,7 @@ inline bool value_bounds(const std::string& base, const float* x, int n, double*
     else if (base == "q5_0") top = 16, with_min = false;
     else if (base == "q4_1") top = 15, with_min = true;
     else if (base == "q5_1") top = 31, with_min = true;
-    else return false;
+    else return registry_bounds(base, x, n, bound);
     for (int b = 0; b < n / 32; ++b) {
         const float* xb = x + b * 32;
         float amax = 0, max = 0, lo = FLT_MAX, hi = -FLT_MAX;

@@ -1,7 +1,7 @@
 // An independent oracle for the ggml layouts: ggml's reference quantizers (ggml-quants.c,
 // quantize_row_*_ref) transcribed line for line in C style, deliberately not sharing code with
 // lib/codec. It is itself checked against ggml's own bytes in tests/data before it is trusted on
-// random rows. fp16 rounding comes from the F16C-equivalent conversion in lib/codec/half.hpp, which
+// random rows. fp16 rounding comes from the F16C-equivalent conversion in lib/spec/half.hpp, which
 // the f16 oracle file checks separately.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "codec/half.hpp"
+#include "spec/half.hpp"
 
 namespace kvq::test::ggml {
 
@@ -136,6 +136,58 @@ inline void quantize_row_q5_1_ref(const float* x, uint8_t* out, int64_t k) {
             qh |= ((xi1 & 0x10u) >> 4) << (j + qk / 2);
         }
         memcpy(y + 4, &qh, sizeof(qh));
+    }
+}
+
+// ggml's quantize_row_iq4_nl_ref: quantize_row_iq4_nl_impl(32, 32, ..., quant_weights = NULL, ntry = -1),
+// with its helpers best_index_int8 and GROUP_MAX_EPS. One difference, on purpose: a block below the eps
+// gets zero codes; ggml leaves its code buffer as it was (uninitialized at a row's first block), so
+// those codes are indeterminate in ggml's own bytes and only its d = 0 is compared (see the tests).
+inline int best_index_int8(int n, const int8_t* val, float x) {
+    if (x <= val[0]) return 0;
+    if (x >= val[n - 1]) return n - 1;
+    int ml = 0, mu = n - 1;
+    while (mu - ml > 1) {
+        int mav = (ml + mu) / 2;
+        if (x < val[mav]) mu = mav;
+        else ml = mav;
+    }
+    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+inline void quantize_row_iq4_nl_ref(const float* x, uint8_t* out, int64_t k) {
+    static const int8_t values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const int qk = 32;
+    for (int ib = 0; ib < k / qk; ++ib) {
+        const float* xb = x + ib * qk;
+        uint8_t* y = out + ib * 18;
+        uint8_t L[32] = {0};
+        float weight[32];
+        for (int j = 0; j < qk; ++j) weight[j] = xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < qk; ++j) {
+            float ax = fabsf(xb[j]);
+            if (ax > amax) { amax = ax; max = xb[j]; }
+        }
+        float scale = 0;
+        if (!(amax < 1e-15f)) {
+            float d = max / values[0];
+            float id = 1 / d;
+            float sumqx = 0, sumq2 = 0;
+            for (int j = 0; j < qk; ++j) {
+                float al = id * xb[j];
+                int l = best_index_int8(16, values, al);
+                L[j] = l;
+                float q = values[l];
+                float w = weight[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            scale = sumqx / sumq2;
+        }
+        const uint16_t dh = fp16(scale);
+        memcpy(y, &dh, 2);
+        for (int j = 0; j < 16; ++j) y[2 + j] = L[j] | (L[16 + j] << 4);
     }
 }
 

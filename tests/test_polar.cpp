@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "codec/lloyd_max.hpp"
-#include "codec/polar_params.hpp"
+#include "spec/lloyd_max.hpp"
+#include "spec/polar_params.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/eval.hpp"
 #include "test_util.hpp"

@@ -94,32 +94,10 @@ struct CacheConfig {
     uint64_t seed = kDefaultSeed;  // rotation seed for +rot, polar and turbo codecs
 };
 
-// No free block is left in a pool with max_blocks set. The operation that needed it changed nothing.
-class PoolExhausted : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
-};
-
-// A cache file could not be opened, read, written, synced or renamed; the message names the file and
-// holds the system's error text (errno). Saving leaves an existing file at the path as it was.
-class FileIOError : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
-};
-
-// A file is not a cache file this version can read: wrong magic, unsupported format version, truncated,
-// a CRC32C that does not match, or contents that contradict each other. The message says which.
-class BadCacheFile : public std::invalid_argument {
-public:
-    using std::invalid_argument::invalid_argument;
-};
-
-// load_into: the file was saved by a cache whose configuration differs from this one's; the message names
-// the first field that differs, with both values.
-class ConfigMismatch : public std::invalid_argument {
-public:
-    using std::invalid_argument::invalid_argument;
-};
+// The configuration a KVCache made from c would have (n_heads 0 and scale 0 replaced by their defaults),
+// or the error its constructor would throw: BadParams, BadHeadDim or UnknownCodec (kvq/errors.hpp). Every
+// interface (C, Python) checks a configuration with this function only, so the rules are the same everywhere.
+CacheConfig validate_config(CacheConfig c);
 
 // What KVCache::load takes from the caller rather than from the file: the pool's limits and the threads
 // of one attend call (files store neither).

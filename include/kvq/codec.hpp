@@ -14,8 +14,8 @@
 //                     is an integer dot product per block, as in ggml; rotated codecs: rotate the query);
 //   score_rows      — scores[q][r] = q·k_r for the n_q prepared queries against n_rows rows;
 //   accumulate_rows — acc[q][:] += w[q][r] · v_r, then finish_accumulate() once (undoes the rotation).
-// Every call validates its arguments and throws std::invalid_argument with a message that names the
-// problem; nothing is written when it throws.
+// Every call validates its arguments and throws std::invalid_argument (NonFiniteInput for NaN or Inf)
+// with a message that names the problem; nothing is written when it throws.
 //
 // Non-finite input (NaN, Inf) follows a NanPolicy: rejected with an error (the default), or stored and
 // propagated. Finite rows beyond input_limit() (where an fp16 scale or value would overflow) count as
@@ -32,6 +32,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kvq/errors.hpp"
 
 namespace kvq {
 
@@ -75,20 +77,34 @@ struct CodecInfo {
     bool ggml_layout = false; // row bytes are ggml's blocks for the type of the same name
     std::string layout;       // one-line description of the bytes
     bool rotates = false;     // always rotates (polar, turbo*): "+rot" is accepted and changes nothing
+    bool plain = false;       // values stored as they are (f32, f16, bf16): NaN and Inf can be stored too
 };
 
 // Names in the codec table, in table order.
 std::vector<std::string> codec_names();
-// Table row for a base name (without modifiers); throws std::invalid_argument for an unknown name.
+// Table row for a base name (without modifiers); throws UnknownCodec for an unknown name.
 CodecInfo codec_info(std::string_view name);
+
+// True if x[0..n) holds no NaN or Inf (one vectorized pass at the active SIMD level).
+bool all_finite(const float* x, size_t n);
+
+// A codec spec "name[:params][+rot]" taken apart: what Codec::make reads.
+struct CodecSpec {
+    CodecInfo info;       // the table row of `name`
+    std::string params;   // what follows "name:" (empty if none); the codec checks it when made
+    bool rot = false;     // the "+rot" suffix
+};
+// Throws UnknownCodec if the name is not in the table (the message lists the known names).
+CodecSpec parse_codec_spec(std::string_view spec);
 
 class Codec {
 public:
     // spec: a table name, optionally followed by "+rot"; head_dim: values per row.
-    // Throws std::invalid_argument for an unknown name or a head size the codec cannot take.
+    // Throws UnknownCodec, BadHeadDim or BadParams (kvq/errors.hpp).
     static Codec make(std::string_view spec, int head_dim, uint64_t seed = kDefaultSeed);
 
     const std::string& name() const { return name_; }  // the spec as given, normalized
+    const CodecInfo& info() const { return info_; }     // its table row
     int head_dim() const { return head_dim_; }
     bool rotated() const { return rotated_; }
     uint64_t seed() const { return seed_; }
@@ -128,6 +144,7 @@ private:
 
     std::shared_ptr<const detail::CodecImpl> impl_;
     std::string name_;
+    CodecInfo info_;
     int head_dim_ = 0;
     bool rotated_ = false;
     uint64_t seed_ = kDefaultSeed;

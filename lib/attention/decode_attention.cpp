@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
-#include "../codec/half.hpp"
+#include "../spec/half.hpp"
 #include "online_softmax.hpp"
 
 namespace kvq::detail {
@@ -208,7 +209,9 @@ void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeT
                       it.block_begin, it.block_end, it.head_begin, it.head_end, states + i * state_stride, acc);
     };
     if (run && threads > 1 && items.size() > 1) {
-        (*run)(static_cast<int>(items.size()), run_item);
+        // By reference: a std::function made from the lambda itself would allocate (its captures are
+        // larger than the small-object buffer); one from a reference_wrapper never does.
+        (*run)(static_cast<int>(items.size()), std::ref(run_item));
     } else {
         for (size_t i = 0; i < items.size(); ++i) run_item(static_cast<int>(i));
     }

@@ -8,10 +8,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "../codec/half.hpp"
-#include "../simd/dispatch.hpp"
+#include "../spec/half.hpp"
 #include "cache_impl.hpp"
-#include "input_errors.hpp"
 
 namespace kvq {
 namespace {
@@ -40,7 +38,7 @@ const float* check_rows(const float* x, const char* name, size_t n, int n_kv, in
                 const std::string message = std::string("KVCache::append: ") + name + " of token " + std::to_string(t) +
                                             ", kv head " + std::to_string(h) + what +
                                             " (NanPolicy::reject); nothing was stored";
-                if (!finite) throw detail::NonFiniteInput(message);
+                if (!finite) throw NonFiniteInput(message);
                 throw std::invalid_argument(message);
             }
             // Recorded even where the codec keeps the values: a key of -Inf would otherwise just get

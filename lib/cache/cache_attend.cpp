@@ -9,10 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "../codec/half.hpp"
-#include "../simd/dispatch.hpp"
+#include "../spec/half.hpp"
 #include "cache_impl.hpp"
-#include "input_errors.hpp"
 
 namespace kvq {
 namespace {
@@ -21,13 +19,13 @@ namespace {
 // the query heads that held one (their output becomes NaN).
 const float* check_query(const char* what, const float* q, size_t n_head_vectors, int d, NanPolicy policy,
                          std::vector<float>& clean, std::vector<char>& nan_head) {
-    if (detail::all_finite(q, n_head_vectors * d)) return q;
+    if (all_finite(q, n_head_vectors * d)) return q;
     for (size_t h = 0; h < n_head_vectors; ++h) {
         bool finite = true;
         for (int j = 0; j < d; ++j) finite &= std::isfinite(q[h * d + j]);
         if (finite) continue;
         if (policy == NanPolicy::reject) {
-            throw detail::NonFiniteInput(std::string("KVCache::") + what + ": query vector " + std::to_string(h) +
+            throw NonFiniteInput(std::string("KVCache::") + what + ": query vector " + std::to_string(h) +
                                          " holds NaN or Inf (NanPolicy::reject)");
         }
         if (clean.empty()) {
@@ -55,7 +53,7 @@ void fill_nan(float* out, size_t n) {
 void KVCache::Impl::finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const {
     const size_t group = static_cast<size_t>(g()) * cfg.head_dim;
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
-        if (detail::all_finite(out + h * group, group)) continue;
+        if (all_finite(out + h * group, group)) continue;
         const bool poisoned = std::any_of(st.poisoned.begin(), st.poisoned.end(),
                                           [&](const auto& p) { return p.second == h && p.first >= lo && p.first < hi; });
         if (!poisoned) attend_head_exact(st, std::max(lo, st.first_pos), hi, q, out, h);

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../codec/half.hpp"
+#include "../spec/half.hpp"
 #include "cache_file.hpp"
 #include "cache_impl.hpp"
 #include "cache_load_checks.hpp"

@@ -10,22 +10,22 @@
 namespace kvq {
 namespace {
 
-[[noreturn]] void bad_config(const std::string& what) { throw std::invalid_argument("CacheConfig: " + what); }
-
-bool is_plain_codec(const std::string& spec) {
-    const std::string base = spec.substr(0, spec.find_first_of(":+"));
-    return base == "f32" || base == "f16" || base == "bf16";
-}
+[[noreturn]] void bad_config(const std::string& what) { throw BadParams("CacheConfig: " + what); }
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 void check_dim(const char* what, int x) {
     if (x < 1 || x > kMaxCacheDim) {
-        bad_config(std::string(what) + " must be in 1.." + std::to_string(kMaxCacheDim) + ", got " + std::to_string(x));
+        const std::string message = std::string("CacheConfig: ") + what + " must be in 1.." +
+                                    std::to_string(kMaxCacheDim) + ", got " + std::to_string(x);
+        if (std::string_view(what) == "head_dim") throw BadHeadDim(message);
+        throw BadParams(message);
     }
 }
 
-CacheConfig checked(CacheConfig c) {
+}  // namespace
+
+CacheConfig validate_config(CacheConfig c) {
     check_dim("n_layers", c.n_layers);
     check_dim("n_kv_heads", c.n_kv_heads);
     if (c.n_heads == 0) c.n_heads = c.n_kv_heads;
@@ -62,18 +62,19 @@ CacheConfig checked(CacheConfig c) {
         bad_config("center_keys needs seal = SealPolicy::on_block_full (a block's key mean is known only "
                    "when the block is full)");
     }
+    // The codecs' names and parameters, and whether they take head_dim (UnknownCodec, BadParams, BadHeadDim).
+    (void)Codec::make(c.key_codec, c.head_dim, c.seed);
+    (void)Codec::make(c.value_codec, c.head_dim, c.seed);
     return c;
 }
 
-}  // namespace
-
 KVCache::Impl::Impl(const CacheConfig& config)
-    : cfg(checked(config)),
+    : cfg(validate_config(config)),
       key(Codec::make(cfg.key_codec, cfg.head_dim, cfg.seed)),
       value(Codec::make(cfg.value_codec, cfg.head_dim, cfg.seed)),
       exact(Codec::make("f32", cfg.head_dim)) {
-    store_nonfinite_k = is_plain_codec(cfg.key_codec);
-    store_nonfinite_v = is_plain_codec(cfg.value_codec);
+    store_nonfinite_k = key.info().plain;
+    store_nonfinite_v = value.info().plain;
     key_limit = key.input_limit();
     value_limit = value.input_limit();
     // Centering stores each block's key mean as fp16 and quantizes k - mean, which can be twice as

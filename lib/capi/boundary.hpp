@@ -11,7 +11,6 @@
 #include <string>
 #include <string_view>
 
-#include "../cache/input_errors.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/kvq.h"
@@ -46,8 +45,14 @@ kvq_status guarded(Body&& body) noexcept {
         return fail(KVQ_ERR_BAD_FILE, e.what());
     } catch (const kvq::ConfigMismatch& e) {
         return fail(KVQ_ERR_CONFIG_MISMATCH, e.what());
-    } catch (const kvq::detail::NonFiniteInput& e) {
+    } catch (const kvq::NonFiniteInput& e) {
         return fail(KVQ_ERR_NON_FINITE, e.what());
+    } catch (const kvq::UnknownCodec& e) {
+        return fail(KVQ_ERR_UNKNOWN_CODEC, e.what());
+    } catch (const kvq::BadHeadDim& e) {
+        return fail(KVQ_ERR_BAD_HEAD_DIM, e.what());
+    } catch (const kvq::BadParams& e) {
+        return fail(KVQ_ERR_BAD_PARAMS, e.what());
     } catch (const std::invalid_argument& e) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, e.what());
     } catch (const std::bad_alloc&) {
@@ -66,10 +71,6 @@ inline bool any_non_finite(const float* x, size_t n) {
     }
     return false;
 }
-
-// Builds a codec, telling apart an unknown name, a head size the codec cannot take and bad codec
-// parameters (the C++ layer throws std::invalid_argument for all three).
-kvq_status make_codec(const char* spec, int32_t head_dim, uint64_t seed, kvq::Codec& out);
 
 // Reads a caller's versioned struct (see the ABI notes in kvq.h) into `into`, which holds the defaults.
 // min_size is the struct's size in the first release: never change it.

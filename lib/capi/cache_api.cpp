@@ -47,15 +47,9 @@ kvq_status check_sequence(const kvq_cache* c, int64_t seq, const char* function)
 kvq_status bad_params(const std::string& what) { return fail(KVQ_ERR_BAD_PARAMS, "kvq_cache_create: " + what); }
 
 // The C params as a CacheConfig. Codec problems get their own statuses; everything else is BAD_PARAMS.
+// The C struct as a CacheConfig. Only what is C's own is checked here (enum values, NULL arrays, the
+// array's length field); every rule of the configuration itself is validate_config's, as in C++ and Python.
 kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
-    if (p.n_layers <= 0) return bad_params("n_layers must be positive, got " + std::to_string(p.n_layers));
-    if (p.n_kv_heads <= 0) return bad_params("n_kv_heads must be positive, got " + std::to_string(p.n_kv_heads));
-    if (p.n_heads < 0 || (p.n_heads > 0 && p.n_heads % p.n_kv_heads != 0)) {
-        return bad_params("n_heads (" + std::to_string(p.n_heads) + ") must be 0 or a multiple of n_kv_heads (" +
-                          std::to_string(p.n_kv_heads) + ")");
-    }
-    if (p.block_tokens <= 0) return bad_params("block_tokens must be positive, got " + std::to_string(p.block_tokens));
-    if (p.threads <= 0) return bad_params("threads must be positive, got " + std::to_string(p.threads));
     if (p.seal != KVQ_SEAL_ON_APPEND && p.seal != KVQ_SEAL_ON_BLOCK_FULL) {
         return bad_params("seal must be a kvq_seal_policy, got " + std::to_string(p.seal));
     }
@@ -65,27 +59,18 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     if (p.center_keys != 0 && p.center_keys != 1) {
         return bad_params("center_keys must be 0 or 1, got " + std::to_string(p.center_keys));
     }
-    if (!std::isfinite(p.scale) || p.scale < 0 || !std::isfinite(p.softcap) || p.softcap < 0) {
-        return bad_params("scale and softcap must be finite and >= 0");
-    }
     if (p.reserved0 != 0) return bad_params("reserved0 must be 0");
     if (p.n_sliding_window > 0 && !p.sliding_window) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: sliding_window is NULL but n_sliding_window is " +
                                                   std::to_string(p.n_sliding_window));
     }
-    if (p.n_sliding_window != 0 && p.n_sliding_window != static_cast<size_t>(p.n_layers)) {
+    if (p.n_sliding_window != 0 && p.n_sliding_window != static_cast<size_t>(std::max(p.n_layers, 0))) {
         return bad_params("n_sliding_window must be 0 or n_layers (" + std::to_string(p.n_layers) + "), got " +
                           std::to_string(p.n_sliding_window));
-    }
-    for (size_t i = 0; i < p.n_sliding_window; ++i) {
-        if (p.sliding_window[i] < 0) return bad_params("sliding_window[" + std::to_string(i) + "] is negative");
     }
     if (!p.key_codec || !p.value_codec) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: key_codec or value_codec is NULL");
     }
-    Codec probe;
-    if (auto s = make_codec(p.key_codec, p.head_dim, p.seed, probe); s != KVQ_OK) return s;
-    if (auto s = make_codec(p.value_codec, p.head_dim, p.seed, probe); s != KVQ_OK) return s;
 
     cfg.n_layers = p.n_layers;
     cfg.n_kv_heads = p.n_kv_heads;
@@ -139,7 +124,7 @@ kvq_status attend(const kvq_cache* cache, int32_t layer, int64_t seq, const floa
         if (n_queries > 0 && !(q && out)) return fail(KVQ_ERR_INVALID_ARGUMENT, std::string(function) + ": q or out is NULL");
         KVQ_TRY(check_layer(cache, layer, function));
         KVQ_TRY(check_sequence(cache, seq, function));
-        // NaN/Inf queries come back as kvq::detail::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded);
+        // NaN/Inf queries come back as kvq::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded);
         // every other bad argument, before any read of q, as std::invalid_argument.
         if (n_queries == 1) {
             cache->cache.attend(layer, seq, q, out);
@@ -161,14 +146,11 @@ kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache) {
         KVQ_TRY(kvq::capi::read_versioned(params, kvq::capi::kParamsSizeV1, "kvq_cache_create: params is NULL", p));
         kvq::CacheConfig cfg;
         KVQ_TRY(kvq::capi::to_config(p, cfg));
-        try {
-            kvq::KVCache made(cfg);
-            kvq_codec key{made.key_codec()};
-            kvq_codec value{made.value_codec()};
-            *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};
-        } catch (const std::invalid_argument& e) {
-            return fail(KVQ_ERR_BAD_PARAMS, e.what());
-        }
+        cfg = kvq::validate_config(cfg);  // BadParams, BadHeadDim, UnknownCodec: their statuses (guarded)
+        kvq::KVCache made(cfg);
+        kvq_codec key{made.key_codec()};
+        kvq_codec value{made.value_codec()};
+        *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};
         return KVQ_OK;
     });
 }
@@ -249,7 +231,7 @@ kvq_status kvq_cache_attend_batch(const kvq_cache* cache, int32_t layer, const i
         if (n_seqs > SIZE_MAX / (n_heads * static_cast<size_t>(cfg.head_dim))) {
             return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: n_seqs overflows the query size");
         }
-        // NaN/Inf queries come back as kvq::detail::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded).
+        // NaN/Inf queries come back as kvq::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded).
         cache->cache.attend_batch(layer, std::span<const kvq::SequenceId>(seqs, n_seqs), q, out);
         return KVQ_OK;
     });

@@ -1,6 +1,5 @@
 // The C API of the codec table and of codecs working on rows (kvq/codec.hpp behind kvq.h).
 #include <cstdint>
-#include <numeric>
 #include <vector>
 
 #include "boundary.hpp"
@@ -18,43 +17,7 @@ const std::vector<CodecInfo>& table() {
     return rows;
 }
 
-// The table name in a spec "name[:params][+rot]", parsed as Codec::make does.
-std::string_view base_name(std::string_view spec) {
-    if (constexpr std::string_view suffix = "+rot"; spec.size() > suffix.size() && spec.ends_with(suffix)) {
-        spec.remove_suffix(suffix.size());
-    }
-    return spec.substr(0, spec.find(':'));
-}
-
-const CodecInfo* find_row(std::string_view name) {
-    for (const auto& row : table()) {
-        if (row.name == name) return &row;
-    }
-    return nullptr;
-}
-
 }  // namespace
-
-kvq_status make_codec(const char* spec, int32_t head_dim, uint64_t seed, Codec& out) {
-    if (!spec) return fail(KVQ_ERR_INVALID_ARGUMENT, "codec spec is NULL");
-    try {
-        out = Codec::make(spec, head_dim, seed);
-        return KVQ_OK;
-    } catch (const std::invalid_argument& e) {
-        const CodecInfo* row = find_row(base_name(spec));
-        if (!row) return fail(KVQ_ERR_UNKNOWN_CODEC, e.what());
-        if (head_dim <= 0 || head_dim % row->block != 0) return fail(KVQ_ERR_BAD_HEAD_DIM, e.what());
-        // The name is known and the size fits its blocks: if the same spec works at a head size every
-        // codec takes, the head size was the problem, otherwise the spec's parameters were.
-        const int probe = std::lcm(row->block, 128);
-        try {
-            (void)Codec::make(spec, probe, seed);
-        } catch (const std::invalid_argument&) {
-            return fail(KVQ_ERR_BAD_PARAMS, e.what());
-        }
-        return fail(KVQ_ERR_BAD_HEAD_DIM, e.what());
-    }
-}
 
 }  // namespace kvq::capi
 
@@ -110,9 +73,8 @@ kvq_status kvq_codec_lookup(const char* name, int32_t* id) {
 kvq_status kvq_codec_spec_row_bytes(const char* spec, int32_t head_dim, size_t* row_bytes) {
     return guarded([&] {
         if (!row_bytes) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_spec_row_bytes: row_bytes is NULL");
-        kvq::Codec codec;
-        if (auto s = kvq::capi::make_codec(spec, head_dim, KVQ_DEFAULT_SEED, codec); s != KVQ_OK) return s;
-        *row_bytes = codec.row_bytes();
+        if (!spec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_spec_row_bytes: spec is NULL");
+        *row_bytes = kvq::Codec::make(spec, head_dim, KVQ_DEFAULT_SEED).row_bytes();
         return KVQ_OK;
     });
 }
@@ -120,9 +82,8 @@ kvq_status kvq_codec_spec_row_bytes(const char* spec, int32_t head_dim, size_t* 
 kvq_status kvq_codec_create(const char* spec, int32_t head_dim, uint64_t seed, kvq_codec** codec) {
     return guarded([&] {
         if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_create: codec is NULL");
-        kvq::Codec made;
-        if (auto s = kvq::capi::make_codec(spec, head_dim, seed, made); s != KVQ_OK) return s;
-        *codec = new kvq_codec{std::move(made)};
+        if (!spec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_create: spec is NULL");
+        *codec = new kvq_codec{kvq::Codec::make(spec, head_dim, seed)};
         return KVQ_OK;
     });
 }
@@ -140,14 +101,7 @@ kvq_status kvq_codec_quantize_rows(const kvq_codec* codec, const float* x, size_
                                    size_t dst_stride) {
     return guarded([&] {
         if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_quantize_rows: codec is NULL");
-        try {
-            codec->codec.quantize_rows(x, n_rows, dst, dst_stride);
-        } catch (const std::invalid_argument& e) {
-            // Sizes that overflow were refused before any read; only then may the rows be scanned here.
-            const bool sane = n_rows <= static_cast<size_t>(PTRDIFF_MAX) / (sizeof(float) * codec->codec.head_dim());
-            const bool non_finite = x && sane && kvq::capi::any_non_finite(x, n_rows * codec->codec.head_dim());
-            return fail(non_finite ? KVQ_ERR_NON_FINITE : KVQ_ERR_INVALID_ARGUMENT, e.what());
-        }
+        codec->codec.quantize_rows(x, n_rows, dst, dst_stride);  // NaN/Inf: NonFiniteInput (guarded)
         return KVQ_OK;
     });
 }
@@ -164,13 +118,7 @@ kvq_status kvq_codec_dequantize_rows(const kvq_codec* codec, const void* src, si
 kvq_status kvq_codec_prepare_queries(const kvq_codec* codec, const float* q, int32_t n_q, void* prep) {
     return guarded([&] {
         if (!codec) return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_codec_prepare_queries: codec is NULL");
-        try {
-            codec->codec.prepare_queries(q, n_q, prep);
-        } catch (const std::invalid_argument& e) {
-            const bool non_finite =
-                q && n_q > 0 && kvq::capi::any_non_finite(q, static_cast<size_t>(n_q) * codec->codec.head_dim());
-            return fail(non_finite ? KVQ_ERR_NON_FINITE : KVQ_ERR_INVALID_ARGUMENT, e.what());
-        }
+        codec->codec.prepare_queries(q, n_q, prep);  // NaN/Inf: NonFiniteInput (guarded)
         return KVQ_OK;
     });
 }

@@ -9,7 +9,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "../codec/kernels.hpp"
+#include "../spec/block_codecs.hpp"
 #include "../simd/dispatch.hpp"
 #include "../simd/level_check.hpp"
 #include "kvq/cache.hpp"
@@ -68,7 +68,7 @@ SelftestLine check_family(SimdLevel level, const Family& f) {
     Line line(level, f.name);
     size_t cycle = 0;
     for (BlockCodec c : f.codecs) {
-        const bool plain = c == BlockCodec::f32 || c == BlockCodec::f16 || c == BlockCodec::bf16;
+        const bool plain = detail::is_plain(c);
         const std::vector<int> sizes = plain ? std::vector<int>{1, 7, 32, 33, 64, 100, 128, 250, 256}
                                              : std::vector<int>{32, 64, 96, 128, 160, 192, 224, 256};
         for (int n : sizes) {
@@ -225,12 +225,12 @@ SelftestResult selftest(const std::function<void(const SelftestLine&)>& on_line)
         if (on_line) on_line(l);
         result.lines.push_back(std::move(l));
     };
-    const std::vector<Family> families = {
-        {"f32/f16/bf16", {BlockCodec::f32, BlockCodec::f16, BlockCodec::bf16}},
-        {"q8_0", {BlockCodec::q8_0}},
-        {"q4_0/q4_1", {BlockCodec::q4_0, BlockCodec::q4_1}},
-        {"q5_0/q5_1", {BlockCodec::q5_0, BlockCodec::q5_1}},
-    };
+    // The plain codecs on one line, each block codec on its own: every row of the codec table is checked.
+    std::vector<Family> families = {{"f32/f16/bf16", {}}};
+    for (const auto& t : detail::kBlockCodecs) {
+        if (t.plain) families[0].codecs.push_back(t.id);
+        else families.push_back({t.name, {t.id}});
+    }
     const std::vector<std::string> turbo = {"turbo2", "turbo2.5", "turbo3", "turbo3.5", "turbo4",
                                             "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"};
     const std::vector<std::string> polar = {"polar", "polar:bits=4.3.3.3", "polar:bits=2.1.0.1", "polar:bits=6.3.2.2.2",

@@ -1,34 +1,13 @@
 #include "block_codec.hpp"
 
-#include <cfloat>
 #include <vector>
 
 #include "../simd/dispatch.hpp"
-#include "blocks.hpp"
-#include "scalar_ops.hpp"
+#include "../spec/blocks.hpp"
+#include "../spec/scalar_ops.hpp"
 
 namespace kvq::detail {
 namespace {
-
-bool is_plain(BlockCodec c) { return c == BlockCodec::f32 || c == BlockCodec::f16 || c == BlockCodec::bf16; }
-
-// The largest |x| each codec stores with finite fields: its fp16 scale d (amax/127, max/-8, max/-16),
-// its fp16 min, or the value itself.
-InputLimit block_input_limit(BlockCodec c) {
-    constexpr float f16_max = 65504.0f;
-    switch (c) {
-        case BlockCodec::f32: return {FLT_MAX, false};
-        case BlockCodec::f16: return {f16_max, false};
-        case BlockCodec::bf16: return {0x1.fep127f, false};  // the largest bf16; beyond it rounds to Inf
-        case BlockCodec::q8_0: return {f16_max * 127, false};
-        case BlockCodec::q4_0: return {f16_max * 8, false};
-        case BlockCodec::q5_0: return {f16_max * 16, false};
-        case BlockCodec::q4_1:
-        case BlockCodec::q5_1: return {f16_max, false};
-        case BlockCodec::count: break;
-    }
-    return {0.0f, false};
-}
 
 class BlockCodecImpl final : public CodecImpl {
 public:
@@ -38,7 +17,7 @@ public:
     int head_dim() const override { return head_dim_; }
     size_t row_bytes() const override { return row_bytes_; }
     size_t query_bytes() const override { return query_bytes_; }
-    InputLimit input_limit() const override { return block_input_limit(codec_); }
+    InputLimit input_limit() const override { return {block_traits(codec_).max_abs, false}; }
 
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
         const auto quantize = active_kernels(codec_).quantize;

@@ -55,42 +55,57 @@ std::vector<std::string> codec_names() {
     return names;
 }
 
+namespace {
+CodecInfo info_of(const detail::CodecTableRow& row) {
+    return {row.name, row.block, row.bytes_per_block, row.ggml_layout, row.layout, row.rotates, row.plain};
+}
+}  // namespace
+
 CodecInfo codec_info(std::string_view name) {
     const auto* row = detail::find_codec(name);
-    if (!row) throw std::invalid_argument("unknown codec '" + std::string(name) + "'");
-    return {row->name, row->block, row->bytes_per_block, row->ggml_layout, row->layout, row->rotates};
+    if (!row) throw UnknownCodec("unknown codec '" + std::string(name) + "'");
+    return info_of(*row);
 }
 
-Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
+bool all_finite(const float* x, size_t n) { return detail::all_finite(x, n); }
+
+CodecSpec parse_codec_spec(std::string_view spec) {
     std::string_view base = spec;
-    bool rotated = false;
+    CodecSpec parsed;
     if (constexpr std::string_view suffix = "+rot"; base.size() > suffix.size() && base.ends_with(suffix)) {
-        rotated = true;
+        parsed.rot = true;
         base.remove_suffix(suffix.size());
     }
-    std::string_view params;
     if (const auto colon = base.find(':'); colon != std::string_view::npos) {
-        params = base.substr(colon + 1);
+        parsed.params = std::string(base.substr(colon + 1));
         base = base.substr(0, colon);
     }
     const auto* row = detail::find_codec(base);
     if (!row) {
         std::string known;
         for (const auto& name : codec_names()) known += (known.empty() ? "" : ", ") + name;
-        throw std::invalid_argument("unknown codec '" + std::string(spec) + "' (known: " + known +
-                                    "; any may take the suffix +rot)");
+        throw UnknownCodec("unknown codec '" + std::string(spec) + "' (known: " + known +
+                           "; any may take the suffix +rot)");
     }
+    parsed.info = info_of(*row);
+    return parsed;
+}
+
+Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
+    CodecSpec parsed = parse_codec_spec(spec);
     if (head_dim <= 0 || head_dim > 65536) {
-        throw std::invalid_argument("codec '" + std::string(spec) + "': head_dim must be in 1..65536, got " +
-                                    std::to_string(head_dim));
+        throw BadHeadDim("codec '" + std::string(spec) + "': head_dim must be in 1..65536, got " +
+                         std::to_string(head_dim));
     }
-    std::unique_ptr<detail::CodecImpl> impl = row->make(params, head_dim, seed);
-    if (rotated && !row->rotates) impl = detail::make_rotated(std::move(impl), seed);
+    const auto* row = detail::find_codec(parsed.info.name);
+    std::unique_ptr<detail::CodecImpl> impl = row->make(parsed.params, head_dim, seed);
+    if (parsed.rot && !row->rotates) impl = detail::make_rotated(std::move(impl), seed);
     Codec c;
     c.impl_ = std::move(impl);
     c.name_ = std::string(spec);
+    c.info_ = std::move(parsed.info);
     c.head_dim_ = head_dim;
-    c.rotated_ = rotated || row->rotates;
+    c.rotated_ = parsed.rot || row->rotates;
     c.seed_ = seed;
     return c;
 }
@@ -137,8 +152,8 @@ void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_s
         if (std::isnan(amax)) {
             for (size_t i = 0; i < n; ++i) {
                 if (!std::isfinite(x[i])) {
-                    fail(name_, "quantize_rows: value " + std::to_string(i % head_dim_) + " of row " +
-                                    std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
+                    throw NonFiniteInput("codec '" + name_ + "': quantize_rows: value " + std::to_string(i % head_dim_) +
+                                         " of row " + std::to_string(i / head_dim_) + " is not finite (NaN or Inf)");
                 }
             }
         }
@@ -163,8 +178,9 @@ void Codec::prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan) 
     require(n_q >= 0, name_, "prepare_queries: n_q is negative");
     if (n_q == 0) return;
     require(q && prep, name_, "prepare_queries: null pointer");
-    require(nan == NanPolicy::propagate || detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_), name_,
-            "prepare_queries: query is not finite (NaN or Inf)");
+    if (nan == NanPolicy::reject && !detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_)) {
+        throw NonFiniteInput("codec '" + name_ + "': prepare_queries: query is not finite (NaN or Inf)");
+    }
     if (!misaligned(prep)) {
         impl_->prepare_queries(q, n_q, static_cast<uint8_t*>(prep));
         return;

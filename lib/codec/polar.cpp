@@ -10,11 +10,11 @@
 
 #include "../rotation/hadamard.hpp"
 #include "../simd/dispatch.hpp"
-#include "bit_codes.hpp"
-#include "lloyd_max.hpp"
-#include "polar_params.hpp"
-#include "rotated_kernels.hpp"
-#include "stored_norm.hpp"
+#include "../spec/bit_codes.hpp"
+#include "../spec/lloyd_max.hpp"
+#include "../spec/polar_params.hpp"
+#include "../spec/rotated_kernels.hpp"
+#include "../spec/stored_norm.hpp"
 
 namespace kvq::detail {
 namespace {

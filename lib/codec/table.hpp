@@ -17,9 +17,10 @@ struct CodecTableRow {
     bool ggml_layout;     // bytes identical to ggml's type of the same name
     const char* layout;   // one line for `kvq info`
     // Builds the codec for a head size; params is what follows "name:" in a spec (empty if none).
-    // Throws std::invalid_argument for head sizes or parameters the codec cannot take.
+    // Throws BadHeadDim or BadParams for head sizes or parameters the codec cannot take.
     std::unique_ptr<CodecImpl> (*make)(std::string_view params, int head_dim, uint64_t seed);
     bool rotates = false;  // the codec rotates rows itself (polar, turbo): "+rot" adds nothing
+    bool plain = false;    // values stored as they are (f32, f16, bf16)
 };
 
 std::span<const CodecTableRow> codec_table();

@@ -11,12 +11,12 @@
 
 #include "../rotation/hadamard.hpp"
 #include "../simd/dispatch.hpp"
-#include "bit_codes.hpp"
-#include "lloyd_max.hpp"
-#include "qjl.hpp"
-#include "rotated_kernels.hpp"
-#include "stored_norm.hpp"
-#include "turbo_codebook.hpp"
+#include "../spec/bit_codes.hpp"
+#include "../spec/lloyd_max.hpp"
+#include "../spec/qjl.hpp"
+#include "../spec/rotated_kernels.hpp"
+#include "../spec/stored_norm.hpp"
+#include "../spec/turbo_codebook.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -179,12 +179,19 @@ public:
     void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                          size_t n_rows, float* acc) const override {
         const int d = l_.d;
-        std::vector<float> sketch(qjl_ ? size_t(n_q) * d : 0, 0.0f);
-        active_rotated_kernels().turbo.accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc,
-                                                  sketch.data());
+        // The sign-space sums: this thread's buffer, grown once (no allocation on the decode path).
+        thread_local std::vector<float> sketch_buffer;
+        float* sketch = nullptr;
+        if (qjl_) {
+            const size_t need = size_t(n_q) * d;
+            if (sketch_buffer.size() < need) sketch_buffer.resize(need);
+            sketch = sketch_buffer.data();
+            std::fill(sketch, sketch + need, 0.0f);
+        }
+        active_rotated_kernels().turbo.accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
         if (qjl_) {
             for (int i = 0; i < n_q; ++i) {
-                qjl_->add_transposed(sketch.data() + size_t(i) * d, qjl_->scale(), acc + size_t(i) * d);
+                qjl_->add_transposed(sketch + size_t(i) * d, qjl_->scale(), acc + size_t(i) * d);
             }
         }
     }
@@ -233,19 +240,19 @@ std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_vie
     if (cfg.qjl) cfg.scale = TurboScale::norm;  // the residual sketch is of the unit vector: the norm scales it
     if (!params.empty()) {
         const std::string p(params);
-        if (config.qjl) throw std::invalid_argument("codec '" + n + "' takes no parameters, got '" + p + "'");
+        if (config.qjl) throw BadParams("codec '" + n + "' takes no parameters, got '" + p + "'");
         if (p == "scale=norm") cfg.scale = TurboScale::norm;
         else if (p == "scale=ls") cfg.scale = TurboScale::ls;
         else if (p == "scale=unbiased") cfg.scale = TurboScale::unbiased;
-        else throw std::invalid_argument("codec '" + n + "' takes one parameter, scale=norm|ls|unbiased, got '" + p + "'");
+        else throw BadParams("codec '" + n + "' takes one parameter, scale=norm|ls|unbiased, got '" + p + "'");
     }
     const int multiple = config.half_split ? 16 : 8;
     if (head_dim < multiple || head_dim % multiple != 0) {
-        throw std::invalid_argument("codec '" + n + "' needs a head_dim that is a multiple of " + std::to_string(multiple) +
+        throw BadHeadDim("codec '" + n + "' needs a head_dim that is a multiple of " + std::to_string(multiple) +
                                     ", got " + std::to_string(head_dim));
     }
     if (config.qjl && head_dim > kMaxQjlDim) {
-        throw std::invalid_argument("codec '" + n + "' keeps a head_dim × head_dim QJL matrix; head_dim must be at most " +
+        throw BadHeadDim("codec '" + n + "' keeps a head_dim × head_dim QJL matrix; head_dim must be at most " +
                                     std::to_string(kMaxQjlDim) + ", got " + std::to_string(head_dim));
     }
     return std::make_unique<TurboCodec>(cfg, n, head_dim, seed);

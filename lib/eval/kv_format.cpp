@@ -14,12 +14,9 @@ constexpr std::string_view kCenter = "+center";
 
 // Checks the base name against the codec table, so a typo fails before any work starts.
 void check_codec_name(std::string_view spec, std::string_view pair) {
-    std::string_view base = spec;
-    if (base.ends_with("+rot")) base.remove_suffix(4);
-    base = base.substr(0, base.find(':'));
     try {
-        codec_info(base);
-    } catch (const std::invalid_argument&) {
+        parse_codec_spec(spec);
+    } catch (const UnknownCodec&) {
         std::string known;
         for (const auto& n : codec_names()) known += (known.empty() ? "" : ", ") + n;
         throw std::invalid_argument("K/V pair '" + std::string(pair) + "': unknown codec '" + std::string(spec) +

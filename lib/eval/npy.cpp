@@ -9,7 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 
-#include "codec/half.hpp"
+#include "spec/half.hpp"
 
 namespace kvq {
 namespace {

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "codec/half.hpp"
+#include "spec/half.hpp"
 
 namespace kvq::detail {
 

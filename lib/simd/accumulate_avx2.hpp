@@ -22,7 +22,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "../codec/blocks.hpp"
+#include "../spec/blocks.hpp"
 
 namespace kvq::simd {
 namespace {

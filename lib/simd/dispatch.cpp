@@ -20,13 +20,6 @@
 namespace kvq {
 namespace detail {
 
-const BlockKernels& scalar_kernels(BlockCodec c) {
-    static const BlockKernels* const table[] = {&kScalarF32,  &kScalarF16,  &kScalarBF16, &kScalarQ8_0,
-                                                &kScalarQ4_0, &kScalarQ4_1, &kScalarQ5_0, &kScalarQ5_1};
-    static_assert(sizeof table / sizeof table[0] == static_cast<size_t>(BlockCodec::count));
-    return *table[static_cast<int>(c)];
-}
-
 namespace {
 
 constexpr int kLevels = 5;
@@ -83,13 +76,21 @@ void fill_missing(LevelKernels& k, const LevelKernels& spec) {
     fill(k.softmax, spec.softmax);
 }
 
+#if defined(KVQ_SIMD_X86)
+bool cpu_has_avx512_vnni() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
 // The kernels compiled for a level in this build (nullptr if none), whether or not this CPU can run them.
 const LevelKernels* compiled_level(SimdLevel level) {
     switch (level) {
 #if defined(KVQ_SIMD_X86)
         case SimdLevel::sse2: return &level_sse2();
         case SimdLevel::avx2: return &level_avx2();
-        case SimdLevel::avx512: return &level_avx512();
+        // By capability: the VNNI build of the level where the CPU has AVX512-VNNI (its int8 dot products).
+        case SimdLevel::avx512: return cpu_has_avx512_vnni() ? &level_avx512_vnni() : &level_avx512();
 #elif defined(KVQ_SIMD_NEON)
         case SimdLevel::neon: return &level_neon();
 #endif
@@ -240,9 +241,17 @@ int active_index() {
         std::string why = "the best level this CPU runs";
         // The decode benchmark (bench/bench_decode.cpp, decode_level/) measured avx512 0.7-8% slower than
         // avx2 on an Intel Xeon (Sapphire Rapids, 2 threads, f16 and q8_0/q4_0 at 32k and 128k), as the
-        // issue that reported the avx512 bug had on an AMD EPYC: its int8 kernels are avx2's 256-bit ones,
-        // and its 512-bit float work does not pay. So avx2 is the default where both run.
-        if (wanted == SimdLevel::avx512 && d.levels[static_cast<int>(SimdLevel::avx2)].present) {
+        // issue that reported the avx512 bug had on an AMD EPYC, while its int8 kernels were avx2's. So avx2
+        // is the default where both run, unless the CPU has AVX512-VNNI: that build of the level
+        // (vpdpbusd scores, 512-bit value accumulate) measured as fast for f16/f16 and q8_0/q4_0 at 32k
+        // with 2 threads, 1.25x for q8_0/q8_0, and 1.2x for q8_0/q4_0 on one thread in cache (issue #19).
+        bool vnni = false;
+#if defined(KVQ_SIMD_X86)
+        vnni = cpu_has_avx512_vnni();
+#endif
+        if (wanted == SimdLevel::avx512 && vnni) {
+            why = "the fastest level this CPU runs (with AVX512-VNNI)";
+        } else if (wanted == SimdLevel::avx512 && d.levels[static_cast<int>(SimdLevel::avx2)].present) {
             wanted = SimdLevel::avx2;
             why = "the fastest level this CPU runs (avx512 measured slower in decode; KVQ_SIMD=avx512 selects it)";
         }

@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "../codec/kernels.hpp"
-#include "../codec/rotated_kernels.hpp"
-#include "../codec/softmax.hpp"
+#include "../spec/block_codecs.hpp"
+#include "../spec/rotated_kernels.hpp"
+#include "../spec/softmax.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {
@@ -29,6 +29,7 @@ struct LevelKernels {
 const LevelKernels& level_sse2();
 const LevelKernels& level_avx2();
 const LevelKernels& level_avx512();
+const LevelKernels& level_avx512_vnni();  // the avx512 level where the CPU has AVX512-VNNI
 const LevelKernels& level_neon();
 
 // True if x[0..n) holds no NaN or Inf (vectorized at the active level).

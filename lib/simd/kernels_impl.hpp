@@ -1,6 +1,6 @@
 // The SIMD kernels of every block codec, written once over the xsimd arch A and Ops<A> (ops.hpp); each
 // lib/simd/level_<isa>.cpp includes its ops_<isa>.hpp and this file and calls make_level<A>(), compiled
-// with that instruction set's flags only. Equal to the scalar specification (lib/codec/) in bytes for
+// with that instruction set's flags only. Equal to the scalar specification (lib/spec/) in bytes for
 // quantize and dequantize, and to float rounding for score and accumulate (lanes are summed in another
 // order and with fma).
 //
@@ -16,13 +16,15 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../codec/kernels.hpp"
+#include "../spec/block_codecs.hpp"
 #include "plain_impl.hpp"
 #include "loops.hpp"
 #include "ops_check.hpp"
 #include "quantize_impl.hpp"
 #include "softmax_impl.hpp"
-#if defined(__AVX2__)
+#if defined(__AVX512F__)
+#include "accumulate_avx512.hpp"
+#elif defined(__AVX2__)
 #include "accumulate_avx2.hpp"
 #endif
 
@@ -179,6 +181,17 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
             if constexpr (L::unsigned_raw) sq[b][l] = l < 4 ? q[l][b].s * L::kBiasScale : 0.0f;
         }
     }
+    // VNNI, signed keys: the part of each block's sums that the unsigned key adds (ops_avx2.hpp)
+    constexpr bool vnni = requires { O::kVnni; };
+    typename O::IDot offset[vnni ? kMaxGroupBlocks : 1];
+    if constexpr (vnni) {
+        if constexpr (!L::unsigned_raw) {
+            for (int64_t b = 0; b < nb; ++b) {
+                const int8_t* y[4] = {q[0][b].qs, q[1][b].qs, q[2][b].qs, q[3][b].qs};
+                offset[b] = O::dot4_signed_offset(O::zero_bytes(), y);
+            }
+        }
+    }
     using Block = typename L::Block;
     // acc (+ bias) += block b of row blk against the four queries
     auto step = [&](const Block* blk, int64_t b, FD& acc, FD& bias) {
@@ -188,6 +201,8 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
         if constexpr (L::unsigned_raw) {
             p = O::dot4_unsigned(O::ukey(L::template raw<O>(blk[b])), y);
             bias = xsimd::fma(FD(L::template bias<O>(blk[b], dk)), FD::load_aligned(sq[b]), bias);
+        } else if constexpr (requires { O::kVnni; }) {
+            p = O::idot_sub(O::dot4_signed_offset(L::template raw<O>(blk[b]), y), offset[b]);
         } else {
             p = O::dot4_signed(O::key(L::template raw<O>(blk[b])), y);
         }
@@ -262,7 +277,12 @@ void score_group4_pairs(const uint8_t* const* prep, const uint8_t* rows, size_t 
     auto step = [&](const Block* blk, int64_t p, FD acc) {
         typename O::UKey lo, hi;
         O::load_nibble_pair(blk[2 * p].qs, blk[2 * p + 1].qs, lo, hi);
-        const FD s = O::dot_to_f32(O::dot4_pair(lo, hi, ylo[p], yhi[p]));
+        FD s;
+        if constexpr (requires { O::kVnni; }) {
+            s = O::dot_to_f32(O::dot4_pair_vnni(lo, hi, ylo[p], yhi[p]));
+        } else {
+            s = O::dot_to_f32(O::dot4_pair(lo, hi, ylo[p], yhi[p]));
+        }
         return xsimd::fma(O::f16_pair(blk[2 * p].d, blk[2 * p + 1].d),
                           xsimd::fma(s, FD::load_aligned(dq[p]), FD::load_aligned(sq[p])), acc);
     };
@@ -402,8 +422,15 @@ struct AccumulateScaled {
 template <class A, class L>
 void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                        size_t n_rows, int64_t n, float* acc) {
-#if defined(__AVX2__)
-    // By capability, not by level: every level compiled with AVX2 (avx2, avx512) takes the 256-bit kernel.
+#if defined(__AVX512F__)
+    // By capability, not by level: a level compiled with AVX-512 F takes the 512-bit kernel (the same bits
+    // as the 256-bit one), any other compiled with AVX2 the 256-bit one.
+    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
+        return accumulate_sym_avx512<detail::BlockQ4_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    } else if constexpr (std::is_same_v<L, LayoutQ8_0>) {
+        return accumulate_sym_avx512<detail::BlockQ8_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    }
+#elif defined(__AVX2__)
     if constexpr (std::is_same_v<L, LayoutQ4_0>) {
         return accumulate_sym_avx2<detail::BlockQ4_0, CodesQ4_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
     } else if constexpr (std::is_same_v<L, LayoutQ8_0>) {

@@ -93,15 +93,10 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
     const BlockKernels* level_k = level_kernels(c, level);
     if (!level_k) return "level not available";
     const BlockKernels& simd = *level_k;
-    const bool plain = c == BlockCodec::f32 || c == BlockCodec::f16 || c == BlockCodec::bf16;
-    const size_t value_bytes = c == BlockCodec::f32 ? 4 : 2;
-    const int block = plain ? 1 : 32;
-    const size_t block_bytes = plain ? value_bytes
-                               : c == BlockCodec::q8_0 ? 34
-                               : c == BlockCodec::q4_0 ? 18
-                               : c == BlockCodec::q4_1 ? 20
-                               : c == BlockCodec::q5_0 ? 22
-                                                       : 24;
+    const BlockCodecTraits& traits = block_traits(c);
+    const bool plain = traits.plain;
+    const int block = traits.block;
+    const size_t block_bytes = traits.bytes_per_block;
     const size_t row_bytes = size_t(n / block) * block_bytes, stride = row_bytes + 3;
     const size_t qbytes = plain ? n * sizeof(float) : size_t(n / 32) * 40;
 

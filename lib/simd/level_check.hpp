@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../codec/kernels.hpp"
+#include "../spec/block_codecs.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {

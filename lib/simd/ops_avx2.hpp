@@ -101,6 +101,33 @@ struct Avx2Blocks {
         for (int i = 0; i < 4; ++i) p[i] = dot_signed(k, y[i]);
         return reduce4(p);
     }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    // With AVX512-VNNI (the avx512 level's VNNI build, level_avx512_vnni.cpp): vpdpbusd takes an unsigned
+    // and a signed operand and sums four products into each int32 lane in one instruction. Signed keys
+    // are made unsigned by flipping their sign bit, k ^ 0x80 = k + 128, so the four queries' sums are
+    // Σ k·y + 128·Σ y; dot4_signed_offset(0 bytes, y) is that offset alone, computed once per block of
+    // the queries, and the difference is dot4_signed's exact integers, in the same lanes.
+    static constexpr bool kVnni = true;
+    static IDot dot4_signed_offset(Bytes k, const int8_t* const* y) {
+        const __m256i uk = _mm256_xor_si256(k, _mm256_set1_epi8(static_cast<char>(0x80)));
+        IDot p[4];
+        for (int i = 0; i < 4; ++i) {
+            p[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), uk, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i])));
+        }
+        return reduce4(p);
+    }
+    static IDot idot_sub(IDot a, IDot b) { return _mm256_sub_epi32(a, b); }
+    static Bytes zero_bytes() { return _mm256_setzero_si256(); }
+    // Unsigned codes (q4_0 block pairs): code·y summed four at a time, no int16 stage.
+    static IDot dot4_pair_vnni(__m256i lo, __m256i hi, const int8_t (*ylo)[32], const int8_t (*yhi)[32]) {
+        IDot p[4];
+        for (int i = 0; i < 4; ++i) {
+            const __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_load_si256(reinterpret_cast<const __m256i*>(ylo[i])));
+            p[i] = _mm256_dpbusd_epi32(a, hi, _mm256_load_si256(reinterpret_cast<const __m256i*>(yhi[i])));
+        }
+        return reduce4(p);
+    }
+#endif
     // Eight partial sums of k·y (exact integers, as floats).
     static xsimd::batch<float, xsimd::fma3<xsimd::avx2>> dot(const Key& key, const int8_t* y) {
         return _mm256_cvtepi32_ps(dot_signed(key, y));

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../codec/half.hpp"
+#include "../spec/half.hpp"
 #include "half_batch.hpp"
 #include "ops.hpp"
 

@@ -1,5 +1,5 @@
 // SIMD quantizers of the ggml-layout codecs, written once over the xsimd arch A and Ops<A> (ops.hpp).
-// They give the same bytes as the scalar specification (lib/codec/ggml_quant.cpp) because they do the
+// They give the same bytes as the scalar specification (lib/spec/ggml_quant.cpp) because they do the
 // same float operations in the same order: multiply by the reciprocal id = 1/d (never divide by d), add
 // the rounding offset as a separate addition (no fma), and convert to int by truncation, keeping the low
 // byte as C's int -> int8_t conversion does. Block maxima are order-independent except for signed zeros
@@ -13,8 +13,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../codec/blocks.hpp"
-#include "../codec/kernels.hpp"
+#include "../spec/blocks.hpp"
+#include "../spec/kernels.hpp"
 #include "ops.hpp"
 
 namespace kvq::simd {
@@ -86,7 +86,7 @@ typename Ops<A>::Bytes pack_codes(const typename Ops<A>::I* q, float d) {
 }
 
 // Blocks the fast path does not treat as the specification does go through the specification itself
-// (lib/codec/ggml_quant.cpp), one block at a time: a block holding NaN or Inf (stored as a NaN block)
+// (lib/spec/ggml_quant.cpp), one block at a time: a block holding NaN or Inf (stored as a NaN block)
 // and a block whose scale is neither normal nor zero (where the specification divides or clamps). Both
 // are rare, and the fast path then only ever packs codes of a normal scale.
 template <class A>

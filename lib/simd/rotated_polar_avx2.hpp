@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../codec/rotated_kernels.hpp"
+#include "../spec/rotated_kernels.hpp"
 
 namespace kvq::simd {
 namespace {

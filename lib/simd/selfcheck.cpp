@@ -5,7 +5,7 @@
 // primitives' contracts.
 #include "selfcheck.hpp"
 
-#include "../codec/kernels.hpp"
+#include "../spec/block_codecs.hpp"
 #include "level_check.hpp"
 
 namespace kvq::detail {

@@ -81,6 +81,18 @@ class BadCacheFile(ValueError):
 class ConfigMismatch(ValueError):
     """load_into: the file was saved by a cache of another configuration (the message names the field)."""
 
+class UnknownCodec(ValueError):
+    """A codec spec names no codec of the table (the message lists the known names)."""
+
+class BadHeadDim(ValueError):
+    """A head size the codec cannot take (not a multiple of its block, or outside 1..65536)."""
+
+class BadParams(ValueError):
+    """A codec spec's parameters, or cache parameters, that are invalid or contradict each other."""
+
+class NonFiniteInput(ValueError):
+    """NaN or Inf in keys, values, rows or queries under nan_policy='reject'; nothing was stored."""
+
 class PoolStats(TypedDict):
     block_bytes: int
     blocks_total: int

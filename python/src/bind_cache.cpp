@@ -253,8 +253,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
     c.max_blocks = non_negative(max_blocks, "max_blocks");
     c.initial_blocks = non_negative(initial_blocks, "initial_blocks");
     c.grow_blocks = non_negative(grow_blocks, "grow_blocks");
-    if (scale && !(*scale > 0)) raise_value_error("scale must be positive (or None for 1/sqrt(head_dim))");
-    c.scale = scale.value_or(0.0f);
+    c.scale = scale.value_or(0.0f);  // 0 (or None) = 1/sqrt(head_dim); validate_config checks the rest
     c.softcap = softcap;
     c.sliding_window = parse_sliding_window(sliding_window, n_layers);
     c.seal = parse_seal(seal);
@@ -300,6 +299,10 @@ void bind_cache(py::module_& m) {
     py::register_exception<FileIOError>(m, "FileIOError", PyExc_OSError);
     py::register_exception<BadCacheFile>(m, "BadCacheFile", PyExc_ValueError);
     py::register_exception<ConfigMismatch>(m, "ConfigMismatch", PyExc_ValueError);
+    py::register_exception<UnknownCodec>(m, "UnknownCodec", PyExc_ValueError);
+    py::register_exception<BadHeadDim>(m, "BadHeadDim", PyExc_ValueError);
+    py::register_exception<BadParams>(m, "BadParams", PyExc_ValueError);
+    py::register_exception<NonFiniteInput>(m, "NonFiniteInput", PyExc_ValueError);
 
     py::class_<PyKVCache>(m, "KVCache", R"doc(
 A paged KV cache that stores keys and values quantized (keys q8_0, values q4_0 by default) and computes

@@ -12,15 +12,9 @@ namespace {
 
 using namespace pybind11::literals;
 
-// The table name inside a spec: "q4_0+rot" -> "q4_0", "polar:L=4" -> "polar".
-std::string base_name(std::string spec) {
-    if (spec.ends_with("+rot")) spec.resize(spec.size() - 4);
-    return spec.substr(0, spec.find(':'));
-}
-
 py::dict codec_info_dict(const std::string& spec, int head_dim, uint64_t seed) {
     const Codec codec = Codec::make(spec, head_dim, seed);
-    const CodecInfo info = kvq::codec_info(base_name(spec));
+    const CodecInfo& info = codec.info();
     py::dict d;
     d["name"] = codec.name();
     d["base"] = info.name;

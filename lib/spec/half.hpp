@@ -1,4 +1,6 @@
 // IEEE binary16 and bfloat16 conversions, bit-exact with ggml (round to nearest even, as F16C does).
+// static: SIMD files include this header, and a shared inline copy compiled with one level's flags could be
+// the one the linker keeps for every caller.
 #pragma once
 
 #include <cmath>
@@ -7,19 +9,19 @@
 
 namespace kvq::detail {
 
-inline uint32_t float_bits(float f) {
+static inline uint32_t float_bits(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
     return u;
 }
-inline float float_from_bits(uint32_t u) {
+static inline float float_from_bits(uint32_t u) {
     float f;
     std::memcpy(&f, &u, 4);
     return f;
 }
 
 // After Maratyszcza's FP16 library (the code ggml uses when it has no F16C).
-inline uint16_t f32_to_f16(float f) {
+static inline uint16_t f32_to_f16(float f) {
     const float scale_to_inf = 0x1.0p+112f;
     const float scale_to_zero = 0x1.0p-110f;
     float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
@@ -39,7 +41,7 @@ inline uint16_t f32_to_f16(float f) {
     return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? nan : nonsign));
 }
 
-inline float f16_to_f32(uint16_t h) {
+static inline float f16_to_f32(uint16_t h) {
     const uint32_t w = static_cast<uint32_t>(h) << 16;
     const uint32_t sign = w & 0x80000000u;
     const uint32_t two_w = w + w;
@@ -51,12 +53,12 @@ inline float f16_to_f32(uint16_t h) {
     return float_from_bits(result);
 }
 
-inline uint16_t f32_to_bf16(float f) {
+static inline uint16_t f32_to_bf16(float f) {
     const uint32_t u = float_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64u);  // quiet NaN
     return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
 }
 
-inline float bf16_to_f32(uint16_t h) { return float_from_bits(static_cast<uint32_t>(h) << 16); }
+static inline float bf16_to_f32(uint16_t h) { return float_from_bits(static_cast<uint32_t>(h) << 16); }
 
 }  // namespace kvq::detail

@@ -8,6 +8,7 @@
 // | q4_1   | 20    | fp16 d, m; qs[16] nibbles;    x = d·q + m                                  |
 // | q5_0   | 22    | fp16 d; qh[4]; qs[16];        x = d·(q−16); bit 4 of value j in qh bit j    |
 // | q5_1   | 24    | fp16 d, m; qh[4]; qs[16];     x = d·q + m                                  |
+// | iq4_nl | 18    | fp16 d; qs[16] nibbles;       x = d·kIQ4NLValues[q]; nibbles as q4_0         |
 //
 // The prepared query of the quantized-key codecs is BlockQ8Query: the query quantized to int8 per
 // block with a float scale (more exact than ggml's fp16 one) and the block sum, so that a key block
@@ -57,6 +58,14 @@ struct __attribute__((packed)) BlockQ5_1 {
     uint8_t qs[kQK / 2];
 };
 static_assert(sizeof(BlockQ5_1) == 24, "ggml block_q5_1 is 24 bytes");
+
+struct __attribute__((packed)) BlockIQ4_NL {
+    uint16_t d;
+    uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockIQ4_NL) == 18, "ggml block_iq4_nl is 18 bytes");
+// iq4_nl's 16 levels (ggml's kvalues_iq4nl): a non-uniform grid, denser near zero.
+inline constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 struct __attribute__((packed)) BlockQ8Query {
     float d;        // scale: x ≈ d·q

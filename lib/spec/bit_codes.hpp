@@ -9,14 +9,14 @@
 namespace kvq::detail {
 
 // Sets code into a zeroed bit range starting at bit `bit` of base.
-inline void put_code(uint8_t* base, size_t bit, int bits, uint32_t code) {
+static inline void put_code(uint8_t* base, size_t bit, int bits, uint32_t code) {
     for (int i = 0; i < bits; ++i) {
         if ((code >> i) & 1u) base[(bit + i) >> 3] |= static_cast<uint8_t>(1u << ((bit + i) & 7));
     }
 }
 
 // Reads `bits` bits starting at bit `bit`; touches only the bytes that hold them.
-inline uint32_t get_code(const uint8_t* base, size_t bit, int bits) {
+static inline uint32_t get_code(const uint8_t* base, size_t bit, int bits) {
     if (bits == 0) return 0;
     const size_t byte = bit >> 3;
     const unsigned shift = bit & 7;
@@ -25,6 +25,6 @@ inline uint32_t get_code(const uint8_t* base, size_t bit, int bits) {
     return (word >> shift) & ((1u << bits) - 1);
 }
 
-inline size_t bytes_for_bits(size_t bits) { return (bits + 7) / 8; }
+static inline size_t bytes_for_bits(size_t bits) { return (bits + 7) / 8; }
 
 }  // namespace kvq::detail

@@ -24,23 +24,12 @@ struct BlockKernels {
                        size_t row_stride, size_t n_rows, int64_t n, float* acc);
 };
 
-// The block codecs, in table order. Their scalar kernels live in lib/codec/*.cpp.
-enum class BlockCodec : int { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, count };
-
-const BlockKernels& scalar_kernels(BlockCodec c);
-
-static inline const char* codec_name(BlockCodec c) {  // static: SIMD files include this header
-    constexpr const char* names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"};
-    static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(BlockCodec::count));
-    return names[static_cast<int>(c)];
-}
-
 // The query side of every quantized-key codec (scalar specification, ggml_quant.cpp): int8 per block,
 // float scale d = amax/127.
 void prepare_query_q8(const float* q, uint8_t* prep, int64_t n);
 
-// The scalar sets, defined in plain.cpp and ggml_quant.cpp.
+// The scalar sets, defined in plain.cpp and ggml_quant.cpp; block_codecs.hpp registers them.
 extern const BlockKernels kScalarF32, kScalarF16, kScalarBF16, kScalarQ8_0, kScalarQ4_0, kScalarQ4_1,
-    kScalarQ5_0, kScalarQ5_1;
+    kScalarQ5_0, kScalarQ5_1, kScalarIQ4_NL;
 
 }  // namespace kvq::detail

@@ -7,12 +7,14 @@
 #include <stdexcept>
 
 #include "bit_codes.hpp"
+#include "kvq/errors.hpp"
 #include "lloyd_max.hpp"
 
 namespace kvq::detail {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("codec 'polar': " + what); }
+[[noreturn]] void fail(const std::string& what) { throw BadParams("codec 'polar': " + what); }
+[[noreturn]] void fail_head_dim(const std::string& what) { throw BadHeadDim("codec 'polar': " + what); }
 
 int parse_int(std::string_view s, const char* what) {
     int v = 0;
@@ -35,7 +37,7 @@ void check_levels(int levels, int head_dim) {
         fail("L must be in 1.." + std::to_string(kPolarMaxLevels) + ", got " + std::to_string(levels));
     }
     if (head_dim % (1 << levels) != 0) {
-        fail("L=" + std::to_string(levels) + " needs a head_dim that is a multiple of 2^L = " + std::to_string(1 << levels) +
+        fail_head_dim("L=" + std::to_string(levels) + " needs a head_dim that is a multiple of 2^L = " + std::to_string(1 << levels) +
              ", got " + std::to_string(head_dim));
     }
 }
@@ -108,7 +110,7 @@ PolarConfig min_error_allocation(double budget, int head_dim, int levels) {
     if (!(budget > 0) || !std::isfinite(budget)) fail("budget must be a positive number of bits per value");
     const int lo = levels ? levels : 1, hi = levels ? levels : max_levels(head_dim);
     if (levels) check_levels(levels, head_dim);
-    if (hi < 1) fail("head_dim must be even, got " + std::to_string(head_dim));
+    if (hi < 1) fail_head_dim("head_dim must be even, got " + std::to_string(head_dim));
     std::optional<PolarConfig> best;
     double best_error = std::numeric_limits<double>::infinity();
     for (int l = lo; l <= hi; ++l) {

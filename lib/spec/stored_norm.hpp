@@ -15,18 +15,18 @@
 
 namespace kvq::detail {
 
-inline double row_norm(const float* x, int d) {
+static inline double row_norm(const float* x, int d) {
     double sum = 0;
     for (int j = 0; j < d; ++j) sum += double(x[j]) * x[j];
     return std::sqrt(sum);
 }
 
-inline void store_half(uint8_t* p, float v) {
+static inline void store_half(uint8_t* p, float v) {
     const uint16_t h = f32_to_f16(v);
     std::memcpy(p, &h, 2);
 }
 
-inline float load_half(const uint8_t* p) {
+static inline float load_half(const uint8_t* p) {
     uint16_t h;
     std::memcpy(&h, p, 2);
     return f16_to_f32(h);

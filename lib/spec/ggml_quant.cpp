@@ -1,7 +1,8 @@
-// Scalar specification of the ggml-layout codecs q8_0, q4_0, q4_1, q5_0, q5_1. The quantizers follow
-// ggml's reference quantizers (quantize_row_*_ref) operation for operation, so the bytes are identical:
-// q8_0 rounds with roundf; q4_0/q5_0 take d = max/−8 (−16) of the signed extreme and truncate x/d + 8.5
-// (16.5); q4_1/q5_1 take d = (max−min)/15 (31) and truncate (x−min)/d + 0.5.
+// Scalar specification of the ggml-layout codecs q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl. The quantizers
+// follow ggml's reference quantizers (quantize_row_*_ref) operation for operation, so the bytes are
+// identical: q8_0 rounds with roundf; q4_0/q5_0 take d = max/−8 (−16) of the signed extreme and truncate
+// x/d + 8.5 (16.5); q4_1/q5_1 take d = (max−min)/15 (31) and truncate (x−min)/d + 0.5; iq4_nl picks the
+// nearest of its 16 levels at d₀ = max/−127 and stores the x²-weighted least-squares scale of those codes.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -154,6 +155,63 @@ void quantize_asym(const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
+// ---- iq4_nl: ggml's quantize_row_iq4_nl_ref (quantize_row_iq4_nl_impl with one 32-value block, no
+// importance weights and no scale search, ntry = −1) ----
+
+// ggml's best_index_int8: the nearest level, ties to the lower one; beyond either end, that end.
+inline int nearest_iq4nl_level(float x) {
+    const int8_t* v = kIQ4NLValues;
+    if (!(x > v[0])) return 0;  // also NaN, which ggml never sees here (its block would be non-finite)
+    if (x >= v[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        (x < v[mid] ? hi : lo) = mid;
+    }
+    return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
+}
+
+void quantize_iq4_nl(const float* x, uint8_t* dst, int64_t n) {
+    constexpr float kGroupMaxEps = 1e-15f;  // ggml's GROUP_MAX_EPS
+    for (int64_t i = 0; i < n / kQK; ++i) {
+        // A block below ggml's eps stores d = 0 and zero codes. ggml stores d = 0 too, with whatever its
+        // code buffer last held (uninitialized for a row's first block): codes no reader can tell apart,
+        // which kvq fixes to zero so that bytes never depend on the rows quantized before.
+        uint8_t codes[kQK] = {};
+        const float* xb = x + i * kQK;
+        BlockIQ4_NL b{};
+        if (!all_finite(xb)) {
+            b.d = kF16NaN;
+            store_block(dst + i * sizeof b, b);
+            continue;
+        }
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < kQK; ++j) {
+            if (std::fabs(xb[j]) > amax) {
+                amax = std::fabs(xb[j]);
+                max = xb[j];
+            }
+        }
+        float d = 0.0f;
+        if (amax >= kGroupMaxEps) {
+            const float id = 1.0f / (max / kIQ4NLValues[0]);
+            float sumqx = 0.0f, sumq2 = 0.0f;
+            for (int j = 0; j < kQK; ++j) {
+                const int l = nearest_iq4nl_level(id * xb[j]);
+                codes[j] = static_cast<uint8_t>(l);
+                const float q = kIQ4NLValues[l];
+                const float w = xb[j] * xb[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            d = sumqx / sumq2;
+        }
+        b.d = f32_to_f16(d);
+        for (int j = 0; j < kQK / 2; ++j) b.qs[j] = static_cast<uint8_t>(codes[j] | (codes[kQK / 2 + j] << 4));
+        store_block(dst + i * sizeof b, b);
+    }
+}
+
 inline void unpack_nibbles(const uint8_t* qs, int8_t q[kQK], int offset) {
     for (int j = 0; j < kQK / 2; ++j) {
         q[j] = static_cast<int8_t>((qs[j] & 0x0F) - offset);
@@ -201,6 +259,19 @@ struct LayoutQ5_1 {
     static float m(const Block& b) { return f16_to_f32(b.m); }
 };
 
+struct LayoutIQ4_NL {
+    using Block = BlockIQ4_NL;
+    static constexpr bool has_min = false;
+    static void unpack(const Block& b, int8_t q[kQK]) {
+        for (int j = 0; j < kQK / 2; ++j) {
+            q[j] = kIQ4NLValues[b.qs[j] & 0x0F];
+            q[j + kQK / 2] = kIQ4NLValues[b.qs[j] >> 4];
+        }
+    }
+    static float d(const Block& b) { return f16_to_f32(b.d); }
+    static float m(const Block&) { return 0.0f; }
+};
+
 template <class L>
 constexpr BlockKernels make_kernels(void (*quantize)(const float*, uint8_t*, int64_t)) {
     return {quantize, dequantize_blocks<L>, prepare_query_q8, score_blocks<L>, accumulate_blocks<L>};
@@ -237,5 +308,6 @@ const BlockKernels kScalarQ4_0 = make_kernels<LayoutQ4_0>(quantize_sym<4>);
 const BlockKernels kScalarQ4_1 = make_kernels<LayoutQ4_1>(quantize_asym<4>);
 const BlockKernels kScalarQ5_0 = make_kernels<LayoutQ5_0>(quantize_sym<5>);
 const BlockKernels kScalarQ5_1 = make_kernels<LayoutQ5_1>(quantize_asym<5>);
+const BlockKernels kScalarIQ4_NL = make_kernels<LayoutIQ4_NL>(quantize_iq4_nl);
 
 }  // namespace kvq::detail

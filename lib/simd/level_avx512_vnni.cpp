@@ -1,0 +1,22 @@
+// The avx512 level: AVX-512 F/BW/VL/DQ (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq, plus the
+// AVX2/FMA/F16C every such CPU has), and AVX512-VNNI: the int8 dot products of the block scores take vpdpbusd
+// (ops_avx2.hpp). dispatch.cpp takes this file's table for the avx512 level where the CPU has VNNI.
+// The block-codec kernels, the softmax and the primitive checks come from kernels_impl.hpp; this file
+// picks the instruction set (and, where it has them, the polar/turbo kernels).
+#include "dispatch.hpp"
+#include "ops_avx512.hpp"
+#include "kernels_impl.hpp"
+#include "rotated_avx2.hpp"
+
+namespace kvq::detail {
+
+const LevelKernels& level_avx512_vnni() {
+    static const LevelKernels kernels = [] {
+        LevelKernels k = simd::make_level<xsimd::avx512bw>();
+        k.rotated = simd::rotated_kernels_avx2();  // polar and turbo: 256-bit kernels at this level too
+        return k;
+    }();
+    return kernels;
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Checks kvq's include graph: every #include in lib/ points to the same folder or one below it.
+
+The layers, bottom to top (docs/DESIGN.md, "Layers"): util, spec, rotation, simd, codec, attention, cache,
+check, capi form the engine library; eval is the research library above it. Public headers
+(include/kvq/) include only public headers. Prints each arrow that points up and exits 1 if there is one.
+"""
+import pathlib
+import re
+import sys
+
+ORDER = ["util", "spec", "rotation", "simd", "codec", "attention", "cache", "check", "capi", "eval"]
+RANK = {name: i for i, name in enumerate(ORDER)}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def target_folder(source: pathlib.Path, include: str, lib: pathlib.Path):
+    if include.startswith("kvq/"):
+        return "public"
+    path = (source.parent / include).resolve()
+    if not path.exists():
+        path = (lib / include).resolve()  # "spec/half.hpp" from lib/'s include root
+    try:
+        return path.relative_to(lib).parts[0]
+    except ValueError:
+        return None
+
+
+def main() -> int:
+    root = pathlib.Path(__file__).resolve().parent.parent
+    lib = root / "lib"
+    bad = []
+    for source in sorted(lib.glob("*/*.[ch]pp")):
+        folder = source.parent.name
+        if folder not in RANK:
+            bad.append(f"{source.relative_to(root)}: folder '{folder}' is not a known layer")
+            continue
+        for include in INCLUDE.findall(source.read_text()):
+            to = target_folder(source, include, lib)
+            if to in (None, "public", folder):
+                continue
+            if to not in RANK or RANK[to] > RANK[folder]:
+                bad.append(f"{source.relative_to(root)} ({folder}) includes {include} ({to}): points up")
+    for header in sorted((root / "include" / "kvq").glob("*")):
+        for include in INCLUDE.findall(header.read_text()):
+            if not include.startswith("kvq/"):
+                bad.append(f"{header.relative_to(root)} includes {include}: public headers include only kvq/")
+    for line in bad:
+        print(line)
+    print(f"layers: {len(bad)} arrow(s) pointing up" if bad else "layers: every include points down")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
