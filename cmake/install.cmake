@@ -1,5 +1,6 @@
-# cmake --install: headers, libkvq.a and libkvq.so, a CMake package (find_package(kvq CONFIG), targets
-# kvq::kvq = shared, kvq::kvq_static = static) and a pkg-config file. Both are relocatable, so
+# cmake --install: headers, libkvq.a and libkvq.so (the engine), libkvq_research.a, a CMake package
+# (find_package(kvq CONFIG), targets kvq::kvq = shared engine, kvq::kvq_static = static engine,
+# kvq::research = the research library on the static engine) and a pkg-config file (the engine). Both are relocatable, so
 # `cmake --install build --prefix DIR` works for any DIR. Eigen and xsimd are build-time only: the
 # installed package depends on nothing but Threads.
 include(GNUInstallDirs)
@@ -8,9 +9,10 @@ include(CMakePackageConfigHelpers)
 set(KVQ_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvq)
 set_target_properties(kvq PROPERTIES EXPORT_NAME kvq_static)
 set_target_properties(kvq_shared PROPERTIES EXPORT_NAME kvq)
+set_target_properties(kvq_research PROPERTIES EXPORT_NAME research)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/kvq DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS kvq kvq_shared EXPORT kvqTargets
+install(TARGETS kvq kvq_shared kvq_research EXPORT kvqTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

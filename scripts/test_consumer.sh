@@ -15,6 +15,7 @@ cmake --build "$tmp/build" >/dev/null
 "$tmp/build/consumer_c"
 "$tmp/build/consumer_cpp"
 "$tmp/build/consumer_cpp_shared" >/dev/null
+"$tmp/build/consumer_research"
 
 # The README's pkg-config command, as the README prints it (its /opt/kvq prefix and engine.c replaced by
 # this install and the consumer), must build a binary that starts: the README says how it finds

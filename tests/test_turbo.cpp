@@ -115,7 +115,7 @@ TEST_CASE("the split codecs sit between their two widths") {
     const auto x = unit_rows(n, d, 43);
     auto mse = [&](const char* spec) {
         const Codec c = Codec::make(spec, d);
-        return mean_squared_error(c.impl(), x, n);
+        return mean_squared_error(kvq::detail::impl_of(c), x, n);
     };
     const double t2 = mse("turbo2"), t25 = mse("turbo2.5"), t3 = mse("turbo3"), t35 = mse("turbo3.5"), t4 = mse("turbo4");
     MESSAGE("turbo2 " << t2 << ", turbo2.5 " << t25 << ", turbo3 " << t3 << ", turbo3.5 " << t35 << ", turbo4 " << t4);

@@ -39,8 +39,10 @@ namespace kvq {
 
 inline constexpr uint64_t kDefaultSeed = 0x6b76715f726f7421ull;  // "kvq_rot!"
 
+class Codec;
 namespace detail {
 class CodecImpl;
+const CodecImpl& impl_of(const Codec& c);  // the library's own access to a codec's implementation
 }
 
 // What happens to NaN or Inf in rows or queries.
@@ -137,9 +139,8 @@ public:
     // q8_0 round trip). With it, score_rows equals effective_query · dequantize_rows to float rounding.
     void effective_query(const float* q, float* out) const;
 
-    const detail::CodecImpl& impl() const { return *impl_; }
-
 private:
+    friend const detail::CodecImpl& detail::impl_of(const Codec& c);
     void check_range(const float* x, size_t n_rows) const;  // throws for a row beyond input_limit()
 
     std::shared_ptr<const detail::CodecImpl> impl_;

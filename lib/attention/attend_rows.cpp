@@ -53,8 +53,8 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
         vb[b] = const_cast<uint8_t*>(static_cast<const uint8_t*>(v.data)) + b * kChunkTokens * v.token_stride;
     }
     detail::RowSource src;
-    src.key = &keys.impl();
-    src.value = &values.impl();
+    src.key = &detail::impl_of(keys);
+    src.value = &detail::impl_of(values);
     src.layout.block_tokens = static_cast<int>(kChunkTokens);
     src.layout.k_head_stride = k.head_stride;
     src.layout.v_head_stride = v.head_stride;

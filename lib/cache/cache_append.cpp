@@ -146,10 +146,10 @@ void KVCache::Impl::write_rows(detail::LayerState& st, size_t block_index, size_
             const float* src = k + (t * n_kv + h) * d;
             for (int j = 0; j < d; ++j) rows[t * d + j] = mean ? src[j] - detail::f16_to_f32(mean[j]) : src[j];
         }
-        key.impl().quantize_rows(rows.data(), n, block + layout.k_offset + h * layout.k_head_stride + row * key.row_bytes(),
+        detail::impl_of(key).quantize_rows(rows.data(), n, block + layout.k_offset + h * layout.k_head_stride + row * key.row_bytes(),
                                  key.row_bytes());
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
-        value.impl().quantize_rows(rows.data(), n,
+        detail::impl_of(value).quantize_rows(rows.data(), n,
                                    block + layout.v_offset + h * layout.v_head_stride + row * value.row_bytes(),
                                    value.row_bytes());
     }
@@ -176,8 +176,8 @@ void KVCache::Impl::seal(detail::LayerState& st, uint8_t* block) const {
             }
             k = centered.data();
         }
-        key.impl().quantize_rows(k, bt(), block + layout.k_offset + h * layout.k_head_stride, key.row_bytes());
-        value.impl().quantize_rows(staged_v + h * rows_per_head, bt(), block + layout.v_offset + h * layout.v_head_stride,
+        detail::impl_of(key).quantize_rows(k, bt(), block + layout.k_offset + h * layout.k_head_stride, key.row_bytes());
+        detail::impl_of(value).quantize_rows(staged_v + h * rows_per_head, bt(), block + layout.v_offset + h * layout.v_head_stride,
                                    value.row_bytes());
     }
 }

@@ -71,8 +71,8 @@ size_t KVCache::Impl::row_sources(const detail::LayerState& st, size_t lo, size_
     if (const size_t a = std::max(lo, st.first_pos), b = std::min(hi, pool_end); a < b) {
         const size_t b0 = (a - st.first_pos) / bt, b1 = (b - st.first_pos + bt - 1) / bt;
         auto& s = sources[n_sources++];
-        s.key = &key.impl();
-        s.value = &value.impl();
+        s.key = &detail::impl_of(key);
+        s.value = &detail::impl_of(value);
         s.layout = layout;
         s.blocks = std::span<uint8_t* const>(st.data).subspan(b0, b1 - b0);
         s.first_row = (a - st.first_pos) % bt;
@@ -82,8 +82,8 @@ size_t KVCache::Impl::row_sources(const detail::LayerState& st, size_t lo, size_
     *staging_slot = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(st.staging.data()));
     if (const size_t a = std::max(lo, pool_end); a < hi) {
         auto& s = sources[n_sources++];
-        s.key = &exact.impl();
-        s.value = &exact.impl();
+        s.key = &detail::impl_of(exact);
+        s.value = &detail::impl_of(exact);
         s.layout = staging_layout;
         s.blocks = std::span<uint8_t* const>(staging_slot, 1);
         s.first_row = a - pool_end;

@@ -69,6 +69,8 @@ CodecInfo codec_info(std::string_view name) {
 
 bool all_finite(const float* x, size_t n) { return detail::all_finite(x, n); }
 
+const detail::CodecImpl& detail::impl_of(const Codec& c) { return *c.impl_; }
+
 CodecSpec parse_codec_spec(std::string_view spec) {
     std::string_view base = spec;
     CodecSpec parsed;
