@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
         for (float& v : x) v = sigma * normal(rng);
         return x;
     };
-    // Query scale 2: the softmax is peaked but not one-hot (as in kvq-accuracy).
+    // Query scale 2: the softmax is peaked but not one-hot.
     const auto q = gaussian(size_t(n_q) * d, 2.0f), k = gaussian(n_rows * d, 1.0f), v = gaussian(n_rows * d, 1.0f);
     const kvq::Codec f32 = kvq::Codec::make("f32", d);
 

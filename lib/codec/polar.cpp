@@ -1,4 +1,5 @@
-// Scalar specification of the polar codec (layout and maths in polar.hpp).
+// The polar codec (layout and maths in polar.hpp): quantize, dequantize and the prepared query, with its
+// score and accumulate from the active level's rotated kernels (specification: lib/spec/rotated_scalar.cpp).
 #include "polar.hpp"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// Scalar specification of the TurboQuant codecs (layout and maths in turbo.hpp).
+// The TurboQuant codecs (layout and maths in turbo.hpp): quantize, dequantize and the prepared query, with
+// score and accumulate from the active level's rotated kernels (specification: lib/spec/rotated_scalar.cpp).
 #include "turbo.hpp"
 
 #include <algorithm>

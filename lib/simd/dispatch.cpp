@@ -11,10 +11,8 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
-#if defined(KVQ_SIMD_X86)
-#include <cpuid.h>
-#endif
 
+#include "cpu_levels.hpp"
 #include "selfcheck.hpp"
 
 namespace kvq {
@@ -76,69 +74,6 @@ void fill_missing(LevelKernels& k, const LevelKernels& spec) {
     fill(k.softmax, spec.softmax);
 }
 
-#if defined(KVQ_SIMD_X86)
-bool cpu_has_avx512_vnni() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni");
-}
-#endif
-
-// The kernels compiled for a level in this build (nullptr if none), whether or not this CPU can run them.
-const LevelKernels* compiled_level(SimdLevel level) {
-    switch (level) {
-#if defined(KVQ_SIMD_X86)
-        case SimdLevel::sse2: return &level_sse2();
-        case SimdLevel::avx2: return &level_avx2();
-        // By capability: the VNNI build of the level where the CPU has AVX512-VNNI (its int8 dot products).
-        case SimdLevel::avx512: return cpu_has_avx512_vnni() ? &level_avx512_vnni() : &level_avx512();
-#elif defined(KVQ_SIMD_NEON)
-        case SimdLevel::neon: return &level_neon();
-#endif
-        default: return nullptr;
-    }
-}
-
-bool compiled(SimdLevel level) {
-    switch (level) {
-        case SimdLevel::scalar: return true;
-#if defined(KVQ_SIMD_X86)
-        case SimdLevel::sse2:
-        case SimdLevel::avx2:
-        case SimdLevel::avx512: return true;
-#elif defined(KVQ_SIMD_NEON)
-        case SimdLevel::neon: return true;
-#endif
-        default: return false;
-    }
-}
-
-#if defined(KVQ_SIMD_X86)
-// clang (14) has no "f16c" for __builtin_cpu_supports: read the cpuid bit itself.
-bool cpu_has_f16c() {
-    unsigned eax, ebx, ecx, edx;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-}
-#endif
-
-bool cpu_runs(SimdLevel level) {
-    switch (level) {
-        case SimdLevel::scalar: return true;
-#if defined(KVQ_SIMD_X86)
-        case SimdLevel::sse2: return __builtin_cpu_supports("sse2");
-        // __builtin_cpu_supports reads cpuid and also checks that the OS saves the wide registers.
-        case SimdLevel::avx2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-        case SimdLevel::avx512:
-            return cpu_runs(SimdLevel::avx2) && __builtin_cpu_supports("avx512f") &&
-                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                   __builtin_cpu_supports("avx512dq");
-#elif defined(KVQ_SIMD_NEON)
-        case SimdLevel::neon: return true;  // part of every arm64 CPU
-#endif
-        default: return false;
-    }
-}
-
 struct LevelState {
     bool present = false;      // compiled, and this CPU runs it
     bool own_rotated = false;  // has polar/turbo kernels of its own
@@ -157,9 +92,7 @@ struct Dispatch {
     std::string reason;
 
     Dispatch() {
-#if defined(KVQ_SIMD_X86)
-        __builtin_cpu_init();  // may run before libgcc's own initializer (static initialization order)
-#endif
+        cpu_init();  // may run before libgcc's own initializer (static initialization order)
         const LevelKernels spec = scalar_level();
         for (SimdLevel l : kAllLevels) {
             LevelState& s = levels[static_cast<int>(l)];
@@ -245,11 +178,7 @@ int active_index() {
         // is the default where both run, unless the CPU has AVX512-VNNI: that build of the level
         // (vpdpbusd scores, 512-bit value accumulate) measured as fast for f16/f16 and q8_0/q4_0 at 32k
         // with 2 threads, 1.25x for q8_0/q8_0, and 1.2x for q8_0/q4_0 on one thread in cache (issue #19).
-        bool vnni = false;
-#if defined(KVQ_SIMD_X86)
-        vnni = cpu_has_avx512_vnni();
-#endif
-        if (wanted == SimdLevel::avx512 && vnni) {
+        if (wanted == SimdLevel::avx512 && cpu_has_avx512_vnni()) {
             why = "the fastest level this CPU runs (with AVX512-VNNI)";
         } else if (wanted == SimdLevel::avx512 && d.levels[static_cast<int>(SimdLevel::avx2)].present) {
             wanted = SimdLevel::avx2;

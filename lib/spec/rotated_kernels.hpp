@@ -1,6 +1,6 @@
-// The score and accumulate kernels of the always-rotated codecs (turbo.hpp, polar.hpp), over plain
-// descriptions of their row layouts. The scalar set (turbo_scalar.cpp, polar_scalar.cpp) is the
-// specification; SIMD levels (lib/simd/) may provide their own set, which must agree to float rounding.
+// The score and accumulate kernels of the always-rotated codecs (lib/codec/turbo.hpp, polar.hpp), over
+// plain descriptions of their row layouts. The scalar set (rotated_scalar.cpp) is the specification;
+// SIMD levels (lib/simd/) may provide their own set, which must agree to float rounding.
 // Kernels never throw and never allocate.
 #pragma once
 

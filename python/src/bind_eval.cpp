@@ -62,7 +62,7 @@ py::dict plan_row_dict(const MemoryPlan& r, bool mla) {
                     "error"_a = r.error);
 }
 
-// A plan kept whole so that its text forms come from the same C++ formatter as kvq-cli's.
+// A plan kept whole so that its text forms come from the C++ formatter (lib/eval/report.cpp).
 struct Plan {
     ModelShape model;
     PlanOptions options;

@@ -218,13 +218,42 @@ def test_propagate_keeps_nan_to_the_heads_that_read_it(rng):
     (dict(max_blocks=-1), "max_blocks must be >= 0"),
     (dict(seal="sometimes"), "seal must be"),
     (dict(nan_policy="ignore"), "nan_policy must be"),
-    (dict(scale=-1.0), "scale must be positive"),
+    (dict(scale=-1.0), "scale must be finite and >= 0"),
     (dict(sliding_window="wide"), "sliding_window must be"),
     (dict(block_tokens=0), "block_tokens"),
+    (dict(block_tokens=5000), "block_tokens must be in 1..4096"),
 ])
 def test_bad_configurations_are_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         kvq.KVCache(1, KV, D, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(key_codec="q3_0"), kvq.UnknownCodec),
+    (dict(value_codec="polar:L=9"), kvq.BadParams),
+    (dict(key_codec="q4_0:x=1"), kvq.BadParams),
+    (dict(n_heads=3), kvq.BadParams),
+    (dict(block_tokens=0), kvq.BadParams),
+])
+def test_configuration_errors_have_their_types(kwargs, error):
+    # The same rules and types as C++ (kvq::validate_config) and C (one status per type).
+    with pytest.raises(error):
+        kvq.KVCache(1, KV, D, **kwargs)
+    with pytest.raises(kvq.BadHeadDim):
+        kvq.KVCache(1, KV, 48, key_codec="q4_0")
+
+
+def test_scale_zero_is_the_default_scale_as_in_cpp_and_c(rng):
+    k, v = kv(rng, 40)
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    outs = []
+    for scale in (None, 0.0, 1.0 / np.sqrt(D)):
+        cache = kvq.KVCache(1, KV, D, H, scale=scale)
+        cache.add_sequence()
+        cache.append(0, k, v)
+        outs.append(cache.attend(0, q))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
 
 
 def test_the_configuration_reads_back():

@@ -67,7 +67,16 @@ def test_bytes_and_values_equal_ggml_on_its_oracle_rows(name, ggml_data):
         with pytest.raises(ValueError, match="beyond the codec's range"):
             kvq.quantize(x, name)
     codes = kvq.quantize(x, name, nan_policy="propagate")
-    mismatched = np.flatnonzero((codes != expected).any(axis=1))
+    differs = codes != expected
+    if name == "iq4_nl":
+        # Blocks below ggml's eps store d = 0, with codes ggml leaves as its buffer held them (indeterminate;
+        # kvq writes zeros): only their scale is compared.
+        blocks = expected.reshape(len(x), -1, 18)
+        zero_scale = (blocks[:, :, 0] == 0) & ((blocks[:, :, 1] & 0x7F) == 0)
+        differs = differs.reshape(blocks.shape)
+        differs[:, :, 2:] &= ~zero_scale[:, :, None]
+        differs = differs.reshape(codes.shape)
+    mismatched = np.flatnonzero(differs.any(axis=1))
     assert mismatched.size == 0, f"{name}: rows {mismatched[:10]} differ from ggml's bytes"
     values = kvq.dequantize(expected, name, x.shape[1])
     if (DATA / t["dequant"]).exists():

@@ -1,0 +1,245 @@
+// The score kernels of the block codecs: the g queries of a GQA group go through each key row together;
+// rows are taken in chunks that stay in cache while several query groups pass over them. Quantized keys
+// are scored as ggml does: an integer dot product per 32-value block against the int8 query, then one fma
+// per block in fp32. Included by kernels_impl.hpp in one level's file.
+#pragma once
+
+#include <algorithm>
+
+#include "layouts_impl.hpp"
+
+namespace kvq::simd {
+namespace {
+
+template <class A, class L, int G>
+void score_group(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
+                 int64_t nb, float* const* out) {
+    using O = Ops<A>;
+    using FD = xsimd::batch<float, typename O::DotArch>;
+    for (size_t r = 0; r < n_rows; ++r) {
+        const auto* blk = reinterpret_cast<const typename L::Block*>(rows + r * row_stride);
+        FD acc[G];
+        float acc_min[G] = {};
+        for (int i = 0; i < G; ++i) acc[i] = FD(0.0f);
+        for (int64_t b = 0; b < nb; ++b) {
+            const auto key = O::key(L::template bytes<O>(blk[b]));
+            const float dk = O::f16_value(blk[b].d);
+            for (int i = 0; i < G; ++i) {
+                const auto& q = reinterpret_cast<const BlockQ8Query*>(prep[i])[b];
+                acc[i] = xsimd::fma(O::dot(key, q.qs), FD(dk * q.d), acc[i]);
+                if constexpr (L::has_min) acc_min[i] += offset_of<O, L>(blk[b]) * q.s;
+            }
+        }
+        float s[G];
+        Ops<typename O::DotArch>::reduce_add_rows(acc, G, s);
+        for (int i = 0; i < G; ++i) out[i][r] = s[i] + acc_min[i];
+    }
+}
+
+inline constexpr int64_t kMaxGroupBlocks = 64;  // head_dim <= 2048: the group's block scales fit on the stack
+// score_group4 and score_group4_pairs prefetch key rows kPrefetchBytes ahead: measured on one AVX2 thread,
+// 10-20% from memory (the hardware prefetcher alone leaves the row loop waiting part of the time).
+inline constexpr size_t kPrefetchBytes = 2048;
+
+
+// Four queries at once, in one register: per key block, the four integer dot products are transposed into
+// one vector (lane i of each 128-bit half holds query i), converted once and scaled by dk·[dq of each
+// query]; nibble codes are taken unsigned (maddubs needs no sign trick) and their offset or minimum comes
+// back per block as bias·[s of each query]. NB > 0 fixes the block count (d = 128: 4) so the block loop
+// unrolls.
+template <class A, class L, int NB = 0>
+void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
+                  int64_t nb_run, float* const* out) {
+    const int64_t nb = NB > 0 ? NB : nb_run;
+    using O = Ops<A>;
+    using FD = xsimd::batch<float, typename O::DotArch>;
+    constexpr int N = static_cast<int>(FD::size);
+    static_assert(N % 4 == 0);
+    const BlockQ8Query* q[4];
+    for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep[i]);
+    alignas(64) float dq[kMaxGroupBlocks][N], sq[kMaxGroupBlocks][N];
+    assert(n_rows <= kRowChunk);
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int l = 0; l < N; ++l) {
+            dq[b][l] = q[l % 4][b].d;
+            // the halves of acc each hold part of a dot; the bias goes in once
+            if constexpr (L::unsigned_raw) sq[b][l] = l < 4 ? q[l][b].s * L::kBiasScale : 0.0f;
+        }
+    }
+    // VNNI, signed keys: the part of each block's sums that the unsigned key adds (ops_avx2.hpp)
+    constexpr bool vnni = requires { O::kVnni; };
+    typename O::IDot offset[vnni ? kMaxGroupBlocks : 1];
+    if constexpr (vnni) {
+        if constexpr (!L::unsigned_raw) {
+            for (int64_t b = 0; b < nb; ++b) {
+                const int8_t* y[4] = {q[0][b].qs, q[1][b].qs, q[2][b].qs, q[3][b].qs};
+                offset[b] = O::dot4_signed_offset(O::zero_bytes(), y);
+            }
+        }
+    }
+    using Block = typename L::Block;
+    // acc (+ bias) += block b of row blk against the four queries
+    auto step = [&](const Block* blk, int64_t b, FD& acc, FD& bias) {
+        const float dk = O::f16_value(blk[b].d);
+        const int8_t* y[4] = {q[0][b].qs, q[1][b].qs, q[2][b].qs, q[3][b].qs};
+        typename O::IDot p;
+        if constexpr (L::unsigned_raw) {
+            p = O::dot4_unsigned(O::ukey(L::template raw<O>(blk[b])), y);
+            bias = xsimd::fma(FD(L::template bias<O>(blk[b], dk)), FD::load_aligned(sq[b]), bias);
+        } else if constexpr (requires { O::kVnni; }) {
+            p = O::idot_sub(O::dot4_signed_offset(L::template raw<O>(blk[b]), y), offset[b]);
+        } else {
+            p = O::dot4_signed(O::key(L::template raw<O>(blk[b])), y);
+        }
+        acc = xsimd::fma(O::dot_to_f32(p), FD(dk) * FD::load_aligned(dq[b]), acc);
+    };
+    alignas(64) float result[kRowChunk][N];
+    // 256-bit dot products (AVX2, AVX-512): two rows per step, more independent work between the loads;
+    // 128-bit ones keep one row per step (their four-query sums need more registers).
+    constexpr size_t R = N == 8 ? 2 : 1;
+    size_t r = 0;
+    for (; r + R <= n_rows; r += R) {
+        const uint8_t* row = rows + r * row_stride;
+        for (size_t ahead = 0; ahead < R * row_stride; ahead += 64) __builtin_prefetch(row + kPrefetchBytes + ahead);
+        FD acc[R], bias[R];
+        for (size_t k = 0; k < R; ++k) acc[k] = bias[k] = FD(0.0f);
+        for (int64_t b = 0; b < nb; ++b) {
+            for (size_t k = 0; k < R; ++k) step(reinterpret_cast<const Block*>(row + k * row_stride), b, acc[k], bias[k]);
+        }
+        for (size_t k = 0; k < R; ++k) (acc[k] + bias[k]).store_aligned(result[r + k]);
+    }
+    for (; r < n_rows; ++r) {
+        const auto* blk = reinterpret_cast<const Block*>(rows + r * row_stride);
+        FD acc(0.0f), bias(0.0f);
+        for (int64_t b = 0; b < nb; ++b) step(blk, b, acc, bias);
+        (acc + bias).store_aligned(result[r]);
+    }
+    if constexpr (N == 8 && requires { O::store_half_sums4(result, n_rows, out); }) {
+        O::store_half_sums4(result, n_rows, out);
+    } else {
+        for (int i = 0; i < 4; ++i) {
+            for (size_t rr = 0; rr < n_rows; ++rr) {
+                float total = result[rr][i];
+                for (int l = i + 4; l < N; l += 4) total += result[rr][l];
+                out[i][rr] = total;
+            }
+        }
+    }
+}
+
+// q4_0 keys and four queries, two key blocks per register where Ops has block pairs (AVX2: one block per
+// 128-bit half, so a block's low and high nibbles each fill a register without shuffles and the four
+// queries' sums need half the horizontal adds). The query blocks are rearranged once per chunk to match.
+// Per block pair: s = the integer dot products, and score += dk · (dq·s − 8·dq·Σy) in fp32. Two rows per
+// step share the query loads; NB > 0 fixes the block count (d = 128: 4) so the block loop unrolls.
+
+template <class A, class L, int NB>
+void score_group4_pairs(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
+                        int64_t nb_run, float* const* out) {
+    static_assert(std::is_same_v<L, LayoutQ4_0>);
+    using O = Ops<A>;
+    using FD = xsimd::batch<float, typename O::DotArch>;
+    static_assert(FD::size == 8);
+    const int64_t nb = NB > 0 ? NB : nb_run;
+    assert(nb % 2 == 0 && nb <= kMaxGroupBlocks && n_rows <= kRowChunk);
+    const BlockQ8Query* q[4];
+    for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep[i]);
+    alignas(32) int8_t ylo[kMaxGroupBlocks / 2][4][32], yhi[kMaxGroupBlocks / 2][4][32];
+    alignas(32) float dq[kMaxGroupBlocks / 2][8], sq[kMaxGroupBlocks / 2][8];
+    for (int64_t p = 0; p < nb / 2; ++p) {
+        for (int i = 0; i < 4; ++i) {
+            for (int h = 0; h < 2; ++h) {
+                const BlockQ8Query& y = q[i][2 * p + h];
+                std::memcpy(&ylo[p][i][16 * h], y.qs, 16);
+                std::memcpy(&yhi[p][i][16 * h], y.qs + 16, 16);
+                dq[p][4 * h + i] = y.d;
+                sq[p][4 * h + i] = y.s * L::kBiasScale;
+            }
+        }
+    }
+    using Block = typename L::Block;
+    // acc += (dk of blocks 2p, 2p+1) · (s·dq + bias·Σy) for row blk
+    auto step = [&](const Block* blk, int64_t p, FD acc) {
+        typename O::UKey lo, hi;
+        O::load_nibble_pair(blk[2 * p].qs, blk[2 * p + 1].qs, lo, hi);
+        FD s;
+        if constexpr (requires { O::kVnni; }) {
+            s = O::dot_to_f32(O::dot4_pair_vnni(lo, hi, ylo[p], yhi[p]));
+        } else {
+            s = O::dot_to_f32(O::dot4_pair(lo, hi, ylo[p], yhi[p]));
+        }
+        return xsimd::fma(O::f16_pair(blk[2 * p].d, blk[2 * p + 1].d),
+                          xsimd::fma(s, FD::load_aligned(dq[p]), FD::load_aligned(sq[p])), acc);
+    };
+    alignas(32) float result[kRowChunk][8];
+    size_t r = 0;
+    for (; r + 2 <= n_rows; r += 2) {
+        const uint8_t* row = rows + r * row_stride;
+        for (size_t ahead = 0; ahead < 2 * row_stride; ahead += 64) __builtin_prefetch(row + kPrefetchBytes + ahead);
+        const auto* blk0 = reinterpret_cast<const Block*>(row);
+        const auto* blk1 = reinterpret_cast<const Block*>(row + row_stride);
+        FD acc0(0.0f), acc1(0.0f);
+        for (int64_t p = 0; p < nb / 2; ++p) {
+            acc0 = step(blk0, p, acc0);
+            acc1 = step(blk1, p, acc1);
+        }
+        acc0.store_aligned(result[r]);
+        acc1.store_aligned(result[r + 1]);
+    }
+    for (; r < n_rows; ++r) {
+        const auto* blk = reinterpret_cast<const Block*>(rows + r * row_stride);
+        FD acc(0.0f);
+        for (int64_t p = 0; p < nb / 2; ++p) acc = step(blk, p, acc);
+        acc.store_aligned(result[r]);
+    }
+    O::store_half_sums4(result, n_rows, out);
+}
+
+template <class O>
+constexpr bool has_block_pairs() {
+    if constexpr (requires { O::kBlockPairs; }) {
+        return O::kBlockPairs;
+    } else {
+        return false;
+    }
+}
+
+template <class A, class L>
+struct ScoreBlocks {
+    template <int G>
+    struct Pass {
+        static void run(int i0, const uint8_t* prep, size_t prep_bytes, const uint8_t* rows, size_t row_stride,
+                        size_t n_rows, int64_t nb, float* scores, size_t score_stride) {
+            const uint8_t* p[G];
+            float* out[G];
+            for (int i = 0; i < G; ++i) {
+                p[i] = prep + (i0 + i) * prep_bytes;
+                out[i] = scores + (i0 + i) * score_stride;
+            }
+            if constexpr (G == 4) {
+                if constexpr (std::is_same_v<L, LayoutQ4_0> && has_block_pairs<Ops<A>>()) {
+                    if (nb % 2 == 0 && nb <= kMaxGroupBlocks) {
+                        if (nb == 4) return score_group4_pairs<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
+                        return score_group4_pairs<A, L, 0>(p, rows, row_stride, n_rows, nb, out);
+                    }
+                }
+                if constexpr (std::is_same_v<L, LayoutQ8_0>) {
+                    if (nb == 4) return score_group4<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
+                }
+                if (nb <= kMaxGroupBlocks) return score_group4<A, L>(p, rows, row_stride, n_rows, nb, out);
+            }
+            score_group<A, L, G>(p, rows, row_stride, n_rows, nb, out);
+        }
+    };
+    static void score(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows, size_t row_stride,
+                      size_t n_rows, int64_t n, float* scores, size_t score_stride) {
+        for (size_t r0 = 0; r0 < n_rows; r0 += kRowChunk) {
+            const size_t rn = std::min(kRowChunk, n_rows - r0);
+            for_query_groups<kScoreGroup, Pass>(n_q, prep, prep_bytes, rows + r0 * row_stride, row_stride, rn,
+                                   n / kQK, scores + r0, score_stride);
+        }
+    }
+};
+
+}  // namespace
+}  // namespace kvq::simd
