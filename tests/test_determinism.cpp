@@ -2,7 +2,7 @@
 // (quantized rows, prepared queries, dequantized values), on ordinary rows and on the edge rows (zeros,
 // subnormals, values at the codec's range, NaN under NanPolicy::propagate). Attention from the cache is
 // bit-identical between two runs at the same level (score and accumulate may differ between levels by
-// float rounding only, which test_simd_parity.cpp bounds).
+// float rounding only, which test_simd_parity.cpp and test_simd_scores.cpp bound).
 #include <doctest/doctest.h>
 
 #include <cfloat>

@@ -1,6 +1,6 @@
 // Every SIMD level this CPU runs against the scalar specification at the edges: NaN/Inf anywhere,
-// every fp16 scale, rounding ties, the int16 limits of the dot products, every accumulate group and
-// chunk, decode-sized score calls. The general grid is kvq::selftest() (test_simd_selfcheck.cpp).
+// every fp16 scale, rounding ties, every accumulate group and chunk. The general grid is kvq::selftest()
+// (test_simd_selfcheck.cpp); the score kernels' edges are in test_simd_scores.cpp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,9 +16,11 @@
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"
 #include "simd/level_check.hpp"
+#include "simd_levels.hpp"
 
 using kvq::detail::BlockCodec;
 using kvq::detail::BlockKernels;
+using kvq::test::simd_levels;
 
 namespace {
 
@@ -38,20 +40,6 @@ std::vector<CodecCase> block_codecs() {
     return cases;
 }
 
-std::vector<kvq::SimdLevel> simd_levels() {
-    std::vector<kvq::SimdLevel> levels;
-    for (auto l : kvq::available_simd_levels()) {
-        if (l != kvq::SimdLevel::scalar) levels.push_back(l);
-    }
-    return levels;
-}
-
-std::vector<int> head_sizes(const CodecCase& c) {
-    if (c.block == 1) return {1, 7, 32, 33, 64, 100, 128, 250, 256};
-    return {32, 64, 96, 128, 160, 192, 224, 256};
-}
-
-using kvq::detail::same_float;
 std::vector<float> make_rows(size_t rows, int n, uint64_t seed, bool extreme) {
     return kvq::detail::parity_rows(rows, n, seed, extreme);
 }
@@ -284,133 +272,4 @@ TEST_CASE("finite_max_abs: the largest |x|, or NaN for any NaN or Inf, at every 
         }
     }
     kvq::force_simd_level(active);
-}
-
-namespace {
-
-// The scores of 4 queries with codes at ±127 (all +1, all −1, alternating, alternating times j % 7)
-// against the given key rows, at a level and in the specification: equal to float rounding, for scores
-// of at most n · `per_value` · |d·dq|.
-void check_limit_scores(const BlockKernels& ref, const BlockKernels& simd, const std::vector<uint8_t>& keys,
-                        size_t row_bytes, size_t rows, int n, double per_value) {
-    const int n_q = 4;
-    std::vector<float> q(n_q * n);
-    for (int i = 0; i < n_q; ++i) {
-        for (int j = 0; j < n; ++j) q[i * n + j] = i == 0 ? 1.0f : i == 1 ? -1.0f : (j % 2 ? 1.0f : -1.0f) * (i == 2 ? 1.0f : float(j % 7));
-    }
-    const size_t qbytes = size_t(n / 32) * 40;
-    std::vector<uint8_t> prep(n_q * qbytes);
-    for (int i = 0; i < n_q; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
-    std::vector<float> sa(n_q * rows), sb(n_q * rows);
-    ref.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sa.data(), rows);
-    simd.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sb.data(), rows);
-    size_t bad = 0;
-    for (size_t i = 0; i < sa.size(); ++i) bad += !close(sb[i], sa[i], 1e-6 * n * per_value + 1e-30);
-    CHECK_MESSAGE(bad == 0, bad << " scores differ");
-}
-
-}  // namespace
-
-TEST_CASE("q4 scores at the int16 limits: every nibble 15 or random, query codes ±127, 4 queries, even and odd block counts") {
-    for (auto level : simd_levels()) {
-        for (BlockCodec codec : {BlockCodec::q4_0, BlockCodec::q4_1}) {
-            const BlockKernels& ref = kvq::detail::scalar_kernels(codec);
-            const BlockKernels& simd = *kvq::detail::level_kernels(codec, level);
-            const int bpb = codec == BlockCodec::q4_0 ? 18 : 20;
-            for (int n : {32, 64, 96, 128, 256, 2048, 2080}) {
-                CAPTURE(kvq::simd_level_name(level));
-                CAPTURE(static_cast<int>(codec));
-                CAPTURE(n);
-                const size_t rows = 70, row_bytes = size_t(n / 32) * bpb;
-                std::vector<uint8_t> keys(rows * row_bytes);
-                std::mt19937 rng(n);
-                for (size_t r = 0; r < rows; ++r) {
-                    for (int b = 0; b < n / 32; ++b) {
-                        uint8_t* blk = keys.data() + r * row_bytes + b * bpb;
-                        const uint16_t d = 0x3C00 + static_cast<uint16_t>(rng() % 64);  // about 1.0
-                        std::memcpy(blk, &d, 2);
-                        if (bpb == 20) std::memcpy(blk + 2, &d, 2);
-                        for (int j = bpb - 16; j < bpb; ++j) blk[j] = r % 3 == 0 ? 0xFF : static_cast<uint8_t>(rng());
-                    }
-                }
-                check_limit_scores(ref, simd, keys, row_bytes, rows, n, 40.0);
-            }
-        }
-    }
-}
-
-TEST_CASE("q8_0 scores at the int16 limits: key codes -128, 127 or random, query codes ±127, 4 queries, every block count, odd rows") {
-    // maddubs pair sums reach 2·128·127 = 32512 here (the most a signed key can give without saturating).
-    for (auto level : simd_levels()) {
-        const BlockKernels& ref = kvq::detail::scalar_kernels(BlockCodec::q8_0);
-        const BlockKernels& simd = *kvq::detail::level_kernels(BlockCodec::q8_0, level);
-        for (int n : {32, 64, 96, 128, 256, 2048, 2080}) {
-            for (size_t rows : {size_t(1), size_t(33), size_t(70)}) {
-                CAPTURE(kvq::simd_level_name(level));
-                CAPTURE(n);
-                CAPTURE(rows);
-                const size_t row_bytes = size_t(n / 32) * 34;
-                std::vector<uint8_t> keys(rows * row_bytes);
-                std::mt19937 rng(n + rows);
-                for (size_t r = 0; r < rows; ++r) {
-                    for (int b = 0; b < n / 32; ++b) {
-                        uint8_t* blk = keys.data() + r * row_bytes + b * 34;
-                        const uint16_t d = 0x3C00 + static_cast<uint16_t>(rng() % 64);  // about 1.0
-                        std::memcpy(blk, &d, 2);
-                        for (int j = 2; j < 34; ++j) {
-                            blk[j] = r % 3 == 0 ? 0x80 : r % 3 == 1 ? (j % 2 ? 0x7F : 0x80) : static_cast<uint8_t>(rng());
-                        }
-                    }
-                }
-                check_limit_scores(ref, simd, keys, row_bytes, rows, n, 160.0);
-            }
-        }
-    }
-}
-
-TEST_CASE("block-codec scores in decode-sized calls: 1-8 queries, 1-65 rows, d = 96/128 at every level") {
-    // decode scores a block of 32 tokens per call; the d = 128 q8_0 kernel has its block loop unrolled.
-    for (auto level : simd_levels()) {
-        for (BlockCodec codec : {BlockCodec::q8_0, BlockCodec::q4_0}) {
-            const BlockKernels& ref = kvq::detail::scalar_kernels(codec);
-            const BlockKernels& simd = *kvq::detail::level_kernels(codec, level);
-            for (int n : {96, 128}) {
-                const size_t row_bytes = size_t(n / 32) * (codec == BlockCodec::q8_0 ? 34 : 18);
-                const size_t max_rows = 65;
-                std::mt19937 rng(n);
-                std::normal_distribution<float> dist(0.0f, 1.0f);
-                std::vector<float> x(max_rows * n), q(8 * n);
-                for (float& v : x) v = dist(rng);
-                for (float& v : q) v = dist(rng);
-                std::vector<uint8_t> keys(max_rows * row_bytes);
-                for (size_t r = 0; r < max_rows; ++r) ref.quantize(x.data() + r * n, keys.data() + r * row_bytes, n);
-                const size_t qbytes = size_t(n / 32) * 40;
-                std::vector<uint8_t> prep(8 * qbytes);
-                for (int i = 0; i < 8; ++i) ref.prepare_query(q.data() + i * n, prep.data() + i * qbytes, n);
-                for (int n_q = 1; n_q <= 8; ++n_q) {
-                    for (size_t rows : {size_t(1), size_t(2), size_t(3), size_t(5), size_t(31), size_t(32), size_t(33), size_t(64), size_t(65)}) {
-                        CAPTURE(kvq::simd_level_name(level));
-                        CAPTURE(static_cast<int>(codec));
-                        CAPTURE(n);
-                        CAPTURE(n_q);
-                        CAPTURE(rows);
-                        const size_t stride = rows + 3;
-                        std::vector<float> sa(n_q * stride, -1.0f), sb(n_q * stride, -1.0f);
-                        ref.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sa.data(), stride);
-                        simd.score(prep.data(), qbytes, n_q, keys.data(), row_bytes, rows, n, sb.data(), stride);
-                        size_t bad = 0;
-                        for (int i = 0; i < n_q; ++i) {
-                            for (size_t r = 0; r < stride; ++r) {
-                                const float a = sa[i * stride + r], b = sb[i * stride + r];
-                                double mag = 1.0;  // Σ|q·x| (the float inputs, about the quantized ones)
-                                for (int j = 0; j < n && r < rows; ++j) mag += std::fabs(double(q[i * n + j]) * x[r * n + j]);
-                                bad += r < rows ? !close(b, a, 4e-6 * mag) : b != -1.0f;
-                            }
-                        }
-                        CHECK_MESSAGE(bad == 0, bad << " scores differ (or written outside the rows)");
-                    }
-                }
-            }
-        }
-    }
 }

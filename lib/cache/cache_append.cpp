@@ -53,6 +53,84 @@ const float* check_rows(const float* x, const char* name, size_t n, int n_kv, in
     return clean.empty() ? x : clean.data();
 }
 
+// What an append of n tokens to a layer does to its block table, worked out before anything changes.
+struct AppendPlan {
+    size_t old_n, n_final;            // the layer's tokens before and after
+    size_t keep_from, keep_block;     // the first position (a block boundary) and block kept
+    size_t old_pool_end, new_pool_end;
+    bool staging;                     // SealPolicy::on_block_full
+    bool partial_pool_block;          // on_block_full: only after a truncate
+    size_t n_drop;                    // blocks at the front of the table given back
+    size_t n_new;                     // blocks added at the end
+    bool copy_last;                   // the partly filled last block is shared: written to a copy
+};
+
+AppendPlan plan_append(const KVCache::Impl& c, const detail::LayerState& st, int layer, size_t n) {
+    AppendPlan p;
+    const size_t bt = c.bt();
+    p.old_n = st.n_tokens;
+    p.n_final = p.old_n + n;
+    const size_t w = c.window(layer);
+    // Blocks that lie wholly before the window of the first token of this append (position old_n), by
+    // more than one block of slack, are never needed again: attend_prefill over the tokens of this append
+    // reads no further back, and decode after it reads less. They return to the pool here; tokens of a
+    // long append that fall out of the window only later stay until the next append. The slack lets
+    // truncate go back up to block_tokens tokens (speculative decoding).
+    const size_t blocks_before_window = w && p.old_n + 1 > w ? (p.old_n + 1 - w) / bt : 0;
+    p.keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
+    p.keep_block = p.keep_from / bt;
+    p.staging = c.cfg.seal == SealPolicy::on_block_full;
+    p.old_pool_end = st.pool_end();
+    p.partial_pool_block = p.old_pool_end % bt != 0;
+    p.new_pool_end = p.n_final;
+    if (p.staging) {
+        const size_t boundary = round_up(p.old_pool_end, bt);
+        p.new_pool_end = p.partial_pool_block && p.n_final <= boundary ? p.n_final : std::max(boundary, p.n_final / bt * bt);
+    }
+    const size_t first_block = st.first_pos / bt;
+    const size_t old_blocks_end = first_block + st.table.size();
+    p.n_drop = p.keep_block > first_block ? std::min(p.keep_block, old_blocks_end) - first_block : 0;
+    const size_t new_from = std::max(old_blocks_end, p.keep_block);
+    const size_t new_blocks_end = (p.new_pool_end + bt - 1) / bt;
+    p.n_new = new_blocks_end > new_from ? new_blocks_end - new_from : 0;
+    // The partly filled last block is copied before it is written if another sequence shares it.
+    p.copy_last = p.partial_pool_block && p.new_pool_end > p.old_pool_end && old_blocks_end - 1 >= p.keep_block &&
+                  c.pool->is_shared(st.table.back().id);
+    return p;
+}
+
+// The tokens into the layer's blocks as planned: quantized into a block (every append under on_append;
+// the partly filled block left by a truncate under on_block_full), or copied to the float staging and the
+// block sealed once it is full.
+void write_tokens(const KVCache::Impl& c, detail::LayerState& st, const AppendPlan& p, const float* k, const float* v) {
+    const size_t bt = c.bt();
+    const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim;
+    const size_t token_floats = static_cast<size_t>(n_kv) * d;
+    float* staged_k = st.staging.data();
+    float* staged_v = staged_k ? staged_k + c.staging_floats / 2 : nullptr;  // no staging under on_append
+    for (size_t pos = p.old_n; pos < p.n_final;) {
+        const size_t block = pos / bt, row = pos % bt;
+        const size_t end = std::min(p.n_final, (block + 1) * bt);
+        const size_t count = end - pos, t = pos - p.old_n;
+        if (block >= p.keep_block) {
+            const size_t index = block - st.first_pos / bt;
+            if (!p.staging || (p.partial_pool_block && block == p.old_pool_end / bt)) {
+                c.write_rows(st, index, row, k + t * token_floats, v + t * token_floats, count);
+            } else {
+                for (size_t i = 0; i < count; ++i) {
+                    for (int h = 0; h < n_kv; ++h) {
+                        const size_t dst = (h * bt + row + i) * d, src = (t + i) * token_floats + h * d;
+                        std::memcpy(staged_k + dst, k + src, d * sizeof(float));
+                        std::memcpy(staged_v + dst, v + src, d * sizeof(float));
+                    }
+                }
+                if (end == (block + 1) * bt) c.seal(st, st.data[index]);
+            }
+        }
+        pos = end;
+    }
+}
+
 }  // namespace
 
 void KVCache::Impl::write_rows(detail::LayerState& st, size_t block_index, size_t row, const float* k,
@@ -127,46 +205,17 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
     k = check_rows(k, "k", n, n_kv, d, cfg.nan_policy, key_limit, store_nonfinite_k, k_clean, poisoned);
     v = check_rows(v, "v", n, n_kv, d, cfg.nan_policy, value_limit, store_nonfinite_v, v_clean, poisoned);
 
-    // ---- plan ----
     detail::LayerState& st = seq.layers[layer];
-    const size_t bt = this->bt();
-    const size_t old_n = st.n_tokens, n_final = old_n + n;
-    const size_t w = window(layer);
-    // Blocks that lie wholly before the window of the first token of this append (position old_n), by
-    // more than one block of slack, are never needed again: attend_prefill over the tokens of this append
-    // reads no further back, and decode after it reads less. They return to the pool here; tokens of a
-    // long append that fall out of the window only later stay until the next append. The slack lets
-    // truncate go back up to block_tokens tokens (speculative decoding).
-    const size_t blocks_before_window = w && old_n + 1 > w ? (old_n + 1 - w) / bt : 0;
-    const size_t keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
-    const size_t keep_block = keep_from / bt;
-    const bool staging = cfg.seal == SealPolicy::on_block_full;
-    const size_t old_pool_end = st.pool_end();
-    const bool partial_pool_block = old_pool_end % bt != 0;  // on_block_full: only after a truncate
-    size_t new_pool_end = n_final;
-    if (staging) {
-        const size_t boundary = round_up(old_pool_end, bt);
-        new_pool_end = partial_pool_block && n_final <= boundary ? n_final : std::max(boundary, n_final / bt * bt);
-    }
-    const size_t first_block = st.first_pos / bt;
-    const size_t old_blocks_end = first_block + st.table.size();
-    const size_t n_drop = keep_block > first_block ? std::min(keep_block, old_blocks_end) - first_block : 0;
-    const size_t new_from = std::max(old_blocks_end, keep_block);
-    const size_t new_blocks_end = (new_pool_end + bt - 1) / bt;
-    const size_t n_new = new_blocks_end > new_from ? new_blocks_end - new_from : 0;
-    // The partly filled last block is copied before it is written if another sequence shares it.
-    const bool copy_last = partial_pool_block && new_pool_end > old_pool_end && old_blocks_end - 1 >= keep_block &&
-                           pool->is_shared(st.table.back().id);
-
+    const AppendPlan p = plan_append(*this, st, layer, n);
     std::vector<float> new_staging;  // allocated before the pool is asked, kept only if it gives
-    if (staging && st.staging.empty()) new_staging.assign(staging_floats, 0.0f);
-    std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + n_drop);
-    if (copy_last) give_back.push_back(st.table.back());
+    if (p.staging && st.staging.empty()) new_staging.assign(staging_floats, 0.0f);
+    std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + p.n_drop);
+    if (p.copy_last) give_back.push_back(st.table.back());
     // New staging counts against the pool first; then the blocks (all or nothing, both).
     if (!new_staging.empty()) pool->reserve(staging_units);
     std::vector<detail::BlockRef> fresh;
     try {
-        fresh = pool->allocate(n_new + copy_last, give_back);
+        fresh = pool->allocate(p.n_new + p.copy_last, give_back);
     } catch (...) {
         if (!new_staging.empty()) pool->unreserve(staging_units);
         throw;
@@ -177,45 +226,22 @@ void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float
         st.staging = std::move(new_staging);
         staging_bytes += staging_floats * sizeof(float);
     }
-    st.table.erase(st.table.begin(), st.table.begin() + n_drop);
-    st.data.erase(st.data.begin(), st.data.begin() + n_drop);
-    st.first_pos = std::max(st.first_pos, keep_from);
-    if (copy_last) {
+    st.table.erase(st.table.begin(), st.table.begin() + p.n_drop);
+    st.data.erase(st.data.begin(), st.data.begin() + p.n_drop);
+    st.first_pos = std::max(st.first_pos, p.keep_from);
+    if (p.copy_last) {
         std::memcpy(fresh.back().data, st.table.back().data, pool->block_bytes());
         st.table.back() = fresh.back();
         st.data.back() = fresh.back().data;
     }
-    for (size_t i = 0; i < n_new; ++i) st.push_block(fresh[i]);
-
-    float* staged_k = st.staging.data();
-    float* staged_v = staged_k ? staged_k + staging_floats / 2 : nullptr;  // no staging under on_append
-    for (size_t pos = old_n; pos < n_final;) {
-        const size_t block = pos / bt, row = pos % bt;
-        const size_t end = std::min(n_final, (block + 1) * bt);
-        const size_t count = end - pos, t = pos - old_n;
-        if (block >= keep_block) {
-            const size_t index = block - st.first_pos / bt;
-            if (!staging || (partial_pool_block && block == old_pool_end / bt)) {
-                write_rows(st, index, row, k + t * token_floats, v + t * token_floats, count);
-            } else {
-                for (size_t i = 0; i < count; ++i) {
-                    for (int h = 0; h < n_kv; ++h) {
-                        const size_t dst = (h * bt + row + i) * d, src = (t + i) * token_floats + h * d;
-                        std::memcpy(staged_k + dst, k + src, d * sizeof(float));
-                        std::memcpy(staged_v + dst, v + src, d * sizeof(float));
-                    }
-                }
-                if (end == (block + 1) * bt) seal(st, st.data[index]);
-            }
-        }
-        pos = end;
-    }
-    st.n_tokens = n_final;
-    st.staged = n_final - new_pool_end;
+    for (size_t i = 0; i < p.n_new; ++i) st.push_block(fresh[i]);
+    write_tokens(*this, st, p, k, v);
+    st.n_tokens = p.n_final;
+    st.staged = p.n_final - p.new_pool_end;
     for (const auto& [t, h] : poisoned) {
-        if (old_n + t >= st.first_pos) st.poisoned.emplace_back(old_n + t, h);
+        if (p.old_n + t >= st.first_pos) st.poisoned.emplace_back(p.old_n + t, h);
     }
-    std::erase_if(st.poisoned, [&](const auto& p) { return p.first < st.first_pos; });
+    std::erase_if(st.poisoned, [&](const auto& q) { return q.first < st.first_pos; });
 }
 
 }  // namespace kvq

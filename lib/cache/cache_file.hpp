@@ -1,7 +1,8 @@
 // The cache file format (docs/file-format.md): its constants, the header and block tables as structs,
-// their little-endian encoding with CRC32C, and the two kinds of file access save and load need (an
-// atomically replaced output file, an input file read at offsets). The cache's own logic (which blocks,
-// which sequences, validation against a cache) lives in cache_save.cpp and cache_load.cpp.
+// their little-endian encoding with CRC32C (cache_file.cpp), and the two kinds of file access save and
+// load need (an atomically replaced output file, an input file read at offsets: cache_file_io.cpp). The
+// cache's own logic (which blocks, which sequences, validation against a cache) lives in cache_save.cpp,
+// cache_load.cpp and cache_load_checks.cpp.
 #pragma once
 
 #include <cstddef>
@@ -63,6 +64,8 @@ struct Tables {
     std::vector<std::vector<LayerRecord>> sequences;  // [sequence][layer]
 };
 
+// Throws BadCacheFile("cache file: " + what).
+[[noreturn]] void bad(const std::string& what);
 uint64_t align_up(uint64_t n, uint64_t a);
 // Header bytes for h (header_bytes, offsets and file_bytes as given), ending with their CRC32C.
 std::vector<uint8_t> encode_header(const Header& h);

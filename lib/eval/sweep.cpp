@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -131,6 +132,185 @@ std::vector<double> time_decode(const KVData& data, const std::vector<const Prep
     return best;
 }
 
+// Progress over every (layer, kv head) of every data set, and one timing step per data set.
+class Progress {
+public:
+    Progress(const std::vector<KVData>& data, const SweepOptions& options) : callback_(options.progress) {
+        for (const auto& d : data) total_ += size_t(d.layers) * d.kv_heads + (options.timing ? 1 : 0);
+    }
+    void step() {
+        ++done_;
+        if (callback_) callback_(done_, total_);
+    }
+
+private:
+    const std::function<void(size_t, size_t)>& callback_;
+    size_t done_ = 0, total_ = 0;
+};
+
+const KVFormat& f16_format() {
+    static const KVFormat f16{"f16", "f16", false};
+    return f16;
+}
+
+// The codecs of every format at the data set's head size; a format they cannot make carries the reason.
+std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int head_dim, uint64_t seed) {
+    std::vector<Prepared> prepared;
+    for (const auto& f : formats) {
+        Prepared p{f, {}, {}, {}};
+        try {
+            // chanB keys are quantized by the sweep itself; the f32 codec only carries the head size.
+            p.keys = Codec::make(f.channel_bits ? "f32" : f.key_codec, head_dim, seed);
+            p.values = Codec::make(f.value_codec, head_dim, seed);
+        } catch (const std::invalid_argument& e) {
+            p.error = e.what();
+        }
+        prepared.push_back(std::move(p));
+    }
+    return prepared;
+}
+
+// A format's errors over every layer, and apart over full-attention and sliding-window layers (reported
+// when the data set has both kinds: Gemma-style models).
+struct FormatErrors {
+    ErrorAccumulator all, full, window;
+};
+
+// Buffers of quantized attention, reused from one query to the next.
+struct Scratch {
+    std::vector<float> scores, weights, out;
+    std::vector<uint8_t> prep;
+};
+
+// Every query of one kv head of one layer against the FP32 reference, in every format that was made.
+void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& prepared, const SweepOptions& options,
+                  Scratch& s, std::vector<FormatErrors>& errors) {
+    const size_t n_rows = size_t(d.query_positions.back()) + 1;
+    const int g = d.group(), dim = d.head_dim;
+    const float scale = d.softmax_scale();
+    const auto k = d.keys(l, h, n_rows), v = d.values(l, h, n_rows);
+    std::vector<std::vector<float>> q(d.n_queries());
+    std::vector<Reference> ref;
+    for (int i = 0; i < d.n_queries(); ++i) {
+        q[i] = d.queries(l, h, i);
+        const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
+        ref.push_back(reference(q[i].data(), g, k.data() + first * dim, v.data() + first * dim, n - first, dim, scale));
+    }
+    std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
+    std::map<std::string, std::vector<uint8_t>> value_codes;
+    for (size_t f = 0; f < prepared.size(); ++f) {
+        const Prepared& p = prepared[f];
+        if (!p.error.empty()) continue;
+        auto kc = key_codes.find(p.format.key_label());
+        if (kc == key_codes.end())
+            kc = key_codes.emplace(p.format.key_label(),
+                                   p.format.channel_bits
+                                       ? detail::quantize_channel_keys(k.data(), n_rows, dim, p.format.channel_bits, options.block_tokens)
+                                       : detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens))
+                     .first;
+        auto vc = value_codes.find(p.format.value_codec);
+        if (vc == value_codes.end()) vc = value_codes.emplace(p.format.value_codec, detail::quantize_values(*p.values, v.data(), n_rows)).first;
+        for (int i = 0; i < d.n_queries(); ++i) {
+            const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
+            s.scores.resize(size_t(g) * (n - first));
+            s.weights.resize(size_t(g) * (n - first));
+            detail::quantized_attention(*p.keys, kc->second, *p.values, vc->second, q[i].data(), g, first, n, scale,
+                                        s.prep, s.scores.data(), s.weights.data(), s.out.data());
+            const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
+                                                        s.scores.data(), s.weights.data(), s.out.data(), g, n - first, dim,
+                                                        options.top_k);
+            errors[f].all.add(e);
+            (d.window(l) > 0 ? errors[f].window : errors[f].full).add(e);
+        }
+    }
+}
+
+std::vector<FormatErrors> measure_errors(const KVData& d, const std::vector<Prepared>& prepared, const SweepOptions& options,
+                                         Progress& progress) {
+    std::vector<FormatErrors> errors(prepared.size());
+    Scratch s;
+    s.out.resize(size_t(d.group()) * d.head_dim);
+    for (int l = 0; l < d.layers; ++l) {
+        for (int h = 0; h < d.kv_heads; ++h) {
+            measure_head(d, l, h, prepared, options, s, errors);
+            progress.step();
+        }
+    }
+    return errors;
+}
+
+// Decode time per format (0 where not timed) and of f16/f16, the baseline.
+struct DecodeTimes {
+    std::vector<double> seconds;
+    double f16_seconds = 0;
+};
+
+DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared, const SweepOptions& options) {
+    // The f16/f16 row is the baseline; it is timed once more only if the sweep does not include it.
+    std::vector<const Prepared*> timed;
+    size_t baseline_index = SIZE_MAX;
+    for (const auto& p : prepared) {
+        if (!p.error.empty() || p.format.channel_bits) continue;  // KVCache cannot hold chanB keys: not timed
+        if (p.format.label() == f16_format().label()) baseline_index = timed.size();
+        timed.push_back(&p);
+    }
+    Prepared baseline{f16_format(), Codec::make("f16", d.head_dim, options.seed), Codec::make("f16", d.head_dim, options.seed), {}};
+    if (baseline_index == SIZE_MAX) {
+        baseline_index = timed.size();
+        timed.push_back(&baseline);
+    }
+    const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens, options.seed);
+    DecodeTimes times{std::vector<double>(prepared.size(), 0.0), t[baseline_index]};
+    for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
+        if (prepared[f].error.empty() && !prepared[f].format.channel_bits) times.seconds[f] = t[j++];
+    }
+    return times;
+}
+
+// The rows of one data set: one per format over all layers, and one each over the full-attention and the
+// sliding-window layers when the data set has both kinds.
+void add_rows(SweepResult& result, const KVData& d, const std::vector<Prepared>& prepared,
+              const std::vector<FormatErrors>& errors, const DecodeTimes& times, double fp16_bytes, int block_tokens) {
+    bool any_full = false, any_window = false;
+    for (int l = 0; l < d.layers; ++l) (d.window(l) > 0 ? any_window : any_full) = true;
+    const bool split = any_full && any_window;
+    const int dim = d.head_dim;
+    for (size_t f = 0; f < prepared.size(); ++f) {
+        const Prepared& p = prepared[f];
+        SweepRow row;
+        row.dataset = d.name;
+        row.layers = "all";
+        row.format = p.format;
+        row.head_dim = dim;
+        row.error = p.error;
+        if (p.error.empty()) {
+            row.key_bits = p.format.key_bits(dim, block_tokens);
+            row.value_bits = p.format.value_bits(dim);
+            row.errors = errors[f].all.result();
+            row.decode_seconds = times.seconds[f];
+            row.decode_vs_f16 = times.f16_seconds > 0 ? times.seconds[f] / times.f16_seconds : 0.0;
+        }
+        try {
+            row.bytes_per_token = kv_bytes_per_token(result.model, p.format, block_tokens);
+            row.compression = fp16_bytes / row.bytes_per_token;
+        } catch (const std::invalid_argument&) {
+            row.bytes_per_token = row.compression = 0;  // the codec cannot take the model's head size
+        }
+        if (split && p.error.empty()) {
+            SweepRow full = row, window = row;
+            full.layers = "full";
+            full.errors = errors[f].full.result();
+            window.layers = "window";
+            window.errors = errors[f].window.result();
+            result.rows.push_back(std::move(row));
+            result.rows.push_back(std::move(full));
+            result.rows.push_back(std::move(window));
+        } else {
+            result.rows.push_back(std::move(row));
+        }
+    }
+}
+
 }  // namespace
 
 SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& options) {
@@ -142,142 +322,18 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
                                             "softmax + accumulate on the codes), best of " + std::to_string(std::max(options.timing_repeats, 1)) +
                                             " samples of about 20 ms, relative to f16/f16 in the same run"
                                           : "not timed";
-    const KVFormat f16{"f16", "f16", false};
-    const double fp16_bytes = kv_bytes_per_token(result.model, f16, options.block_tokens);
-
-    size_t total = 0, done = 0;
-    for (const auto& d : data) {
-        d.validate();
-        total += size_t(d.layers) * d.kv_heads + (options.timing ? 1 : 0);
-    }
-    auto step = [&] {
-        ++done;
-        if (options.progress) options.progress(done, total);
-    };
-
+    const double fp16_bytes = kv_bytes_per_token(result.model, f16_format(), options.block_tokens);
+    for (const auto& d : data) d.validate();
+    Progress progress(data, options);
     for (const KVData& d : data) {
-        std::vector<Prepared> prepared;
-        for (const auto& f : formats) {
-            Prepared p{f, {}, {}, {}};
-            try {
-                // chanB keys are quantized by the sweep itself; the f32 codec only carries the head size.
-                p.keys = Codec::make(f.channel_bits ? "f32" : f.key_codec, d.head_dim, options.seed);
-                p.values = Codec::make(f.value_codec, d.head_dim, options.seed);
-            } catch (const std::invalid_argument& e) {
-                p.error = e.what();
-            }
-            prepared.push_back(std::move(p));
-        }
-        // Errors over every layer, and apart over full-attention and sliding-window layers when the data
-        // set has both kinds (Gemma-style models).
-        std::vector<ErrorAccumulator> acc(prepared.size()), acc_full(prepared.size()), acc_window(prepared.size());
-        bool any_full = false, any_window = false;
-        for (int l = 0; l < d.layers; ++l) (d.window(l) > 0 ? any_window : any_full) = true;
-        const bool split = any_full && any_window;
-        const size_t n_rows = size_t(d.query_positions.back()) + 1;
-        const int g = d.group(), dim = d.head_dim;
-        const float scale = d.softmax_scale();
-        std::vector<float> scores, weights, out(size_t(g) * dim);
-        std::vector<uint8_t> prep;
-        for (int l = 0; l < d.layers; ++l) {
-            for (int h = 0; h < d.kv_heads; ++h) {
-                const auto k = d.keys(l, h, n_rows), v = d.values(l, h, n_rows);
-                std::vector<std::vector<float>> q(d.n_queries());
-                std::vector<Reference> ref;
-                for (int i = 0; i < d.n_queries(); ++i) {
-                    q[i] = d.queries(l, h, i);
-                    const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
-                    ref.push_back(reference(q[i].data(), g, k.data() + first * dim, v.data() + first * dim, n - first, dim, scale));
-                }
-                std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
-                std::map<std::string, std::vector<uint8_t>> value_codes;
-                for (size_t f = 0; f < prepared.size(); ++f) {
-                    const Prepared& p = prepared[f];
-                    if (!p.error.empty()) continue;
-                    auto kc = key_codes.find(p.format.key_label());
-                    if (kc == key_codes.end())
-                        kc = key_codes.emplace(p.format.key_label(),
-                                               p.format.channel_bits
-                                                   ? detail::quantize_channel_keys(k.data(), n_rows, dim, p.format.channel_bits, options.block_tokens)
-                                                   : detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens))
-                                 .first;
-                    auto vc = value_codes.find(p.format.value_codec);
-                    if (vc == value_codes.end()) vc = value_codes.emplace(p.format.value_codec, detail::quantize_values(*p.values, v.data(), n_rows)).first;
-                    for (int i = 0; i < d.n_queries(); ++i) {
-                        const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
-                        scores.resize(size_t(g) * (n - first));
-                        weights.resize(size_t(g) * (n - first));
-                        detail::quantized_attention(*p.keys, kc->second, *p.values, vc->second, q[i].data(), g, first, n, scale,
-                                                    prep, scores.data(), weights.data(), out.data());
-                        const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
-                                                                    scores.data(), weights.data(), out.data(), g, n - first, dim,
-                                                                    options.top_k);
-                        acc[f].add(e);
-                        (d.window(l) > 0 ? acc_window : acc_full)[f].add(e);
-                    }
-                }
-                step();
-            }
-        }
-
-        std::vector<double> seconds(prepared.size(), 0.0);
-        double f16_seconds = 0;
+        const std::vector<Prepared> prepared = prepare_formats(formats, d.head_dim, options.seed);
+        const std::vector<FormatErrors> errors = measure_errors(d, prepared, options, progress);
+        DecodeTimes times{std::vector<double>(prepared.size(), 0.0), 0.0};
         if (options.timing) {
-            // The f16/f16 row is the baseline; it is timed once more only if the sweep does not include it.
-            std::vector<const Prepared*> timed;
-            size_t baseline_index = SIZE_MAX;
-            for (const auto& p : prepared) {
-                if (!p.error.empty() || p.format.channel_bits) continue;  // KVCache cannot hold chanB keys: not timed
-                if (p.format.label() == f16.label()) baseline_index = timed.size();
-                timed.push_back(&p);
-            }
-            Prepared baseline{f16, Codec::make("f16", dim, options.seed), Codec::make("f16", dim, options.seed), {}};
-            if (baseline_index == SIZE_MAX) {
-                baseline_index = timed.size();
-                timed.push_back(&baseline);
-            }
-            const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens, options.seed);
-            f16_seconds = t[baseline_index];
-            for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
-                if (prepared[f].error.empty() && !prepared[f].format.channel_bits) seconds[f] = t[j++];
-            }
-            step();
+            times = time_formats(d, prepared, options);
+            progress.step();
         }
-
-        for (size_t f = 0; f < prepared.size(); ++f) {
-            const Prepared& p = prepared[f];
-            SweepRow row;
-            row.dataset = d.name;
-            row.layers = "all";
-            row.format = p.format;
-            row.head_dim = dim;
-            row.error = p.error;
-            if (p.error.empty()) {
-                row.key_bits = p.format.key_bits(dim, options.block_tokens);
-                row.value_bits = p.format.value_bits(dim);
-                row.errors = acc[f].result();
-                row.decode_seconds = seconds[f];
-                row.decode_vs_f16 = f16_seconds > 0 ? seconds[f] / f16_seconds : 0.0;
-            }
-            try {
-                row.bytes_per_token = kv_bytes_per_token(result.model, p.format, options.block_tokens);
-                row.compression = fp16_bytes / row.bytes_per_token;
-            } catch (const std::invalid_argument&) {
-                row.bytes_per_token = row.compression = 0;  // the codec cannot take the model's head size
-            }
-            if (split && p.error.empty()) {
-                SweepRow full = row, window = row;
-                full.layers = "full";
-                full.errors = acc_full[f].result();
-                window.layers = "window";
-                window.errors = acc_window[f].result();
-                result.rows.push_back(std::move(row));
-                result.rows.push_back(std::move(full));
-                result.rows.push_back(std::move(window));
-            } else {
-                result.rows.push_back(std::move(row));
-            }
-        }
+        add_rows(result, d, prepared, errors, times, fp16_bytes, options.block_tokens);
     }
     return result;
 }

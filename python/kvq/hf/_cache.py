@@ -1,0 +1,287 @@
+"""KVQCache, the transformers Cache whose batch rows are sequences of kvq caches (see kvq.hf): update records
+a layer's new keys and values, the attention function has _attend store and attend on them, and the batch
+edits of generate (crop, beam reorder, repeat, select) act on every layer's sequences at once."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache
+
+from .. import _core
+from ._attention import _PENDING, ATTN_IMPLEMENTATION
+from ._config import _AttentionShape, _layer_pairs, _scale_and_softcap, split_key_spec
+from ._layer import _Group, _KVQLayer
+from ._tensors import _check_cpu, _to_numpy, _valid_new
+
+
+class KVQCache(Cache):
+    """A transformers Cache stored in kvq (one kvq sequence per batch row); use with attn_implementation="kvq".
+
+    Args:
+        config: the model's config (``model.config``; the text config of a multimodal model is used).
+        key_codec, value_codec: kvq codec names (``kvq.codecs()``); a key codec may end in ``+center``.
+        max_batch_size: the most batch rows (beams included) the cache accepts; None = no limit.
+        layer_codecs: optional ``{layer: "K/V"}`` for layers stored with another pair.
+        **cache_config: any other ``kvq.KVCache`` keyword (block_tokens, seal, threads, max_blocks, scale,
+            softcap, nan_policy, seed, ...). ``scale`` and ``softcap`` default to the model's.
+    """
+
+    def __init__(self, config, key_codec: str = "q8_0", value_codec: str = "q4_0",
+                 max_batch_size: int | None = None, *, layer_codecs: Mapping[int, Any] | None = None,
+                 **cache_config: Any):
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        for bad in ("n_layers", "n_kv_heads", "head_dim", "n_heads", "sliding_window", "center_keys"):
+            if bad in cache_config:
+                raise ValueError(f"kvq.hf.KVQCache: {bad} comes from the model config (or the key codec's "
+                                 "'+center'); do not pass it")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"kvq.hf.KVQCache: max_batch_size must be >= 1 (or None), got {max_batch_size}")
+        shape = _AttentionShape.of(text)
+        scale, softcap = _scale_and_softcap(text, shape.head_dim, cache_config.pop("scale", None),
+                                            cache_config.pop("softcap", None))
+        pairs = _layer_pairs(key_codec, value_codec, layer_codecs, shape.n_layers)
+        groups: dict[tuple[str, str], _Group] = {}
+        for pair in dict.fromkeys(pairs):
+            k_name, center = split_key_spec(pair[0])
+            if split_key_spec(pair[1])[1]:
+                raise ValueError(f"kvq.hf.KVQCache: '+center' applies to keys only, got value codec {pair[1]!r}")
+            groups[pair] = _Group(_core.KVCache(
+                shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.n_heads, k_name, pair[1], scale=scale,
+                softcap=softcap, sliding_window=shape.windows, center_keys=center, **cache_config))
+        self._config = config
+        self._groups = list(groups.values())
+        self._layer_group = [groups[p] for p in pairs]
+        self._pairs = pairs
+        self.max_batch_size = max_batch_size
+        self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
+        self.scale, self.softcap, self.windows = float(scale), float(softcap), shape.windows
+        self.block_tokens = int(self._groups[0].cache.config["block_tokens"])
+        self._failed = ""
+        super().__init__(layers=[_KVQLayer(i, w) for i, w in enumerate(shape.windows)])
+
+    # ----------------------------------------------------------------------------------- information
+    @property
+    def key_codec(self) -> str:
+        return self._pairs[0][0]
+
+    @property
+    def value_codec(self) -> str:
+        return self._pairs[0][1]
+
+    @property
+    def rows(self) -> int:
+        """Batch rows held (0 before the first forward)."""
+        return len(self._groups[0].seqs)
+
+    @property
+    def kvq_caches(self) -> list:
+        """The kvq.KVCache objects (one per distinct codec pair) with the data."""
+        return [g.cache for g in self._groups]
+
+    def bytes_per_token(self) -> float:
+        """Bytes of one token over all layers as stored (each layer with its own pair)."""
+        total = 0.0
+        for g in self._groups:
+            share = sum(1 for x in self._layer_group if x is g) / len(self._layer_group)
+            total += g.cache.bytes_per_token() * share
+        return total
+
+    def bytes_used(self) -> int:
+        return sum(g.cache.bytes_used() for g in self._groups)
+
+    def n_tokens(self, row: int, layer: int = 0) -> int:
+        """Real (non-padding) tokens of a batch row stored in a layer (a windowed layer may have released
+        the oldest blocks; kvq still counts them)."""
+        return self._layer_group[layer].cache.n_tokens(self._layer_group[layer].seqs[row], layer)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        if layer_idx >= len(self.layers):
+            return 0
+        return self.layers[layer_idx].length
+
+    def __repr__(self) -> str:
+        return (f"KVQCache(key_codec={self.key_codec!r}, value_codec={self.value_codec!r}, layers={len(self.layers)}, "
+                f"rows={self.rows}, length={self.get_seq_length()})")
+
+    # ----------------------------------------------------------------------------------- update
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        impl = getattr(self._config, "_attn_implementation", None)
+        if impl != ATTN_IMPLEMENTATION:
+            raise ValueError(f"kvq.hf.KVQCache needs the model's attention to be kvq's: load it with "
+                             f"attn_implementation='kvq' (or model.set_attn_implementation('kvq')); it is {impl!r}")
+        if not 0 <= layer_idx < len(self.layers):
+            raise ValueError(f"kvq.hf.KVQCache: layer {layer_idx} out of range ({len(self.layers)} layers)")
+        _check_cpu("key_states", key_states)
+        _check_cpu("value_states", value_states)
+        if key_states.requires_grad or value_states.requires_grad:
+            raise ValueError("kvq.hf: no gradients flow through a kvq cache; run under torch.no_grad()")
+        b, h, q, d = key_states.shape
+        if h != self.n_kv_heads or d != self.head_dim or value_states.shape != key_states.shape:
+            raise ValueError(f"kvq.hf.KVQCache: keys {tuple(key_states.shape)}, values {tuple(value_states.shape)}; "
+                             f"expected (batch, {self.n_kv_heads}, tokens, {self.head_dim}) both")
+        if self._failed:
+            raise RuntimeError(f"kvq.hf.KVQCache: an earlier forward failed inside the cache ({self._failed}); its "
+                               "rows may hold part of that step: make a new KVQCache")
+        layer = self.layers[layer_idx]
+        if layer.pending is not None:
+            for key in [k for k, e in _PENDING.items() if e[0] is self]:
+                del _PENDING[key]
+            raise RuntimeError(f"kvq.hf: layer {layer_idx}'s last keys never reached kvq attention; the model must "
+                               "use attn_implementation='kvq' on every layer")
+        self._ensure_rows(b)
+        layer.pending = (key_states, value_states)
+        layer.length += q
+        layer.is_initialized = True
+        _PENDING[id(key_states)] = (self, layer_idx, key_states)
+        return key_states, value_states
+
+    def _ensure_rows(self, batch: int) -> None:
+        if self.rows == batch:
+            return
+        if self.rows:
+            raise ValueError(f"kvq.hf.KVQCache holds {self.rows} rows; a forward of batch {batch} needs a new cache "
+                             "(or reorder_cache / batch_select_indices)")
+        if self.max_batch_size is not None and batch > self.max_batch_size:
+            raise ValueError(f"kvq.hf.KVQCache: batch of {batch} rows (beams included) exceeds max_batch_size="
+                             f"{self.max_batch_size}")
+        for g in self._groups:
+            g.seqs = [g.cache.add_sequence() for _ in range(batch)]
+
+    # ----------------------------------------------------------------------------------- attention
+    def _attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None) -> torch.Tensor:
+        layer = self.layers[layer_idx]
+        group = self._layer_group[layer_idx]
+        layer.pending = None
+        b, h, q, d = query.shape
+        _check_cpu("query", query)
+        if h != self.n_heads or d != self.head_dim or query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
+            raise ValueError(f"kvq.hf: query {tuple(query.shape)} does not match keys {tuple(key.shape)} "
+                             f"({self.n_heads} heads of {self.head_dim})")
+        past = layer.length - q
+        valid_new = _valid_new(layer, attention_mask, b, past, q)
+        qn, kn, vn = _to_numpy(query), _to_numpy(key), _to_numpy(value)
+        out = self._append_and_attend(layer, group, qn, kn, vn, valid_new)
+        new = torch.from_numpy(valid_new)
+        layer.valid = new if layer.valid is None else torch.cat([layer.valid, new], dim=1)
+        return torch.from_numpy(out).to(query.dtype)
+
+    def _append_and_attend(self, layer: _KVQLayer, group: _Group, qn: np.ndarray, kn: np.ndarray, vn: np.ndarray,
+                           valid_new: np.ndarray) -> np.ndarray:
+        layer_idx = layer.index
+        b, q, h, d = qn.shape
+        out = np.zeros((b, q, h, d), dtype=np.float32)
+        for row in range(b):
+            idx = np.flatnonzero(valid_new[row])
+            if idx.size == 0:
+                continue
+            seq = group.seqs[row]
+            contiguous = idx[-1] - idx[0] + 1 == idx.size
+            ks = kn[row, idx[0]:idx[-1] + 1] if contiguous else np.ascontiguousarray(kn[row, idx])
+            vs = vn[row, idx[0]:idx[-1] + 1] if contiguous else np.ascontiguousarray(vn[row, idx])
+            qs = qn[row, idx[0]:idx[-1] + 1] if contiguous else np.ascontiguousarray(qn[row, idx])
+            if idx.size == 1:
+                group.cache.append(layer_idx, ks, vs, seq=seq)
+                out[row, idx[0]] = group.cache.attend(layer_idx, qs[0], seq=seq)
+                continue
+            # One append: a windowed layer releases blocks by the window of the append's first token, so
+            # every query of the piece still sees its whole window (lib/cache/cache_append.cpp).
+            group.cache.append(layer_idx, ks, vs, seq=seq)
+            out[row, idx] = group.cache.attend_prefill(layer_idx, qs, seq=seq)
+        return out
+
+    # ----------------------------------------------------------------------------------- batch edits
+    def crop(self, tokens_to_remove: int) -> None:
+        """Removes the last tokens (transformers' convention: crop(-n) removes n, crop(0) does nothing; a
+        positive argument is refused as by DynamicCache). A windowed layer can go back at most
+        block_tokens tokens past its window (kvq raises otherwise, changing nothing)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"kvq.hf.KVQCache.crop({tokens_to_remove}): pass a negative number of tokens to remove")
+        n = -int(tokens_to_remove)
+        if n == 0 or not self.rows:
+            return
+        length = self.get_seq_length()
+        if any(l.length != length or l.pending is not None for l in self.layers):
+            raise RuntimeError("kvq.hf.KVQCache.crop in the middle of a forward pass")
+        if n > length:
+            raise ValueError(f"kvq.hf.KVQCache.crop: cannot remove {n} of {length} tokens")
+        valid = self.layers[0].valid
+        keep = valid[:, : length - n].sum(dim=1).tolist()
+        # Check every row first (truncate raises when a window has released what is needed).
+        for g in self._groups:
+            for row, seq in enumerate(g.seqs):
+                if keep[row] > g.cache.n_tokens(seq, 0):
+                    raise RuntimeError("kvq.hf.KVQCache: bookkeeping out of step with the kvq cache")
+        snapshots = []
+        try:
+            for g in self._groups:
+                for row, seq in enumerate(g.seqs):
+                    snapshots.append((g, row, g.cache.fork(seq)))
+            for g in self._groups:
+                for row, seq in enumerate(g.seqs):
+                    g.cache.truncate(keep[row], seq=seq)
+        except Exception:
+            # Put back what was truncated: the forks hold the old tokens.
+            for g, row, backup in snapshots:
+                g.cache.remove(g.seqs[row])
+                g.seqs[row] = backup
+            raise
+        for g, _, backup in snapshots:
+            g.cache.remove(backup)
+        for l in self.layers:
+            l.length -= n
+            l.valid = l.valid[:, : l.length]
+
+    def _rebuild_rows(self, order: list[int]) -> None:
+        """Row i of the new batch is old row order[i]: forks share the full blocks; old sequences removed."""
+        if self.layers[0].pending is not None or any(l.pending is not None for l in self.layers):
+            raise RuntimeError("kvq.hf.KVQCache: batch edit in the middle of a forward pass")
+        if self.max_batch_size is not None and len(order) > self.max_batch_size:
+            raise ValueError(f"kvq.hf.KVQCache: {len(order)} rows exceed max_batch_size={self.max_batch_size}")
+        for i in order:
+            if not 0 <= i < self.rows:
+                raise ValueError(f"kvq.hf.KVQCache: row {i} out of range ({self.rows} rows)")
+        for g in self._groups:
+            new = [g.cache.fork(g.seqs[i]) for i in order]
+            for s in g.seqs:
+                g.cache.remove(s)
+            g.seqs = new
+        index = torch.tensor(order, dtype=torch.long)
+        for l in self.layers:
+            if l.valid is not None:
+                l.valid = l.valid.index_select(0, index)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: row i becomes old row beam_idx[i] (kvq fork: full blocks shared, not copied)."""
+        if self.rows:
+            self._rebuild_rows([int(i) for i in beam_idx.reshape(-1).tolist()])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.rows:
+            self._rebuild_rows([i for i in range(self.rows) for _ in range(int(repeats))])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.rows:
+            idx = torch.as_tensor(indices).reshape(-1)
+            if idx.dtype == torch.bool:
+                idx = idx.nonzero().reshape(-1)
+            self._rebuild_rows([int(i) for i in idx.tolist()])
+
+    def reset(self) -> None:
+        for g in self._groups:
+            for s in g.seqs:
+                g.cache.remove(s)
+            g.seqs = []
+        for l in self.layers:
+            l.reset()
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows if self.rows else -1
