@@ -43,6 +43,10 @@
 
 #include "kvq/codec.hpp"
 
+namespace kvq::detail {
+struct CacheImpl;  // lib/cache/cache_impl.hpp
+}
+
 namespace kvq {
 
 using SequenceId = int64_t;
@@ -194,10 +198,8 @@ public:
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging
 
-    struct Impl;
-
 private:
-    std::unique_ptr<Impl> impl_;
+    std::unique_ptr<detail::CacheImpl> impl_;
 };
 
 }  // namespace kvq

@@ -65,7 +65,7 @@ struct AppendPlan {
     bool copy_last;                   // the partly filled last block is shared: written to a copy
 };
 
-AppendPlan plan_append(const KVCache::Impl& c, const detail::LayerState& st, int layer, size_t n) {
+AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st, int layer, size_t n) {
     AppendPlan p;
     const size_t bt = c.bt();
     p.old_n = st.n_tokens;
@@ -102,7 +102,7 @@ AppendPlan plan_append(const KVCache::Impl& c, const detail::LayerState& st, int
 // The tokens into the layer's blocks as planned: quantized into a block (every append under on_append;
 // the partly filled block left by a truncate under on_block_full), or copied to the float staging and the
 // block sealed once it is full.
-void write_tokens(const KVCache::Impl& c, detail::LayerState& st, const AppendPlan& p, const float* k, const float* v) {
+void write_tokens(const detail::CacheImpl& c, detail::LayerState& st, const AppendPlan& p, const float* k, const float* v) {
     const size_t bt = c.bt();
     const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
@@ -133,7 +133,7 @@ void write_tokens(const KVCache::Impl& c, detail::LayerState& st, const AppendPl
 
 }  // namespace
 
-void KVCache::Impl::write_rows(detail::LayerState& st, size_t block_index, size_t row, const float* k,
+void detail::CacheImpl::write_rows(detail::LayerState& st, size_t block_index, size_t row, const float* k,
                                const float* v, size_t n) const {
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     uint8_t* block = st.data[block_index];
@@ -155,7 +155,7 @@ void KVCache::Impl::write_rows(detail::LayerState& st, size_t block_index, size_
     }
 }
 
-void KVCache::Impl::seal(detail::LayerState& st, uint8_t* block) const {
+void detail::CacheImpl::seal(detail::LayerState& st, uint8_t* block) const {
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t rows_per_head = bt() * d;
     const float* staged_k = st.staging.data();
@@ -182,7 +182,7 @@ void KVCache::Impl::seal(detail::LayerState& st, uint8_t* block) const {
     }
 }
 
-void KVCache::Impl::append(int layer, SequenceId id, const float* k, const float* v, size_t n) {
+void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const float* v, size_t n) {
     check_layer("append", layer);
     detail::Sequence& seq = find("append", id);
     if (n == 0) return;

@@ -50,7 +50,7 @@ void fill_nan(float* out, size_t n) {
 // softmax: those kv heads again, in double precision (only heads whose output is not finite, and not the
 // ones a non-finite row makes NaN anyway, so the fast path's bits are untouched otherwise). Then rows that
 // held NaN/Inf in a codec that could not store them make their kv head's output NaN.
-void KVCache::Impl::finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const {
+void detail::CacheImpl::finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const {
     const size_t group = static_cast<size_t>(g()) * cfg.head_dim;
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
         if (all_finite(out + h * group, group)) continue;
@@ -63,7 +63,7 @@ void KVCache::Impl::finish_output(const detail::LayerState& st, size_t lo, size_
     }
 }
 
-size_t KVCache::Impl::row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
+size_t detail::CacheImpl::row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
                                   uint8_t** staging_slot) const {
     size_t n_sources = 0;
     const size_t bt = this->bt();
@@ -92,7 +92,7 @@ size_t KVCache::Impl::row_sources(const detail::LayerState& st, size_t lo, size_
     return n_sources;
 }
 
-void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+void detail::CacheImpl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                                  int threads) const {
     detail::RowSource sources[2];
     uint8_t* staging = nullptr;
@@ -102,7 +102,7 @@ void KVCache::Impl::attend_range(const detail::LayerState& st, size_t lo, size_t
     finish_output(st, lo, hi, q, out);
 }
 
-void KVCache::Impl::attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+void detail::CacheImpl::attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                                       int h) const {
     const size_t d = static_cast<size_t>(cfg.head_dim), g = static_cast<size_t>(this->g()), bt = this->bt();
     const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
@@ -155,7 +155,7 @@ void KVCache::Impl::attend_head_exact(const detail::LayerState& st, size_t lo, s
     }
 }
 
-void KVCache::Impl::attend(int layer, SequenceId id, const float* q, float* out) const {
+void detail::CacheImpl::attend(int layer, SequenceId id, const float* q, float* out) const {
     check_layer("attend", layer);
     const detail::Sequence& seq = find("attend", id);
     if (!q || !out) throw std::invalid_argument("KVCache::attend: q or out is a null pointer");
@@ -174,7 +174,7 @@ void KVCache::Impl::attend(int layer, SequenceId id, const float* q, float* out)
     }
 }
 
-void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, size_t n_queries, float* out) const {
+void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q, size_t n_queries, float* out) const {
     check_layer("attend_prefill", layer);
     const detail::Sequence& seq = find("attend_prefill", id);
     if (n_queries == 0) return;
@@ -217,7 +217,7 @@ void KVCache::Impl::attend_prefill(int layer, SequenceId id, const float* q, siz
 
 namespace kvq {
 
-void KVCache::Impl::attend_batch(int layer, std::span<const SequenceId> ids, const float* q, float* out) const {
+void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids, const float* q, float* out) const {
     check_layer("attend_batch", layer);
     if (ids.empty()) return;
     if (!q || !out) throw std::invalid_argument("KVCache::attend_batch: q or out is a null pointer");

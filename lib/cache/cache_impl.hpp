@@ -55,10 +55,11 @@ struct Header;
 class InFile;
 }  // namespace kvq::detail::file
 
-namespace kvq {
+namespace kvq::detail {
 
-struct KVCache::Impl {
-    explicit Impl(const CacheConfig& config);
+// Everything a KVCache holds (kvq/cache.hpp keeps only a pointer to it).
+struct CacheImpl {
+    explicit CacheImpl(const CacheConfig& config);
 
     CacheConfig cfg;  // as given, with n_heads and scale resolved
     Codec key;
@@ -132,4 +133,4 @@ struct KVCache::Impl {
     std::string dump() const;
 };
 
-}  // namespace kvq
+}  // namespace kvq::detail

@@ -54,7 +54,7 @@ using BadRows = std::vector<std::pair<uint32_t, int>>;
 
 // The rows of each block that some table reads: a prefix (first_pos is a block boundary), the longest any
 // table referencing the block reads. Rows past it (left by a truncate, or never written) are never read.
-std::vector<uint32_t> live_rows(const KVCache::Impl& c, const Tables& t, uint64_t n_blocks) {
+std::vector<uint32_t> live_rows(const detail::CacheImpl& c, const Tables& t, uint64_t n_blocks) {
     std::vector<uint32_t> live(n_blocks, 0);
     const uint64_t bt = c.bt();
     for (const auto& layers : t.sequences) {
@@ -79,7 +79,7 @@ bool all_finite(const float* x, size_t n) {
 
 // The live rows of a block (as attention reads them: dequantized, plus the stored key mean) that are not
 // finite: what append never stores under NanPolicy::reject, and records as non-finite under propagate.
-BadRows bad_block_rows(const KVCache::Impl& c, const uint8_t* block, uint32_t live) {
+BadRows bad_block_rows(const detail::CacheImpl& c, const uint8_t* block, uint32_t live) {
     BadRows bad;
     const size_t d = static_cast<size_t>(c.cfg.head_dim);
     std::vector<float> rows(static_cast<size_t>(live) * d);
@@ -103,7 +103,7 @@ BadRows bad_block_rows(const KVCache::Impl& c, const uint8_t* block, uint32_t li
 
 // The staged float rows of an open block against the rules append applies to its input: finite, and
 // within the range of the codec that will quantize them when the block is sealed.
-BadRows bad_staged_rows(const KVCache::Impl& c, const float* staging, uint32_t staged) {
+BadRows bad_staged_rows(const detail::CacheImpl& c, const float* staging, uint32_t staged) {
     BadRows bad;
     const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_floats / 2;
     for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
@@ -120,7 +120,7 @@ BadRows bad_staged_rows(const KVCache::Impl& c, const float* staging, uint32_t s
 
 // Applies the cache's NanPolicy to the rows found: reject refuses the file (and any non-finite row it
 // lists); propagate records them as non-finite rows of every layer that reads them.
-void apply_nan_policy(const KVCache::Impl& c, Tables& t, const std::vector<BadRows>& block_bad,
+void apply_nan_policy(const detail::CacheImpl& c, Tables& t, const std::vector<BadRows>& block_bad,
                       const std::vector<BadRows>& staging_bad) {
     const uint64_t bt = c.bt();
     for (size_t s = 0; s < t.sequences.size(); ++s) {
@@ -157,7 +157,7 @@ void apply_nan_policy(const KVCache::Impl& c, Tables& t, const std::vector<BadRo
 
 }  // namespace
 
-std::vector<SequenceId> KVCache::Impl::load(const InFile& f, const Header& h) {
+std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h) {
     detail::file::check_matches(*this, h);
     detail::file::check_sizes(*this, h);
     Tables t = detail::file::decode_tables(f.read(h.table_offset, h.table_bytes, "block tables"), h);

@@ -18,7 +18,7 @@ std::string float_text(float x) {
 }
 
 // One layer's record against the cache's invariants (lib/cache/cache_impl.hpp).
-void check_layer_record(const KVCache::Impl& c, const Header& h, const LayerRecord& r, const std::string& where,
+void check_layer_record(const detail::CacheImpl& c, const Header& h, const LayerRecord& r, const std::string& where,
                         size_t window) {
     const uint64_t bt = c.bt();
     const auto fail = [&](const std::string& what) { bad(where + ": " + what); };
@@ -85,7 +85,7 @@ Header read_header(const InFile& f) {
     return h;
 }
 
-void check_matches(const KVCache::Impl& c, const Header& h) {
+void check_matches(const detail::CacheImpl& c, const Header& h) {
     const CacheConfig& f = h.config;
     const auto differ = [](const std::string& field, const std::string& in_file, const std::string& in_cache) {
         throw ConfigMismatch("KVCache::load_into: the file's " + field + " is " + in_file + ", this cache's is " +
@@ -120,7 +120,7 @@ void check_matches(const KVCache::Impl& c, const Header& h) {
     }
 }
 
-void check_sizes(const KVCache::Impl& c, const Header& h) {
+void check_sizes(const detail::CacheImpl& c, const Header& h) {
     const auto same = [](const char* what, uint64_t in_file, uint64_t here) {
         if (in_file != here) {
             bad(std::string(what) + " is " + std::to_string(in_file) + " bytes in the file but " + std::to_string(here) +
@@ -133,7 +133,7 @@ void check_sizes(const KVCache::Impl& c, const Header& h) {
     same("a staging payload", h.staging_bytes, c.staging_payload_bytes());
 }
 
-std::vector<uint32_t> check_tables(const KVCache::Impl& c, const Header& h, const Tables& t) {
+std::vector<uint32_t> check_tables(const detail::CacheImpl& c, const Header& h, const Tables& t) {
     std::vector<uint32_t> refs(h.n_blocks, 0);
     std::vector<uint8_t> staging_used(h.n_staging, 0);
     for (size_t s = 0; s < t.sequences.size(); ++s) {

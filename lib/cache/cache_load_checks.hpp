@@ -15,12 +15,12 @@ namespace kvq::detail::file {
 // Reads and checks the header, and that the file is exactly as long as the header says.
 Header read_header(const InFile& f);
 // Throws ConfigMismatch naming the first field in which the file's configuration differs from the cache's.
-void check_matches(const KVCache::Impl& c, const Header& h);
+void check_matches(const detail::CacheImpl& c, const Header& h);
 // The payload sizes this kvq would write for the configuration (a codec whose layout changed between
 // versions shows up here).
-void check_sizes(const KVCache::Impl& c, const Header& h);
+void check_sizes(const detail::CacheImpl& c, const Header& h);
 // Every record valid, every block referenced, every staging payload used once. Returns the references
 // per block (its reference count after loading).
-std::vector<uint32_t> check_tables(const KVCache::Impl& c, const Header& h, const Tables& t);
+std::vector<uint32_t> check_tables(const detail::CacheImpl& c, const Header& h, const Tables& t);
 
 }  // namespace kvq::detail::file

@@ -23,7 +23,7 @@ struct Payloads {
 
 }  // namespace
 
-size_t KVCache::Impl::staging_payload_bytes() const {
+size_t detail::CacheImpl::staging_payload_bytes() const {
     return align_up(staging_floats * sizeof(float), detail::file::kPayloadStride);
 }
 
@@ -32,7 +32,7 @@ namespace {
 // The open block's float rows as a file stores them: the staging layout (keys, then values; per kv head
 // block_tokens rows), with the rows past `staged` zero, so a cache's contents alone decide the bytes
 // (a truncate leaves stale rows behind, which no read ever sees).
-void staging_payload(const KVCache::Impl& c, const detail::LayerState& st, std::vector<uint8_t>& out) {
+void staging_payload(const detail::CacheImpl& c, const detail::LayerState& st, std::vector<uint8_t>& out) {
     out.assign(c.staging_payload_bytes(), 0);
     const size_t d = static_cast<size_t>(c.cfg.head_dim), rows = c.bt() * d, half = c.staging_floats / 2;
     for (size_t part = 0; part < 2; ++part) {
@@ -71,7 +71,7 @@ detail::file::Tables tables_of(const std::vector<const detail::Sequence*>& chose
 
 }  // namespace
 
-void KVCache::Impl::save(const std::string& path, const SequenceId* only) const {
+void detail::CacheImpl::save(const std::string& path, const SequenceId* only) const {
     std::vector<const detail::Sequence*> chosen;
     if (only) {
         chosen.push_back(&find("save", *only));

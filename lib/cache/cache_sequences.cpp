@@ -9,7 +9,7 @@
 
 namespace kvq {
 
-SequenceId KVCache::Impl::fork(SequenceId parent) {
+SequenceId detail::CacheImpl::fork(SequenceId parent) {
     const detail::Sequence& p = find("fork", parent);
     // Copying the parent (its tables, its float staging) is the step that may throw; it changes nothing.
     auto child = std::make_unique<detail::Sequence>(p);
@@ -38,7 +38,7 @@ SequenceId KVCache::Impl::fork(SequenceId parent) {
     return id;
 }
 
-void KVCache::Impl::remove(SequenceId id) {
+void detail::CacheImpl::remove(SequenceId id) {
     std::unique_ptr<detail::Sequence> seq;
     {
         std::lock_guard<std::mutex> lock(seq_mu);
@@ -57,7 +57,7 @@ void KVCache::Impl::remove(SequenceId id) {
     metadata_bytes -= sequence_metadata_bytes();
 }
 
-void KVCache::Impl::truncate(SequenceId id, size_t n) {
+void detail::CacheImpl::truncate(SequenceId id, size_t n) {
     detail::Sequence& seq = find("truncate", id);
     size_t longest = 0;
     for (const auto& st : seq.layers) longest = std::max(longest, st.n_tokens);

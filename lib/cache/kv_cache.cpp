@@ -68,7 +68,7 @@ CacheConfig validate_config(CacheConfig c) {
     return c;
 }
 
-KVCache::Impl::Impl(const CacheConfig& config)
+detail::CacheImpl::CacheImpl(const CacheConfig& config)
     : cfg(validate_config(config)),
       key(Codec::make(cfg.key_codec, cfg.head_dim, cfg.seed)),
       value(Codec::make(cfg.value_codec, cfg.head_dim, cfg.seed)),
@@ -106,14 +106,14 @@ KVCache::Impl::Impl(const CacheConfig& config)
     }
 }
 
-void KVCache::Impl::check_layer(const char* what, int layer) const {
+void detail::CacheImpl::check_layer(const char* what, int layer) const {
     if (layer < 0 || layer >= cfg.n_layers) {
         throw std::invalid_argument(std::string("KVCache::") + what + ": layer " + std::to_string(layer) +
                                     " is out of range (n_layers = " + std::to_string(cfg.n_layers) + ")");
     }
 }
 
-detail::Sequence& KVCache::Impl::find(const char* what, SequenceId seq) const {
+detail::Sequence& detail::CacheImpl::find(const char* what, SequenceId seq) const {
     std::lock_guard<std::mutex> lock(seq_mu);
     const auto it = seqs.find(seq);
     if (it == seqs.end()) {
@@ -122,7 +122,7 @@ detail::Sequence& KVCache::Impl::find(const char* what, SequenceId seq) const {
     return *it->second;
 }
 
-std::string KVCache::Impl::dump() const {
+std::string detail::CacheImpl::dump() const {
     std::ostringstream os;
     const PoolStats ps = pool->stats();
     os << "KVCache: " << cfg.n_layers << " layer(s), " << cfg.n_heads << " query / " << cfg.n_kv_heads
@@ -154,7 +154,7 @@ std::string KVCache::Impl::dump() const {
 
 // ---- public API ----
 
-KVCache::KVCache(const CacheConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+KVCache::KVCache(const CacheConfig& config) : impl_(std::make_unique<detail::CacheImpl>(config)) {}
 KVCache::~KVCache() = default;
 KVCache::KVCache(KVCache&&) noexcept = default;
 KVCache& KVCache::operator=(KVCache&&) noexcept = default;
@@ -163,7 +163,7 @@ const CacheConfig& KVCache::config() const { return impl_->cfg; }
 const Codec& KVCache::key_codec() const { return impl_->key; }
 const Codec& KVCache::value_codec() const { return impl_->value; }
 
-size_t KVCache::Impl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
+size_t detail::CacheImpl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
 
 size_t KVCache::sequence_bookkeeping_bytes(int n_layers) {
     return sizeof(detail::Sequence) + static_cast<size_t>(std::max(n_layers, 0)) * sizeof(detail::LayerState);
