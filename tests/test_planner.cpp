@@ -143,9 +143,11 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
     m.head_dim = 64;
     m.sliding_window = {0, 96, 0, 96};
     for (const kvq::KVFormat f : {kvq::KVFormat{"q8_0", "q4_0", false}, kvq::KVFormat{"q4_0", "q4_0", true}}) {
+      for (const kvq::StagingType staging : {kvq::StagingType::f32, kvq::StagingType::f16}) {
         for (size_t context : {size_t(40), size_t(1040)}) {
             CAPTURE(f.label());
             CAPTURE(context);
+            CAPTURE(staging == kvq::StagingType::f16);
             const size_t batch = 3;
             kvq::CacheConfig cfg;
             cfg.n_layers = m.n_layers;
@@ -156,6 +158,7 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
             cfg.value_codec = f.value_codec;
             cfg.center_keys = f.center_keys;
             cfg.sliding_window = m.sliding_window;
+            cfg.staging = staging;
             kvq::KVCache cache(cfg);
             const auto k = kvq::test::gaussian(size_t(m.n_kv_heads) * m.head_dim, 3);
             for (size_t b = 0; b < batch; ++b) {
@@ -164,8 +167,9 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
                     for (int l = 0; l < m.n_layers; ++l) cache.append(l, s, k.data(), k.data(), 1);
                 }
             }
-            const double plan = kvq::plan_memory(m, {f}, {context, batch, 32})[0].cache_bytes_total;
+            const double plan = kvq::plan_memory(m, {f}, {context, batch, 32, staging})[0].cache_bytes_total;
             CHECK(plan == doctest::Approx(static_cast<double>(cache.bytes_used())).epsilon(0.01));
         }
+      }
     }
 }

@@ -54,7 +54,14 @@ using SequenceId = int64_t;
 // When rows are quantized.
 enum class SealPolicy {
     on_append,      // every token is quantized as it is appended
-    on_block_full,  // the open block stays float32 until it fills, then it is quantized in one go
+    on_block_full,  // the open block stays in full precision until it fills, then it is quantized in one go
+};
+
+// How the open block's rows are held under SealPolicy::on_block_full until it is sealed.
+enum class StagingType {
+    f32,  // float32: the recent tokens exactly as given
+    f16,  // IEEE binary16: half the memory; rows rounded to nearest even, |x| at most 65504 (larger is
+          // beyond the cache's input range, as a too-large value is for a codec)
 };
 
 // An engine's own threads: runs task(i) once for every i in [0, n), on any threads (the calling one
@@ -89,6 +96,7 @@ struct CacheConfig {
     // everything its queries need, and the next append releases the rest.
     std::vector<int> sliding_window;
     SealPolicy seal = SealPolicy::on_block_full;
+    StagingType staging = StagingType::f32;  // the open block's rows (saved in cache files)
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
     int threads = 1;            // threads for one attend call: it is split into parts for this many

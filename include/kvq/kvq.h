@@ -210,8 +210,13 @@ typedef struct kvq_cache kvq_cache;
 
 typedef enum kvq_seal_policy {
     KVQ_SEAL_ON_APPEND = 0,    /* every token is quantized as it is appended */
-    KVQ_SEAL_ON_BLOCK_FULL = 1 /* the open block stays float32 until it fills (default) */
+    KVQ_SEAL_ON_BLOCK_FULL = 1 /* the open block stays in full precision until it fills (default) */
 } kvq_seal_policy;
+
+typedef enum kvq_staging_type {
+    KVQ_STAGING_F32 = 0, /* the open block's rows as float32 (default) */
+    KVQ_STAGING_F16 = 1  /* as IEEE float16: half the memory; |x| at most 65504 */
+} kvq_staging_type;
 
 typedef enum kvq_nan_policy {
     KVQ_NAN_REJECT = 0,   /* non-finite keys, values or queries fail with KVQ_ERR_NON_FINITE (default) */
@@ -253,6 +258,8 @@ typedef struct kvq_cache_params {
      * many parts one call is split into. */
     void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);
     void* executor_ctx;
+    int32_t staging;               /* kvq_staging_type (added after executor_ctx; 0 = float32) */
+    int32_t reserved1;             /* 0 */
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {

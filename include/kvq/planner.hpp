@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvq/cache.hpp"
 #include "kvq/kv_format.hpp"
 
 namespace kvq {
@@ -56,6 +57,7 @@ struct PlanOptions {
     size_t context = 8192;  // tokens per sequence
     size_t batch = 1;       // sequences
     int block_tokens = 32;  // cache block size (for the centering means of +center keys)
+    StagingType staging = StagingType::f32;  // the open blocks' rows in a KVCache (cache_bytes_total)
 };
 
 struct MemoryPlan {
@@ -69,7 +71,7 @@ struct MemoryPlan {
     double compression = 0;      // fp16_bytes_total / bytes_total
     // What a kvq::KVCache with this format and default settings holds for batch sequences of context
     // tokens after decoding: whole blocks (their alignment padding included), each sequence's and
-    // layer's float32 staging of the open block, the one block of slack before each sliding window, and
+    // layer's staging of the open block (float32 or float16, PlanOptions::staging), the one block of slack before each sliding window, and
     // each sequence's bookkeeping. 0 for MLA models (a KVCache stores keys and values per head).
     double cache_bytes_total = 0;
 };
@@ -81,7 +83,7 @@ double kv_bytes(const ModelShape& model, const KVFormat& format, size_t context,
                 int block_tokens = 32);
 // MemoryPlan::cache_bytes_total for one format (KVCache's own block layout and staging rules).
 double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch = 1,
-                      int block_tokens = 32);
+                      int block_tokens = 32, StagingType staging = StagingType::f32);
 
 std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<KVFormat>& formats,
                                     const PlanOptions& options = {});

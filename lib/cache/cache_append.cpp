@@ -106,8 +106,6 @@ void write_tokens(const detail::CacheImpl& c, detail::LayerState& st, const Appe
     const size_t bt = c.bt();
     const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
-    float* staged_k = st.staging.data();
-    float* staged_v = staged_k ? staged_k + c.staging_floats / 2 : nullptr;  // no staging under on_append
     for (size_t pos = p.old_n; pos < p.n_final;) {
         const size_t block = pos / bt, row = pos % bt;
         const size_t end = std::min(p.n_final, (block + 1) * bt);
@@ -117,11 +115,13 @@ void write_tokens(const detail::CacheImpl& c, detail::LayerState& st, const Appe
             if (!p.staging || (p.partial_pool_block && block == p.old_pool_end / bt)) {
                 c.write_rows(st, index, row, k + t * token_floats, v + t * token_floats, count);
             } else {
+                const detail::CodecImpl& staged = detail::impl_of(c.exact);  // f32: a copy; f16: rounded
+                const size_t rb = c.exact.row_bytes();
                 for (size_t i = 0; i < count; ++i) {
                     for (int h = 0; h < n_kv; ++h) {
-                        const size_t dst = (h * bt + row + i) * d, src = (t + i) * token_floats + h * d;
-                        std::memcpy(staged_k + dst, k + src, d * sizeof(float));
-                        std::memcpy(staged_v + dst, v + src, d * sizeof(float));
+                        const size_t src = (t + i) * token_floats + h * d;
+                        staged.quantize_rows(k + src, 1, c.staged_row(st, true, h, row + i), rb);
+                        staged.quantize_rows(v + src, 1, c.staged_row(st, false, h, row + i), rb);
                     }
                 }
                 if (end == (block + 1) * bt) c.seal(st, st.data[index]);
@@ -155,14 +155,27 @@ void detail::CacheImpl::write_rows(detail::LayerState& st, size_t block_index, s
     }
 }
 
+uint8_t* detail::CacheImpl::staged_row(detail::LayerState& st, bool keys, int h, size_t r) const {
+    return st.staging.data() + (keys ? 0 : staging_layer_bytes / 2) + static_cast<size_t>(h) * staging_layout.k_head_stride +
+           r * exact.row_bytes();
+}
+
+void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int h, size_t r0, size_t n, float* out) const {
+    detail::impl_of(exact).dequantize_rows(staged_row(const_cast<detail::LayerState&>(st), keys, h, r0), exact.row_bytes(),
+                                           n, out);
+}
+
 void detail::CacheImpl::seal(detail::LayerState& st, uint8_t* block) const {
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t rows_per_head = bt() * d;
-    const float* staged_k = st.staging.data();
-    const float* staged_v = st.staging.data() + n_kv * rows_per_head;
-    std::vector<float> centered(cfg.center_keys ? rows_per_head : 0);
+    thread_local std::vector<float> keys, values, centered;
+    keys.resize(rows_per_head);
+    values.resize(rows_per_head);
+    if (cfg.center_keys) centered.resize(rows_per_head);
     for (int h = 0; h < n_kv; ++h) {
-        const float* k = staged_k + h * rows_per_head;
+        staged_rows(st, true, h, 0, bt(), keys.data());
+        staged_rows(st, false, h, 0, bt(), values.data());
+        const float* k = keys.data();
         if (cfg.center_keys) {
             // The mean is rounded to fp16 before it is subtracted, so that adding the stored mean back
             // when scoring restores exactly what was subtracted.
@@ -177,7 +190,7 @@ void detail::CacheImpl::seal(detail::LayerState& st, uint8_t* block) const {
             k = centered.data();
         }
         detail::impl_of(key).quantize_rows(k, bt(), block + layout.k_offset + h * layout.k_head_stride, key.row_bytes());
-        detail::impl_of(value).quantize_rows(staged_v + h * rows_per_head, bt(), block + layout.v_offset + h * layout.v_head_stride,
+        detail::impl_of(value).quantize_rows(values.data(), bt(), block + layout.v_offset + h * layout.v_head_stride,
                                    value.row_bytes());
     }
 }
@@ -207,8 +220,8 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
 
     detail::LayerState& st = seq.layers[layer];
     const AppendPlan p = plan_append(*this, st, layer, n);
-    std::vector<float> new_staging;  // allocated before the pool is asked, kept only if it gives
-    if (p.staging && st.staging.empty()) new_staging.assign(staging_floats, 0.0f);
+    std::vector<uint8_t> new_staging;  // allocated before the pool is asked, kept only if it gives
+    if (p.staging && st.staging.empty()) new_staging.assign(staging_layer_bytes, 0);
     std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + p.n_drop);
     if (p.copy_last) give_back.push_back(st.table.back());
     // New staging counts against the pool first; then the blocks (all or nothing, both).
@@ -224,7 +237,7 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     // ---- from here on nothing fails ----
     if (!new_staging.empty()) {
         st.staging = std::move(new_staging);
-        staging_bytes += staging_floats * sizeof(float);
+        staging_bytes += staging_layer_bytes;
     }
     st.table.erase(st.table.begin(), st.table.begin() + p.n_drop);
     st.data.erase(st.data.begin(), st.data.begin() + p.n_drop);

@@ -110,8 +110,8 @@ void detail::CacheImpl::attend_head_exact(const detail::LayerState& st, size_t l
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
         if (p >= pool_end) {
-            const float* staged = st.staging.data() + (keys ? 0 : staging_floats / 2);
-            return staged + (static_cast<size_t>(h) * bt + (p - pool_end)) * d;
+            staged_rows(st, keys, h, p - pool_end, 1, row.data());
+            return row.data();
         }
         const uint8_t* block = st.data[(p - st.first_pos) / bt];
         const size_t r = (p - st.first_pos) % bt;

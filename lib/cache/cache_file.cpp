@@ -158,6 +158,7 @@ std::vector<uint8_t> encode_header(const Header& h) {
     e.u32(c.seal == SealPolicy::on_block_full ? 1 : 0);
     e.u32(c.center_keys ? 1 : 0);
     e.u32(c.nan_policy == NanPolicy::propagate ? 1 : 0);
+    e.u32(c.staging == StagingType::f16 ? 1 : 0);  // since version 2
     e.f32(c.scale);
     e.f32(c.softcap);
     e.u64(c.seed);
@@ -180,9 +181,10 @@ Header decode_prefix(std::span<const uint8_t> prefix) {
     Decoder d(prefix.subspan(8), "header");
     Header h;
     h.version = d.u32("format version");
-    if (h.version != kFormatVersion) {
-        bad("format version " + std::to_string(h.version) + " is not supported (this kvq reads version " +
-            std::to_string(kFormatVersion) + (h.version > kFormatVersion ? "; the file is from a newer kvq)" : ")"));
+    if (h.version < kOldestFormatVersion || h.version > kFormatVersion) {
+        bad("format version " + std::to_string(h.version) + " is not supported (this kvq reads versions " +
+            std::to_string(kOldestFormatVersion) + ".." + std::to_string(kFormatVersion) +
+            (h.version > kFormatVersion ? "; the file is from a newer kvq)" : ")"));
     }
     h.header_bytes = d.u32("header size");
     if (h.header_bytes < kPrefixBytes + 4 || h.header_bytes > kMaxHeaderBytes) {
@@ -217,6 +219,7 @@ Header decode_header(std::span<const uint8_t> bytes) {
     c.seal = flag_field(d, "seal") ? SealPolicy::on_block_full : SealPolicy::on_append;
     c.center_keys = flag_field(d, "center_keys");
     c.nan_policy = flag_field(d, "nan_policy") ? NanPolicy::propagate : NanPolicy::reject;
+    c.staging = h.version >= 2 && flag_field(d, "staging") ? StagingType::f16 : StagingType::f32;
     c.scale = d.f32("scale");
     c.softcap = d.f32("softcap");
     if (!(c.scale > 0) || !std::isfinite(c.scale)) bad("header: scale " + std::to_string(c.scale) + " is not positive and finite");

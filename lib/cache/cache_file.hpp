@@ -17,7 +17,8 @@
 namespace kvq::detail::file {
 
 inline constexpr char kMagic[8] = {'K', 'V', 'Q', 'C', 'A', 'C', 'H', 'E'};
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;      // 2 added the staging type; version 1 files still load
+inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr size_t kPrefixBytes = 16;           // magic, version, header size: read before the rest
 inline constexpr uint64_t kPayloadAlignment = 4096;  // the payload section starts on a page (mmap)
 inline constexpr uint64_t kPayloadStride = 64;       // each payload starts on a cache line

@@ -4,7 +4,8 @@
 //   released   [0, first_pos)                 dropped by the layer's sliding window (never read again)
 //   pool       [first_pos, pool_end())         pool blocks: table[i] holds positions first_pos + i·bt …;
 //                                              all full except possibly the last
-//   staging    [pool_end(), n_tokens)          float32 rows of the open block (SealPolicy::on_block_full),
+//   staging    [pool_end(), n_tokens)          rows of the open block as `exact` stores them (float32 or
+//                                              float16: CacheConfig::staging; SealPolicy::on_block_full),
 //                                              only when pool_end() is a block boundary
 // first_pos is always a block boundary. Under on_block_full the last pool block is partly filled only
 // after a truncate into a sealed block; appends fill it (quantized as they arrive) before staging again.
@@ -32,7 +33,8 @@ struct LayerState {
     size_t first_pos = 0;
     size_t n_tokens = 0;
     size_t staged = 0;
-    std::vector<float> staging;  // keys then values, each n_kv_heads × block_tokens × head_dim; lazily sized
+    // Keys then values, each n_kv_heads × block_tokens rows of the staging codec (f32 or f16); lazily sized.
+    std::vector<uint8_t> staging;
     // (position, kv head) of rows that held NaN/Inf under NanPolicy::propagate in a codec that cannot store
     // them; attention over such a row returns NaN for that kv head's query heads.
     std::vector<std::pair<size_t, int>> poisoned;
@@ -64,14 +66,14 @@ struct CacheImpl {
     CacheConfig cfg;  // as given, with n_heads and scale resolved
     Codec key;
     Codec value;
-    Codec exact;  // f32: the open block's float rows
+    Codec exact;  // f32 or f16 (CacheConfig::staging): the open block's rows
     bool store_nonfinite_k = false;  // plain codecs keep NaN/Inf as they are (NanPolicy::propagate)
     bool store_nonfinite_v = false;
     // The rows each codec stores with finite fields; a row beyond counts as non-finite (NanPolicy).
     InputLimit key_limit, value_limit;
     detail::BlockLayout layout;          // pool blocks
     detail::BlockLayout staging_layout;  // the float staging of one layer
-    size_t staging_floats = 0;           // per layer, keys and values
+    size_t staging_layer_bytes = 0;      // per layer, keys and values
     size_t staging_units = 0;            // the blocks' worth of pool capacity one layer's staging takes
     std::unique_ptr<detail::BlockPool> pool;
     // Runs the parts of one call: the engine's executor, or kvq's shared pool on up to cfg.threads
@@ -109,7 +111,10 @@ struct CacheImpl {
     void save(const std::string& path, const SequenceId* only) const;
     // Adds the sequences of an opened file whose header has been read; changes nothing if it throws.
     std::vector<SequenceId> load(const detail::file::InFile& f, const detail::file::Header& h);
-    size_t staging_payload_bytes() const;  // a staging payload in a file: the float rows, padded
+    size_t staging_payload_bytes() const;  // a staging payload in a file: the staged rows, padded
+    // Staged rows r0..r0+n of kv head h of a layer's keys (or values) as floats.
+    void staged_rows(const detail::LayerState& st, bool keys, int h, size_t r0, size_t n, float* out) const;
+    uint8_t* staged_row(detail::LayerState& st, bool keys, int h, size_t r) const;
 
     // Helpers of the operations.
     void seal(detail::LayerState& st, uint8_t* block) const;

@@ -101,17 +101,19 @@ BadRows bad_block_rows(const detail::CacheImpl& c, const uint8_t* block, uint32_
     return bad;
 }
 
-// The staged float rows of an open block against the rules append applies to its input: finite, and
-// within the range of the codec that will quantize them when the block is sealed.
-BadRows bad_staged_rows(const detail::CacheImpl& c, const float* staging, uint32_t staged) {
+// The staged rows of an open block (a staging payload) against the rules append applies to its input:
+// finite, and within the range of the codec that will quantize them when the block is sealed.
+BadRows bad_staged_rows(const detail::CacheImpl& c, const uint8_t* staging, uint32_t staged) {
     BadRows bad;
-    const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_floats / 2;
+    const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_layer_bytes / 2;
+    std::vector<float> k(d), v(d);
     for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
         for (uint32_t r = 0; r < staged; ++r) {
-            const float* k = staging + (h * c.bt() + r) * d;
-            const float* v = k + half;
-            const bool ok = all_finite(k, d) && all_finite(v, d) && c.key_limit.admits(k, static_cast<int>(d)) &&
-                            c.value_limit.admits(v, static_cast<int>(d));
+            const uint8_t* row = staging + h * c.staging_layout.k_head_stride + r * c.exact.row_bytes();
+            c.exact.dequantize_rows(row, 1, k.data());
+            c.exact.dequantize_rows(row + half, 1, v.data());
+            const bool ok = all_finite(k.data(), d) && all_finite(v.data(), d) &&
+                            c.key_limit.admits(k.data(), static_cast<int>(d)) && c.value_limit.admits(v.data(), static_cast<int>(d));
             if (!ok) bad.emplace_back(r, h);
         }
     }
@@ -182,9 +184,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
         if (i < h.n_blocks) {
             block_bad[i] = bad_block_rows(*this, scratch.data(), live[i]);
         } else {
-            std::vector<float> rows(staging_floats);
-            std::memcpy(rows.data(), scratch.data(), staging_floats * sizeof(float));
-            staging_bad[i - h.n_blocks] = bad_staged_rows(*this, rows.data(), staged_of[i - h.n_blocks]);
+            staging_bad[i - h.n_blocks] = bad_staged_rows(*this, scratch.data(), staged_of[i - h.n_blocks]);
         }
     }
     apply_nan_policy(*this, t, block_bad, staging_bad);
@@ -207,22 +207,19 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
             st.data.reserve(r.blocks.size());
             if (r.staging == detail::file::kNoStaging) continue;
             read_payload(f, h, t, h.n_blocks + r.staging, scratch.data(), changed);
-            st.staging.resize(staging_floats);
-            std::memcpy(st.staging.data(), scratch.data(), staging_floats * sizeof(float));
-            staging_added += staging_floats * sizeof(float);
+            st.staging.assign(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(staging_layer_bytes));
+            staging_added += staging_layer_bytes;
             // propagate: as append does, a codec that cannot store the row gets it zeroed (it is recorded).
-            const size_t d = static_cast<size_t>(cfg.head_dim);
             for (const auto& [row, head] : staging_bad[r.staging]) {
-                float* k = st.staging.data() + (head * bt() + row) * d;
-                if (!store_nonfinite_k) std::fill(k, k + d, 0.0f);
-                if (!store_nonfinite_v) std::fill(k + staging_floats / 2, k + staging_floats / 2 + d, 0.0f);
+                if (!store_nonfinite_k) std::memset(staged_row(st, true, head, row), 0, exact.row_bytes());
+                if (!store_nonfinite_v) std::memset(staged_row(st, false, head, row), 0, exact.row_bytes());
             }
         }
     }
 
     // The staging counts against the pool, then exactly the file's blocks (PoolExhausted: nothing
     // changed): the pool never outgrows what the file holds.
-    const size_t units = staging_added / (staging_floats * sizeof(float)) * staging_units;
+    const size_t units = staging_added / staging_layer_bytes * staging_units;
     pool->reserve(units);
     std::vector<detail::BlockRef> blocks;
     try {

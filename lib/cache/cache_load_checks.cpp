@@ -107,6 +107,10 @@ void check_matches(const detail::CacheImpl& c, const Header& h) {
         differ("seal", name(f.seal), name(c.cfg.seal));
     }
     if (f.center_keys != c.cfg.center_keys) differ("center_keys", flag(f.center_keys), flag(c.cfg.center_keys));
+    if (f.staging != c.cfg.staging) {
+        const auto name = [](StagingType s) { return s == StagingType::f16 ? "f16" : "f32"; };
+        differ("staging", name(f.staging), name(c.cfg.staging));
+    }
     // Bitwise: the scale is applied to every score, and a file promises the same attention output.
     if (std::memcmp(&f.scale, &c.cfg.scale, sizeof(float)) != 0) differ("scale", float_text(f.scale), float_text(c.cfg.scale));
     if (std::memcmp(&f.softcap, &c.cfg.softcap, sizeof(float)) != 0) {

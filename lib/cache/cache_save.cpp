@@ -24,21 +24,21 @@ struct Payloads {
 }  // namespace
 
 size_t detail::CacheImpl::staging_payload_bytes() const {
-    return align_up(staging_floats * sizeof(float), detail::file::kPayloadStride);
+    return align_up(staging_layer_bytes, detail::file::kPayloadStride);
 }
 
 namespace {
 
-// The open block's float rows as a file stores them: the staging layout (keys, then values; per kv head
-// block_tokens rows), with the rows past `staged` zero, so a cache's contents alone decide the bytes
+// The open block's rows as a file stores them: the staging layout (keys, then values; per kv head
+// block_tokens rows of the staging codec, f32 or f16), with the rows past `staged` zero, so a cache's contents alone decide the bytes
 // (a truncate leaves stale rows behind, which no read ever sees).
 void staging_payload(const detail::CacheImpl& c, const detail::LayerState& st, std::vector<uint8_t>& out) {
     out.assign(c.staging_payload_bytes(), 0);
-    const size_t d = static_cast<size_t>(c.cfg.head_dim), rows = c.bt() * d, half = c.staging_floats / 2;
+    const size_t head = c.staging_layout.k_head_stride, half = c.staging_layer_bytes / 2;
     for (size_t part = 0; part < 2; ++part) {
         for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
-            const size_t at = part * half + h * rows;
-            std::memcpy(out.data() + at * sizeof(float), st.staging.data() + at, st.staged * d * sizeof(float));
+            const size_t at = part * half + h * head;
+            std::memcpy(out.data() + at, st.staging.data() + at, st.staged * c.exact.row_bytes());
         }
     }
 }

@@ -17,7 +17,7 @@ SequenceId detail::CacheImpl::fork(SequenceId parent) {
     size_t staging_added = 0, units = 0;
     for (const auto& st : child->layers) {
         shared.insert(shared.end(), st.table.begin(), st.table.end());
-        staging_added += st.staging.size() * sizeof(float);
+        staging_added += st.staging.size();
         units += st.staging.empty() ? 0 : staging_units;
     }
     pool->reserve(units);
@@ -51,7 +51,7 @@ void detail::CacheImpl::remove(SequenceId id) {
     }
     for (const auto& st : seq->layers) {
         pool->release(st.table);
-        staging_bytes -= st.staging.size() * sizeof(float);
+        staging_bytes -= st.staging.size();
         if (!st.staging.empty()) pool->unreserve(staging_units);
     }
     metadata_bytes -= sequence_metadata_bytes();

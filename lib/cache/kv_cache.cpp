@@ -72,7 +72,7 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config)
     : cfg(validate_config(config)),
       key(Codec::make(cfg.key_codec, cfg.head_dim, cfg.seed)),
       value(Codec::make(cfg.value_codec, cfg.head_dim, cfg.seed)),
-      exact(Codec::make("f32", cfg.head_dim)) {
+      exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)) {
     store_nonfinite_k = key.info().plain;
     store_nonfinite_v = value.info().plain;
     key_limit = key.input_limit();
@@ -80,6 +80,11 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config)
     // Centering stores each block's key mean as fp16 and quantizes k - mean, which can be twice as
     // large as the largest key.
     if (cfg.center_keys) key_limit.max_abs = std::min(key_limit.max_abs / 2, 65504.0f);
+    // fp16 staging holds |x| up to 65504 (a limit on the norm implies it on every value).
+    if (cfg.staging == StagingType::f16 && cfg.seal == SealPolicy::on_block_full) {
+        key_limit.max_abs = std::min(key_limit.max_abs, 65504.0f);
+        value_limit.max_abs = std::min(value_limit.max_abs, 65504.0f);
+    }
     const size_t h = static_cast<size_t>(cfg.n_kv_heads), d = static_cast<size_t>(cfg.head_dim);
     layout.block_tokens = cfg.block_tokens;
     layout.k_offset = 0;
@@ -93,11 +98,11 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config)
     }
     staging_layout.block_tokens = cfg.block_tokens;
     staging_layout.k_offset = 0;
-    staging_layout.k_head_stride = bt() * d * sizeof(float);
+    staging_layout.k_head_stride = bt() * exact.row_bytes();
     staging_layout.v_offset = h * staging_layout.k_head_stride;
     staging_layout.v_head_stride = staging_layout.k_head_stride;
-    staging_floats = 2 * h * bt() * d;
-    staging_units = (staging_floats * sizeof(float) + bytes - 1) / bytes;
+    staging_layer_bytes = 2 * h * staging_layout.k_head_stride;
+    staging_units = (staging_layer_bytes + bytes - 1) / bytes;
     pool = std::make_unique<detail::BlockPool>(bytes, cfg.max_blocks, cfg.initial_blocks, cfg.grow_blocks);
     if (cfg.executor) {
         runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { ex(n, task); };

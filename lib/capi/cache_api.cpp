@@ -22,8 +22,9 @@ constexpr size_t kParamsSizeV1 = offsetof(kvq_cache_params, seed) + sizeof(uint6
 constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 136 && offsetof(kvq_cache_params, seed) == 112 &&
-                                     offsetof(kvq_cache_params, executor) == 120),
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 144 && offsetof(kvq_cache_params, seed) == 112 &&
+                                     offsetof(kvq_cache_params, executor) == 120 &&
+                                     offsetof(kvq_cache_params, staging) == 136),
               "kvq_cache_params has implicit padding");
 
 std::string text(const char* function, const std::string& what) { return std::string(function) + ": " + what; }
@@ -59,7 +60,10 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     if (p.center_keys != 0 && p.center_keys != 1) {
         return bad_params("center_keys must be 0 or 1, got " + std::to_string(p.center_keys));
     }
-    if (p.reserved0 != 0) return bad_params("reserved0 must be 0");
+    if (p.reserved0 != 0 || p.reserved1 != 0) return bad_params("reserved0 and reserved1 must be 0");
+    if (p.staging != KVQ_STAGING_F32 && p.staging != KVQ_STAGING_F16) {
+        return bad_params("staging must be a kvq_staging_type, got " + std::to_string(p.staging));
+    }
     if (p.n_sliding_window > 0 && !p.sliding_window) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: sliding_window is NULL but n_sliding_window is " +
                                                   std::to_string(p.n_sliding_window));
@@ -88,6 +92,7 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.seal = p.seal == KVQ_SEAL_ON_APPEND ? SealPolicy::on_append : SealPolicy::on_block_full;
     cfg.center_keys = p.center_keys != 0;
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
+    cfg.staging = p.staging == KVQ_STAGING_F16 ? StagingType::f16 : StagingType::f32;
     if (p.executor) {
         // The engine's executor sees a C task: the std::function and a trampoline.
         cfg.executor = [exec = p.executor, ctx = p.executor_ctx](int n, const std::function<void(int)>& task) {

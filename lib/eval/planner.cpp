@@ -162,7 +162,8 @@ double kv_bytes(const ModelShape& model, const KVFormat& format, size_t context,
     return per_layer * tokens * static_cast<double>(batch);
 }
 
-double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch, int block_tokens) {
+double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch, int block_tokens,
+                      StagingType staging_type) {
     model.validate();
     if (model.is_mla()) return 0.0;
     CacheConfig cfg;
@@ -176,7 +177,8 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
     cfg.block_tokens = block_tokens;
     const KVCache probe(cfg);  // its block size, with the layout's padding
     const double block = static_cast<double>(probe.pool_stats().block_bytes);
-    const double staging = 2.0 * cfg.n_kv_heads * block_tokens * cfg.head_dim * sizeof(float);
+    const double value_bytes = staging_type == StagingType::f16 ? 2.0 : 4.0;
+    const double staging = 2.0 * cfg.n_kv_heads * block_tokens * cfg.head_dim * value_bytes;
     const size_t bt = static_cast<size_t>(block_tokens), n = context;
     double per_sequence = static_cast<double>(KVCache::sequence_bookkeeping_bytes(model.n_layers));
     for (int l = 0; l < model.n_layers; ++l) {
@@ -210,7 +212,7 @@ std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<K
             r.bytes_per_token = kv_bytes_per_token(model, f, o.block_tokens);
             r.bytes_total = kv_bytes(model, f, o.context, o.batch, o.block_tokens);
             r.compression = r.bytes_total > 0 ? fp16_total / r.bytes_total : 0.0;
-            r.cache_bytes_total = kv_cache_bytes(model, f, o.context, o.batch, o.block_tokens);
+            r.cache_bytes_total = kv_cache_bytes(model, f, o.context, o.batch, o.block_tokens, o.staging);
         } catch (const std::invalid_argument& e) {
             r.supported = false;
             r.error = e.what();

@@ -122,6 +122,7 @@ class KVCache:
         nan_policy: Literal["reject", "propagate"] = "reject",
         threads: int = 1,
         seed: int = ...,
+        staging: Literal["f32", "f16"] = "f32",
     ) -> None: ...
     @property
     def config(self) -> dict[str, object]: ...
@@ -242,7 +243,12 @@ class Plan:
     def format(self, format: TableFormat = "markdown") -> str: ...
 
 def plan(
-    model: str = "llama-3-8b", pairs: list[str] | None = None, context: int = 8192, batch: int = 1, block_tokens: int = 32
+    model: str = "llama-3-8b",
+    pairs: list[str] | None = None,
+    context: int = 8192,
+    batch: int = 1,
+    block_tokens: int = 32,
+    staging: Literal["f32", "f16"] = "f32",
 ) -> Plan: ...
 def model_presets() -> list[ModelShape]: ...
 def model_shape(name_or_path: str) -> ModelShape: ...

@@ -149,7 +149,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     if args.config and args.model:
         raise ValueError("give --model or --config, not both")
-    plan = _core.plan(args.config or args.model or "llama-3-8b", _pairs(args.pairs), context=args.context, batch=args.batch)
+    plan = _core.plan(args.config or args.model or "llama-3-8b", _pairs(args.pairs), context=args.context, batch=args.batch,
+                      staging=args.staging)
     sys.stdout.write(plan.format(args.format))
     return 0
 
@@ -278,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="CONFIG", help="a Hugging Face config.json (or a directory holding one)")
     p.add_argument("--context", type=_context, default=8192, help="tokens per sequence, up to 2^48 (default 8192)")
     p.add_argument("--batch", type=_batch, default=1, help="sequences, up to 2^32 (default 1)")
+    p.add_argument("--staging", choices=["f32", "f16"], default="f32",
+                   help="the open blocks' rows in a KVCache, for the 'in a KVCache' column (default f32)")
     p.add_argument("--pairs", action="append", metavar="K/V,...", help="K/V codec pairs (default: kvq.default_pairs())")
     p.add_argument("--format", choices=formats, default="markdown")
     p.add_argument("--list", action="store_true", help="list the model presets")

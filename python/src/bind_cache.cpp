@@ -29,6 +29,12 @@ SealPolicy parse_seal(const std::string& s) {
     raise_value_error("seal must be 'on_block_full' or 'on_append', got '" + s + "'");
 }
 
+StagingType parse_staging(const std::string& s) {
+    if (s == "f32") return StagingType::f32;
+    if (s == "f16") return StagingType::f16;
+    raise_value_error("staging must be 'f32' or 'f16', got '" + s + "'");
+}
+
 NanPolicy parse_nan_policy(const std::string& s) {
     if (s == "reject") return NanPolicy::reject;
     if (s == "propagate") return NanPolicy::propagate;
@@ -241,7 +247,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
                                       int64_t max_blocks, int64_t initial_blocks, int64_t grow_blocks,
                                       std::optional<float> scale, float softcap, const py::object& sliding_window,
                                       const std::string& seal, bool center_keys, const std::string& nan_policy,
-                                      int threads, uint64_t seed) {
+                                      int threads, uint64_t seed, const std::string& staging) {
     CacheConfig c;
     c.n_layers = n_layers;
     c.n_kv_heads = n_kv_heads;
@@ -257,6 +263,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
     c.softcap = softcap;
     c.sliding_window = parse_sliding_window(sliding_window, n_layers);
     c.seal = parse_seal(seal);
+    c.staging = parse_staging(staging);
     c.center_keys = center_keys;
     c.nan_policy = parse_nan_policy(nan_policy);
     c.threads = threads;
@@ -281,6 +288,7 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
     d["sliding_window"] = c.sliding_window;
     d["seal"] = c.seal == SealPolicy::on_block_full ? "on_block_full" : "on_append";
     d["center_keys"] = c.center_keys;
+    d["staging"] = c.staging == StagingType::f16 ? "f16" : "f32";
     d["nan_policy"] = c.nan_policy == NanPolicy::reject ? "reject" : "propagate";
     d["threads"] = c.threads;
     d["seed"] = c.seed;
@@ -320,7 +328,8 @@ may be used from different threads at once (the GIL is released while kvq works)
              "key_codec"_a = "q8_0", "value_codec"_a = "q4_0", py::kw_only(), "block_tokens"_a = 32,
              "max_blocks"_a = 0, "initial_blocks"_a = 0, "grow_blocks"_a = 64, "scale"_a = py::none(),
              "softcap"_a = 0.0f, "sliding_window"_a = py::none(), "seal"_a = "on_block_full",
-             "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed)
+             "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed,
+             "staging"_a = "f32")
         .def_property_readonly("config", [](const PyKVCache& c) { return config_dict(c.config(), c.n_heads()); },
                                "The configuration as a dict (the constructor's keyword arguments).")
         .def_property_readonly("n_layers", [](const PyKVCache& c) { return c.config().n_layers; })

@@ -182,14 +182,15 @@ void bind_eval(py::module_& m) {
         }, "format"_a = "markdown", "The plan as 'markdown', 'csv' or 'json' text.");
 
     m.def("plan", [](const std::string& model, const std::optional<std::vector<std::string>>& pairs, size_t context, size_t batch,
-                     int block_tokens) {
+                     int block_tokens, const std::string& staging) {
+            if (staging != "f32" && staging != "f16") raise_value_error("staging must be 'f32' or 'f16', got '" + staging + "'");
             Plan p;
             p.model = load_model(model);
-            p.options = {context, batch, block_tokens};
+            p.options = {context, batch, block_tokens, staging == "f16" ? StagingType::f16 : StagingType::f32};
             p.rows = plan_memory(p.model, formats_from(pairs), p.options);
             return p;
         }, "model"_a = "llama-3-8b", "pairs"_a = py::none(), "context"_a = 8192, "batch"_a = 1, "block_tokens"_a = 32,
-        "KV-cache bytes per token and for context × batch, per K/V pair, next to fp16. model: a preset name, a "
+        "staging"_a = "f32", "KV-cache bytes per token and for context × batch, per K/V pair, next to fp16. model: a preset name, a "
         "Hugging Face config.json, or a directory holding one.");
     m.def("model_presets", [] {
         py::list out;

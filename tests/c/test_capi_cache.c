@@ -40,6 +40,35 @@ static void test_cache_params_errors(void) {
     p.reserved0 = 1;
     CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "reserved0");
     p = small_params();
+    p.reserved1 = 1;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "reserved1");
+    p = small_params();
+    p.staging = 2;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "staging");
+    p = small_params();
+    p.staging = KVQ_STAGING_F16; /* half the open block's memory */
+    p.seal = KVQ_SEAL_ON_BLOCK_FULL;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    {
+        kvq_cache* full = NULL;
+        kvq_cache_params p32 = small_params();
+        p32.seal = KVQ_SEAL_ON_BLOCK_FULL;
+        CHECK_OK(kvq_cache_create(&p32, &full));
+        float* kv = malloc(sizeof(float) * KVH * p.head_dim);
+        for (int i = 0; i < KVH * p.head_dim; ++i) kv[i] = 0.25f * (float)(i % 7);
+        int64_t a = 0, b = 0;
+        CHECK_OK(kvq_cache_add_sequence(cache, &a));
+        CHECK_OK(kvq_cache_add_sequence(full, &b));
+        CHECK_OK(kvq_cache_append(cache, 0, a, kv, kv, 1));
+        CHECK_OK(kvq_cache_append(full, 0, b, kv, kv, 1));
+        /* the open block's staging of one layer: f32 twice f16's */
+        CHECK(kvq_cache_bytes_used(full) - kvq_cache_bytes_used(cache) == (size_t)2 * KVH * BT * D * 2);
+        free(kv);
+        kvq_cache_destroy(full);
+    }
+    kvq_cache_destroy(cache);
+    cache = NULL;
+    p = small_params();
     p.key_codec = "q9_9";
     CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_UNKNOWN_CODEC, "q9_9");
     p = small_params();

@@ -286,3 +286,24 @@ def test_attend_batch_equals_attend_per_sequence_bit_for_bit(rng):
         cache.attend_batch(0, q[:2], seqs=[seqs[0], seqs[0]])
     with pytest.raises(TypeError):
         cache.attend_batch(0, q, seqs)  # seqs is keyword-only
+
+
+def test_f16_staging_halves_the_open_block_and_reads_back_rounded(rng):
+    k, v = kv(rng, 20)  # one open block
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    half = kvq.KVCache(1, KV, D, H, staging="f16")
+    full = kvq.KVCache(1, KV, D, H)
+    assert half.config["staging"] == "f16" and full.config["staging"] == "f32"
+    half.add_sequence()
+    full.add_sequence()
+    half.append(0, k, v)
+    full.append(0, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32))
+    np.testing.assert_allclose(half.attend(0, q), full.attend(0, q), rtol=1e-5, atol=1e-6)
+    assert full.bytes_used() - half.bytes_used() == 2 * KV * 32 * D * 2
+    with pytest.raises(ValueError, match="staging must be"):
+        kvq.KVCache(1, KV, D, staging="f8")
+    big = k.copy()
+    big[0, 0, 0] = 7e4  # beyond float16
+    with pytest.raises(ValueError, match="range"):
+        half.append(0, big, v)
+    assert half.n_tokens() == 20
