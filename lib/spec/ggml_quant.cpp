@@ -29,6 +29,18 @@ inline bool all_finite(const float* xb) {
     return true;
 }
 
+// The value of largest |x| in a block, the first of equals (ggml's amax/max loop of q4_0, q5_0, iq4_nl).
+inline float signed_extreme(const float* xb) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK; ++j) {
+        if (amax < std::fabs(xb[j])) {
+            amax = std::fabs(xb[j]);
+            max = xb[j];
+        }
+    }
+    return max;
+}
+
 // x -> x/d as ggml computes it: times the inverse scale, or 0 for a zero block. When d is so small
 // (subnormal) that 1/d overflows, ggml's product is Inf or NaN and its integer cast undefined; there we
 // divide instead, which is defined and exact enough (such a d is 0 once stored as fp16, so the stored
@@ -96,13 +108,7 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
             store_block(dst + i * sizeof b, b);
             continue;
         }
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < kQK; ++j) {
-            if (amax < std::fabs(xb[j])) {
-                amax = std::fabs(xb[j]);
-                max = xb[j];
-            }
-        }
+        const float max = signed_extreme(xb);
         const float d = max / -half;
         const Scale s(d);
         uint32_t qh = 0;
@@ -185,15 +191,9 @@ void quantize_iq4_nl(const float* x, uint8_t* dst, int64_t n) {
             store_block(dst + i * sizeof b, b);
             continue;
         }
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < kQK; ++j) {
-            if (std::fabs(xb[j]) > amax) {
-                amax = std::fabs(xb[j]);
-                max = xb[j];
-            }
-        }
+        const float max = signed_extreme(xb);
         float d = 0.0f;
-        if (amax >= kGroupMaxEps) {
+        if (std::fabs(max) >= kGroupMaxEps) {
             const float id = 1.0f / (max / kIQ4NLValues[0]);
             float sumqx = 0.0f, sumq2 = 0.0f;
             for (int j = 0; j < kQK; ++j) {
