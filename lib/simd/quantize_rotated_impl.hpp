@@ -274,7 +274,6 @@ struct RotatedQuantize {
                     const float* bounds = sec.bounds;
                     const Steps& st = steps[s];
                     const int begin = sec.begin, end = sec.begin + sec.count;
-                    int32_t* out = codes - begin;
                     // kSumRegs registers per step, so that each partial sum stays in its register.
                     for (int j0 = begin; j0 < end; j0 += kSumRegs * N) {
 #pragma GCC unroll 4
@@ -285,7 +284,7 @@ struct RotatedQuantize {
                             const I rk = rank_fixed<B>(v, bounds, st);
                             // The sign-magnitude code of the rank, and its value: ± the magnitude's.
                             const I t = rk - half, neg = t >> 31, m = t ^ neg;
-                            (m | (neg & half)).store_aligned(out + j);
+                            (m | (neg & half)).store_aligned(codes + (j - begin));  // the section's codes from 0
                             const F c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & sign);
                             cu[p] = cu[p] + c * v;
                             cc[p] = cc[p] + c * c;
