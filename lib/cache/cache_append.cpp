@@ -155,14 +155,13 @@ void detail::CacheImpl::write_rows(detail::LayerState& st, size_t block_index, s
     }
 }
 
-uint8_t* detail::CacheImpl::staged_row(detail::LayerState& st, bool keys, int h, size_t r) const {
+const uint8_t* detail::CacheImpl::staged_row(const detail::LayerState& st, bool keys, int h, size_t r) const {
     return st.staging.data() + (keys ? 0 : staging_layer_bytes / 2) + static_cast<size_t>(h) * staging_layout.k_head_stride +
            r * exact.row_bytes();
 }
 
 void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int h, size_t r0, size_t n, float* out) const {
-    detail::impl_of(exact).dequantize_rows(staged_row(const_cast<detail::LayerState&>(st), keys, h, r0), exact.row_bytes(),
-                                           n, out);
+    detail::impl_of(exact).dequantize_rows(staged_row(st, keys, h, r0), exact.row_bytes(), n, out);
 }
 
 void detail::CacheImpl::seal(detail::LayerState& st, uint8_t* block) const {

@@ -114,7 +114,10 @@ struct CacheImpl {
     size_t staging_payload_bytes() const;  // a staging payload in a file: the staged rows, padded
     // Staged rows r0..r0+n of kv head h of a layer's keys (or values) as floats.
     void staged_rows(const detail::LayerState& st, bool keys, int h, size_t r0, size_t n, float* out) const;
-    uint8_t* staged_row(detail::LayerState& st, bool keys, int h, size_t r) const;
+    const uint8_t* staged_row(const detail::LayerState& st, bool keys, int h, size_t r) const;
+    uint8_t* staged_row(detail::LayerState& st, bool keys, int h, size_t r) const {
+        return const_cast<uint8_t*>(staged_row(static_cast<const detail::LayerState&>(st), keys, h, r));
+    }
 
     // Helpers of the operations.
     void seal(detail::LayerState& st, uint8_t* block) const;

@@ -23,9 +23,8 @@ void check_dim(const char* what, int x) {
     }
 }
 
-}  // namespace
-
-CacheConfig validate_config(CacheConfig c) {
+// Every rule but the codecs' (which Codec::make checks when the cache makes them).
+CacheConfig checked_fields(CacheConfig c) {
     check_dim("n_layers", c.n_layers);
     check_dim("n_kv_heads", c.n_kv_heads);
     if (c.n_heads == 0) c.n_heads = c.n_kv_heads;
@@ -62,6 +61,13 @@ CacheConfig validate_config(CacheConfig c) {
         bad_config("center_keys needs seal = SealPolicy::on_block_full (a block's key mean is known only "
                    "when the block is full)");
     }
+    return c;
+}
+
+}  // namespace
+
+CacheConfig validate_config(CacheConfig c) {
+    c = checked_fields(std::move(c));
     // The codecs' names and parameters, and whether they take head_dim (UnknownCodec, BadParams, BadHeadDim).
     (void)Codec::make(c.key_codec, c.head_dim, c.seed);
     (void)Codec::make(c.value_codec, c.head_dim, c.seed);
@@ -69,7 +75,7 @@ CacheConfig validate_config(CacheConfig c) {
 }
 
 detail::CacheImpl::CacheImpl(const CacheConfig& config)
-    : cfg(validate_config(config)),
+    : cfg(checked_fields(config)),  // with the codecs made below: validate_config's rules, codecs made once
       key(Codec::make(cfg.key_codec, cfg.head_dim, cfg.seed)),
       value(Codec::make(cfg.value_codec, cfg.head_dim, cfg.seed)),
       exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)) {

@@ -151,7 +151,7 @@ kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache) {
         KVQ_TRY(kvq::capi::read_versioned(params, kvq::capi::kParamsSizeV1, "kvq_cache_create: params is NULL", p));
         kvq::CacheConfig cfg;
         KVQ_TRY(kvq::capi::to_config(p, cfg));
-        cfg = kvq::validate_config(cfg);  // BadParams, BadHeadDim, UnknownCodec: their statuses (guarded)
+        // The constructor checks what validate_config does: BadParams, BadHeadDim, UnknownCodec (guarded).
         kvq::KVCache made(cfg);
         kvq_codec key{made.key_codec()};
         kvq_codec value{made.value_codec()};
