@@ -20,12 +20,16 @@ struct PolarQuantize : RotatedQuantize<A> {
     using Base::N;
     using Base::kMaxD;
     using Base::kPad;
+    using Base::kGroup;
 
-    // polar_angle_q1 / polar_angle (rotated_quantize_scalar.cpp), operation for operation.
-    static F angle(F y, F x, bool full) {
-        const F ax = xsimd::abs(x), ay = xsimd::abs(y);
+    // polar_angle_q1 / polar_angle (rotated_quantize_scalar.cpp), operation for operation. The
+    // specification's big ? ay : ax and big ? ax : ay are max and min (no NaN reaches here); Full = false
+    // takes radii, which are ≥ +0, so their |·| is themselves.
+    template <bool Full>
+    static F angle(F y, F x) {
+        const F ax = Full ? xsimd::abs(x) : x, ay = Full ? xsimd::abs(y) : y;
         const auto big = ay > ax;
-        const F mx = xsimd::select(big, ay, ax), mn = xsimd::select(big, ax, ay);
+        const F mx = xsimd::max(ax, ay), mn = xsimd::min(ax, ay);
         const auto red = mn > F(0.414213562f) * mx;
         const F num = xsimd::select(red, mn - mx, mn), den = xsimd::select(red, mn + mx, mx);
         const F t = xsimd::select(den > F(0.0f), divide(num, den), F(0.0f));
@@ -36,7 +40,7 @@ struct PolarQuantize : RotatedQuantize<A> {
         p = p + t;
         p = xsimd::select(red, p + F(0.785398163f), p);
         F a = xsimd::select(big, F(1.57079633f) - p, p);
-        if (full) {
+        if constexpr (Full) {
             a = xsimd::select(x < F(0.0f), F(3.14159265f) - a, a);
             a = xsimd::select(y < F(0.0f), F(6.28318531f) - a, a);
         }
@@ -44,20 +48,58 @@ struct PolarQuantize : RotatedQuantize<A> {
     }
 
     static bool polar_fits(const detail::PolarQuantizeLayout& l) {
-        if (!Base::rotation_fits(l.rot) || l.row_bytes > kMaxD) return false;
+        if (!Base::Rot::fits(l.rot) || l.row_bytes > kMaxD) return false;
         for (int i = 0; i < l.levels; ++i) {
             if (l.bits[i] > 7) return false;
         }
         return true;
     }
 
+    // Level `level` of B bits: node i's angle and radius from the pair (y[2i], y[2i + 1]) of the level
+    // below; radii replace their pair in y (node i is written after pairs 2i, 2i + 1 are read). Codes a
+    // group of kGroup nodes at a time, straight into buf where the level packs codes in registers and the
+    // level starts on a byte; elsewhere as int32 codes, packed at the end (pack).
+    template <int B, bool Full>
+    static void polar_level(const detail::PolarQuantizeLayout& l, int level, const Steps& st, float* y, uint8_t* buf) {
+        const int nodes = l.rot.d >> level;
+        const float* bounds = l.bounds[level - 1];
+        const size_t bit_off = l.bit_off[level - 1];
+        const bool direct = R::kPackCodes && B >= 1 && B <= 4 && bit_off % 8 == 0;
+        alignas(64) int32_t codes[kMaxD / 2 + kPad];
+        alignas(64) int32_t lane[N];
+        for (int k = 0; k < N; ++k) lane[k] = k;
+        for (int i0 = 0; i0 < nodes; i0 += kGroup) {
+            I rk[4];
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; ++p) {
+                const int i = i0 + p * N;
+                if (i >= nodes) {
+                    rk[p] = I(0);
+                    continue;
+                }
+                F a, b;
+                R::deinterleave(F::load_aligned(y + 2 * i), F::load_aligned(y + 2 * i + N), a, b);
+                rk[p] = Base::template rank_fixed<B>(angle<Full>(b, a), bounds, st);
+                if (i + N > nodes) rk[p] = xsimd::select(I::load_aligned(lane) < I(nodes - i), rk[p], I(0));  // past the level
+                xsimd::sqrt(a * a + b * b).store_aligned(y + i);
+                if (!direct) rk[p].store_aligned(codes + i);
+            }
+            if constexpr (R::kPackCodes && B >= 1 && B <= 4) {
+                if (direct) R::template pack_codes<B>(rk, nullptr, buf + bit_off / 8 + size_t(i0) * B / 8);
+            }
+        }
+        if (!direct) {
+            Base::zero_tail(codes, nodes);
+            Base::pack(codes, nodes, B, buf, bit_off);
+        }
+    }
+
     static void polar_row(const detail::PolarQuantizeLayout& l, const Steps* steps, const float* x, uint8_t* row) {
         const int d = l.rot.d;
         alignas(64) float y[kMaxD + kPad];
-        alignas(64) int32_t codes[kMaxD / 2 + kPad];
         alignas(64) uint8_t buf[kMaxD + 128];
         Base::zero_bytes(buf, l.row_bytes + 8);
-        Base::rotate(l.rot, x, y);
+        Base::Rot::apply(l.rot, x, y);
         F bad(0.0f);
         for (int j = 0; j < d; j += N) {
             const F v = F::load_aligned(y + j);
@@ -69,20 +111,15 @@ struct PolarQuantize : RotatedQuantize<A> {
         }
         for (int j = d; j < d + kPad; ++j) y[j] = 0.0f;
         // Level by level over the whole row: nodes of level ℓ in row order are pairs of level ℓ − 1's.
-        // Radii replace their pair in y (node i is written after pairs 2i, 2i + 1 are read).
-        for (int level = 1, nodes = d / 2; level <= l.levels; ++level, nodes /= 2) {
-            const float* bounds = l.bounds[level - 1];
+        for (int level = 1; level <= l.levels; ++level) {
             Base::with_bits(l.bits[level - 1], [&](auto bits) {
                 constexpr int B = decltype(bits)::value;
-                for (int i = 0; i < nodes; i += N) {
-                    F a, b;
-                    R::deinterleave(F::load_aligned(y + 2 * i), F::load_aligned(y + 2 * i + N), a, b);
-                    Base::template rank_fixed<B>(angle(b, a, level == 1), bounds, steps[level - 1]).store_aligned(codes + i);
-                    xsimd::sqrt(a * a + b * b).store_aligned(y + i);
+                if (level == 1) {
+                    polar_level<B, true>(l, level, steps[level - 1], y, buf);
+                } else {
+                    polar_level<B, false>(l, level, steps[level - 1], y, buf);
                 }
             });
-            Base::zero_tail(codes, nodes);
-            Base::pack(codes, nodes, l.bits[level - 1], buf, l.bit_off[level - 1]);
         }
         const int groups = d >> l.levels;
         alignas(64) uint16_t radius[kMaxD / 2 + N];

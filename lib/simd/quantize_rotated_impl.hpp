@@ -1,12 +1,14 @@
-// SIMD quantizers of the turbo codecs (and what polar's, quantize_polar_impl.hpp, share), written once over the xsimd arch A, Ops<A> and
-// RotOps<A> (quantize_rotated_ops.hpp). They write the bytes of the scalar specification
-// (lib/spec/rotated_quantize_scalar.cpp) because they do its float operations in its order
-// (lib/spec/rotated_quantize.hpp says which order): the rotation's butterflies lane by lane, the 16
-// partial sums register by register (the trees and the fp16 scale are the specification's own
-// out-of-line functions), ranks by a binary search over the same thresholds, polar_angle's operations
-// one for one, no fma. One liberty: a butterfly's a − b is computed as a + (−b), which differs from it
-// only in which NaN a NaN operand gives; so a row is taken here only when it is finite after the rotation
-// (turbo: its norm is below 1e30), and every other row goes through the specification's row function.
+// SIMD quantizers of the turbo codecs (and what polar's, quantize_polar_impl.hpp, share), written once
+// over the xsimd arch A, Ops<A> and RotOps<A> (quantize_rotated_ops.hpp). They write the bytes of the
+// scalar specification (lib/spec/rotated_quantize_scalar.cpp) because they do its float operations in its
+// order (lib/spec/rotated_quantize.hpp says which order): the rotation's butterflies lane by lane
+// (rotate_impl.hpp), the 16 partial sums register by register (the trees and the fp16 scale are the
+// specification's own out-of-line functions), ranks by a binary search over the same thresholds,
+// polar_angle's operations one for one. fma only where a product is exact (x² in double, v·(±1)), so that
+// it rounds as the specification's separate add does. One liberty: a butterfly's a − b is computed as
+// a + (−b), which differs from it only in which NaN a NaN operand gives; so a row is taken here only when
+// it is finite after the rotation (turbo: its norm is below 1e30), and every other row goes through the
+// specification's row function.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "../spec/rotated_quantize.hpp"
 #include "ops.hpp"
 #include "quantize_rotated_ops.hpp"
+#include "rotate_impl.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -26,106 +29,31 @@ template <class A>
 struct RotatedQuantize {
     using O = Ops<A>;
     using R = RotOps<A>;
+    using Rot = Rotate<A>;
     using F = xsimd::batch<float, A>;
     using I = xsimd::batch<int32_t, A>;
     using D = xsimd::batch<double, A>;
     static constexpr int N = F::size;
-    static constexpr int kMaxD = 1024;       // larger rows go through the specification
+    static constexpr int kMaxD = Rot::kMaxD;
     static constexpr int kPad = 2 * N + 32;  // zero lanes read past a buffer's values
-
-    // --- rotation: y = H·D·x (Rotation::apply), in place in y ---------------------------------------
-
-    static F lane_sign_mask(int h) {  // −0.0 in the lanes with bit h set
-        alignas(64) float m[N];
-        for (int l = 0; l < N; ++l) m[l] = (l & h) ? -0.0f : 0.0f;
-        return F::load_aligned(m);
-    }
-    // The butterflies of stages h < N inside one register: lane l gets v[l] + v[l^h] (low side) or
-    // v[l^h] + (−v[l]) (high side).
-    static F in_register_stages(F v, const F* masks) {
-        if constexpr (N >= 2) v = R::template swap<1>(v) + (v ^ masks[0]);
-        if constexpr (N >= 4) v = R::template swap<2>(v) + (v ^ masks[1]);
-        if constexpr (N >= 8) v = R::template swap<4>(v) + (v ^ masks[2]);
-        if constexpr (N >= 16) v = R::template swap<8>(v) + (v ^ masks[3]);
-        return v;
-    }
-    static bool rotation_fits(const detail::RotationLayout& r) {
-        if (r.d > kMaxD || r.d % N != 0) return false;
-        for (int i = 0; i < r.n_blocks; ++i) {
-            if (r.blocks[i] < N) return false;
-        }
-        return true;
-    }
-    // A block of Rn·N values held in registers through every stage.
-    template <int Rn>
-    static void rotate_block_in_registers(const float* x, const float* signs, float* y, const F* masks, float norm) {
-        F v[Rn];
-#pragma GCC unroll 16
-        for (int k = 0; k < Rn; ++k) {
-            v[k] = in_register_stages(F::load_unaligned(x + k * N) * F::load_unaligned(signs + k * N), masks);
-        }
-#pragma GCC unroll 16
-        for (int h = 1; h < Rn; h *= 2) {
-#pragma GCC unroll 16
-            for (int q = 0; q < Rn / 2; ++q) {  // butterfly q of the stage: registers j and j + h
-                const int j = (q / h) * 2 * h + q % h;
-                const F a = v[j], c = v[j + h];
-                v[j] = a + c;
-                v[j + h] = a - c;
-            }
-        }
-#pragma GCC unroll 16
-        for (int k = 0; k < Rn; ++k) (v[k] * F(norm)).store_aligned(y + k * N);
-    }
-
-    static void rotate(const detail::RotationLayout& r, const float* x, float* y) {
-        static const F masks[4] = {lane_sign_mask(1), lane_sign_mask(2), lane_sign_mask(4), lane_sign_mask(8)};
-        int off = 0;
-        for (int bi = 0; bi < r.n_blocks; ++bi) {
-            const int b = r.blocks[bi];
-            float* yb = y + off;
-            const float norm = 1.0f / std::sqrt(static_cast<float>(b));
-            const float* xb = x + off;
-            const float* sb = r.signs + off;
-            switch (b / N) {
-                case 1: rotate_block_in_registers<1>(xb, sb, yb, masks, norm); off += b; continue;
-                case 2: rotate_block_in_registers<2>(xb, sb, yb, masks, norm); off += b; continue;
-                case 4: rotate_block_in_registers<4>(xb, sb, yb, masks, norm); off += b; continue;
-                case 8: rotate_block_in_registers<8>(xb, sb, yb, masks, norm); off += b; continue;
-                case 16: rotate_block_in_registers<16>(xb, sb, yb, masks, norm); off += b; continue;
-                default: break;
-            }
-            for (int j = 0; j < b; j += N) {
-                const F v = F::load_unaligned(x + off + j) * F::load_unaligned(r.signs + off + j);
-                in_register_stages(v, masks).store_aligned(yb + j);
-            }
-            for (int h = N; h < b; h *= 2) {
-                for (int i = 0; i < b; i += 2 * h) {
-                    for (int j = i; j < i + h; j += N) {
-                        const F a = F::load_aligned(yb + j), c = F::load_aligned(yb + j + h);
-                        (a + c).store_aligned(yb + j);
-                        (a - c).store_aligned(yb + j + h);
-                    }
-                }
-            }
-            for (int j = 0; j < b; j += N) (F::load_aligned(yb + j) * F(norm)).store_aligned(yb + j);
-            off += b;
-        }
-    }
+    static constexpr int kGroup = 4 * N;     // values whose codes are packed together (pack_codes)
 
     // --- codes -------------------------------------------------------------------------------------
 
     // The number of thresholds t (2^bits − 1 of them, ascending) with !(v < t): std::upper_bound's rank,
     // by a binary search (the predicate is monotone in t, and true for every t when v is NaN).
-    // With B ≤ 4 the search reads per-step tables (Steps): step k = 1..B−1 compares with the threshold
-    // rank + s − 1 (s = 2^(B−1−k), rank a multiple of 2s), which is table k's entry rank >> (B − k), one of
-    // 2^k ≤ 8: one register lookup.
+    // Step k = 1..B−1 compares with the threshold rank + s − 1 (s = 2^(B−1−k), rank a multiple of 2s).
+    // Step 1 has two candidates, chosen by step 0's comparison; with B ≤ 4 the later steps read per-step
+    // tables (Steps): t[k−1][rank >> (B − k)] (one of 2^k ≤ 8, a lookup8), or u[k−1][rank] where a
+    // 16-entry lookup is one instruction.
     struct Steps {
         alignas(64) float t[3][16];
+        alignas(64) float u[3][16];
         void build(const float* bounds, int bits) {
             for (int k = 1; k < bits && k <= 3; ++k) {
                 const int s = 1 << (bits - 1 - k);
                 for (int m = 0; m < 16; ++m) t[k - 1][m] = m < (1 << k) ? bounds[2 * s * m + s - 1] : 0.0f;
+                for (int r = 0; r < 16; ++r) u[k - 1][r] = bits <= 4 && (r >> (bits - k)) < (1 << k) ? t[k - 1][r >> (bits - k)] : 0.0f;
             }
         }
     };
@@ -133,12 +61,17 @@ struct RotatedQuantize {
     static I rank_fixed(F v, const float* bounds, const Steps& steps) {
         I r(0);
         if constexpr (B >= 1) {
-            r = R::add_unless_less(r, v, F(bounds[(1 << (B - 1)) - 1]), 1 << (B - 1));
+            const F t0(bounds[(1 << (B - 1)) - 1]);
+            r = R::add_unless_less(r, v, t0, 1 << (B - 1));
 #pragma GCC unroll 8
             for (int k = 1; k < B; ++k) {
                 const int s = 1 << (B - 1 - k);
                 F probe;
-                if constexpr (B <= 4) {
+                if (k == 1) {
+                    probe = R::select_unless_less(v, t0, F(bounds[3 * s - 1]), F(bounds[s - 1]));
+                } else if constexpr (B <= 4 && R::kLookup16) {
+                    probe = R::lookup16(steps.u[k - 1], r);
+                } else if constexpr (B <= 4) {
                     probe = R::lookup8(steps.t[k - 1], r >> (B - k));
                 } else {
                     probe = lookup_lanes<A>(bounds, r + I(s - 1));
@@ -211,7 +144,7 @@ struct RotatedQuantize {
         for (int j = count; j < (count + 31) / 32 * 32; ++j) codes32[j] = 0;
     }
 
-    // Rows are read once, from memory: the row four ahead is asked for, every cache line of it.
+    // Rows are read once, from memory: a row ahead is asked for, every cache line of it.
     static void prefetch_row(const float* x, int d) {
         for (int j = 0; j < d; j += 16) __builtin_prefetch(x + j);
     }
@@ -219,7 +152,7 @@ struct RotatedQuantize {
     // --- turbo ---------------------------------------------------------------------------------------
 
     static bool turbo_fits(const detail::TurboQuantizeLayout& l) {
-        if (!rotation_fits(l.rot) || l.row_bytes > kMaxD) return false;
+        if (!Rot::fits(l.rot) || l.row_bytes > kMaxD) return false;
         for (int s = 0; s < l.n_sections; ++s) {
             const detail::TurboSection& sec = l.sections[s];
             if (sec.begin % 16 || sec.count % N || sec.bits < 1 || sec.bits > 4 || sec.bit_off % 8) return false;
@@ -233,76 +166,140 @@ struct RotatedQuantize {
         return true;
     }
 
-    // The row's norm from 16 partial sums of x² in double (the specification's order).
+    // The row's norm from 16 partial sums of x² in double (the specification's order). x² is exact in
+    // double, so fmadd(x, x, s) rounds as s + x² does.
     static double row_norm(const float* x, int d) {
         constexpr int kD = D::size, kNormRegs = 16 / kD;
         D sq[kNormRegs];
         for (auto& s : sq) s = D(0.0);
         for (int k = 0; k < d / N; ++k) {
             D lo, hi;
-            R::widen(F::load_unaligned(x + k * N), lo, hi);
-            sq[(2 * k) % kNormRegs] = sq[(2 * k) % kNormRegs] + lo * lo;
-            sq[(2 * k + 1) % kNormRegs] = sq[(2 * k + 1) % kNormRegs] + hi * hi;
+            R::load_wide(x + k * N, lo, hi);
+            sq[(2 * k) % kNormRegs] = R::fmadd(lo, lo, sq[(2 * k) % kNormRegs]);
+            sq[(2 * k + 1) % kNormRegs] = R::fmadd(hi, hi, sq[(2 * k + 1) % kNormRegs]);
         }
         alignas(64) double partial[16];
         for (int k = 0; k < kNormRegs; ++k) sq[k].store_aligned(partial + k * kD);
         return std::sqrt(detail::sum16_double(partial));
     }
 
-    static void turbo_row(const detail::TurboQuantizeLayout& l, const Steps* steps, const float* x, double norm,
-                          uint8_t* row, float* residual) {
-        constexpr int kSumRegs = 16 / N;
-        if (!(norm <= 1e30)) {  // NaN, Inf or huge: the specification's NaN operand order matters
-            detail::turbo_quantize_row_spec(l, x, row, residual);
-            return;
+    // Per section: the rank search's tables and the code of each rank (16 bytes, for pack_codes).
+    struct TurboTables {
+        Steps steps[2];
+        alignas(16) uint8_t code[2][16] = {};
+        explicit TurboTables(const detail::TurboQuantizeLayout& l) {
+            for (int s = 0; s < l.n_sections; ++s) {
+                const detail::TurboSection& sec = l.sections[s];
+                steps[s].build(sec.bounds, sec.bits);
+                for (int k = 0; k < (1 << sec.bits); ++k) code[s][k] = sec.code_by_rank[k];
+            }
         }
+    };
+
+    // What a row carries through the code passes (turbo_rows): its rotated values, its row buffer, its
+    // partial sums of ⟨c, u⟩ and ‖c‖² in kSumRegs registers (value j adds to partial j mod 16) and where
+    // its residual goes (or null).
+    static constexpr int kSumRegs = 16 / N;
+    struct TurboRow {
         alignas(64) float u[kMaxD];
-        alignas(64) int32_t codes[kMaxD + 32];
         alignas(64) uint8_t buf[kMaxD + 128];
-        zero_bytes(buf, l.row_bytes + 8);
-        rotate(l.rot, x, u);
-        const F inv(detail::turbo_inverse_norm(norm));
-        F cu[kSumRegs], cc[kSumRegs];
-        for (int k = 0; k < kSumRegs; ++k) cu[k] = cc[k] = F(0.0f);
-        for (int s = 0; s < l.n_sections; ++s) {
-            const detail::TurboSection& sec = l.sections[s];
-            with_bits(sec.bits, [&](auto bits) {
-                constexpr int B = decltype(bits)::value;
-                if constexpr (B >= 1 && B <= 4) {
-                    const I half(1 << (B - 1)), sign(int32_t(0x80000000u));
-                    const float* magnitude = sec.value_by_rank + (1 << (B - 1));
-                    const float* bounds = sec.bounds;
-                    const Steps& st = steps[s];
-                    const int begin = sec.begin, end = sec.begin + sec.count;
-                    // kSumRegs registers per step, so that each partial sum stays in its register.
-                    for (int j0 = begin; j0 < end; j0 += kSumRegs * N) {
+        F inv, cu[kSumRegs], cc[kSumRegs];
+        float* residual;
+    };
+
+    // One section's codes of K rows, a group of kGroup values at a time, row after row within a register
+    // (the rows' chains of compares and lookups are independent, so they overlap): where the level packs
+    // codes in registers (pack_codes), straight into each row's buffer; elsewhere as int32 codes, packed
+    // at the end (pack).
+    template <int B, int K>
+    static void turbo_section(const detail::TurboSection& sec, const Steps& st, const uint8_t* code_map, TurboRow* rows) {
+        constexpr bool kDirect = R::kPackCodes;  // turbo_fits: a section starts on a byte
+        const I half(1 << (B - 1)), sign(int32_t(0x80000000u));
+        const float* magnitude = sec.value_by_rank + (1 << (B - 1));
+        const int begin = sec.begin, end = sec.begin + sec.count;
+        alignas(64) int32_t codes[K][kDirect ? 1 : kMaxD + 32];
+        for (int j0 = begin; j0 < end; j0 += kGroup) {
+            I rk[K][4];
 #pragma GCC unroll 4
-                        for (int p = 0; p < kSumRegs; ++p) {
-                            const int j = j0 + p * N;  // (j / N) % kSumRegs == p: begin is a multiple of 16
-                            if (j >= end) break;
-                            const F v = F::load_aligned(u + j) * inv;
-                            const I rk = rank_fixed<B>(v, bounds, st);
-                            // The sign-magnitude code of the rank, and its value: ± the magnitude's.
-                            const I t = rk - half, neg = t >> 31, m = t ^ neg;
-                            (m | (neg & half)).store_aligned(codes + (j - begin));  // the section's codes from 0
-                            const F c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & sign);
-                            cu[p] = cu[p] + c * v;
-                            cc[p] = cc[p] + c * c;
-                            if (residual) (v - c).store_unaligned(residual + j);
-                        }
+            for (int p = 0; p < 4; ++p) {
+                // (j / N) % kSumRegs == p % kSumRegs: begin is a multiple of 16, kGroup of 16 / N registers.
+                const int j = j0 + p * N;
+#pragma GCC unroll 4
+                for (int k = 0; k < K; ++k) {
+                    TurboRow& row = rows[k];
+                    if (j >= end) {
+                        rk[k][p] = half;  // code 0
+                        continue;
                     }
+                    const F v = F::load_aligned(row.u + j) * row.inv;
+                    const I r = rank_fixed<B>(v, sec.bounds, st);
+                    rk[k][p] = r;
+                    // The rank's value; without a one-instruction 16-entry lookup, ± the magnitude's (its
+                    // sign-magnitude code).
+                    const I t = r - half, neg = t >> 31, m = t ^ neg;
+                    F c;
+                    if constexpr (B <= 3) {
+                        c = R::lookup8(sec.value_by_rank, r);
+                    } else if constexpr (R::kLookup16) {
+                        c = R::lookup16(sec.value_by_rank, r);
+                    } else {
+                        c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & sign);
+                    }
+                    row.cu[p % kSumRegs] = row.cu[p % kSumRegs] + c * v;
+                    row.cc[p % kSumRegs] = row.cc[p % kSumRegs] + c * c;
+                    if (row.residual) (v - c).store_unaligned(row.residual + j);
+                    if constexpr (!kDirect) (m | (neg & half)).store_aligned(codes[k] + (j - begin));  // from index 0
                 }
+            }
+            if constexpr (kDirect) {
+                for (int k = 0; k < K; ++k) {
+                    R::template pack_codes<B>(rk[k], code_map, rows[k].buf + sec.bit_off / 8 + size_t(j0 - begin) * B / 8);
+                }
+            }
+        }
+        if constexpr (!kDirect) {
+            for (int k = 0; k < K; ++k) {
+                zero_tail(codes[k], sec.count);
+                pack(codes[k], sec.count, B, rows[k].buf, sec.bit_off);
+            }
+        }
+    }
+
+    // The codes of K rows (into their rows) and their partial sums (pu, pc: 16 each per row); their scales
+    // are stored after (turbo, below).
+    template <int K>
+    static void turbo_rows(const detail::TurboQuantizeLayout& l, const TurboTables& tables, const float* const* x,
+                           const float* inverse, uint8_t* const* row, float* const* residual, float (*pu)[16], float (*pc)[16]) {
+        TurboRow rows[K];
+        for (int k = 0; k < K; ++k) {
+            TurboRow& t = rows[k];
+            zero_bytes(t.buf, l.row_bytes + 8);
+            Rot::apply(l.rot, x[k], t.u);
+            t.inv = F(inverse[k]);
+            for (int i = 0; i < kSumRegs; ++i) t.cu[i] = t.cc[i] = F(0.0f);
+            t.residual = residual[k];
+        }
+        for (int s = 0; s < l.n_sections; ++s) {
+            with_bits(l.sections[s].bits, [&](auto bits) {
+                constexpr int B = decltype(bits)::value;
+                if constexpr (B >= 1 && B <= 4) turbo_section<B, K>(l.sections[s], tables.steps[s], tables.code[s], rows);
             });
-            zero_tail(codes, sec.count);
-            pack(codes, sec.count, sec.bits, buf, sec.bit_off);
         }
-        alignas(64) float pu[16], pc[16];
-        for (int k = 0; k < kSumRegs; ++k) {
-            cu[k].store_aligned(pu + k * N);
-            cc[k].store_aligned(pc + k * N);
+        for (int k = 0; k < K; ++k) {
+            for (int i = 0; i < kSumRegs; ++i) {
+                rows[k].cu[i].store_unaligned(pu[k] + i * N);
+                rows[k].cc[i].store_unaligned(pc[k] + i * N);
+            }
+            copy_bytes(row[k], rows[k].buf, l.row_bytes);
         }
-        std::memcpy(row, buf, l.row_bytes);
-        detail::turbo_store_scale(l, norm, detail::sum16_float(pu), detail::sum16_float(pc), row);
+    }
+
+    // n bytes from buf to a row (no library call for these few bytes; nothing past the row is written).
+    static void copy_bytes(uint8_t* row, const uint8_t* buf, size_t n) {
+        size_t i = 0;
+        for (; i + 32 <= n; i += 32) std::memcpy(row + i, buf + i, 32);
+        for (; i + 8 <= n; i += 8) std::memcpy(row + i, buf + i, 8);
+        for (; i < n; ++i) row[i] = buf[i];
     }
 
     static void turbo(const detail::TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
@@ -312,18 +309,44 @@ struct RotatedQuantize {
             detail::scalar_rotated_quantize().turbo(l, x, n_rows, dst, dst_stride, residual);
             return;
         }
-        // Norms four rows at a time: each row's codes wait for its norm's sum, square root and division,
-        // and four independent chains of them overlap.
-        constexpr size_t kTile = 4;
-        Steps steps[2];
-        for (int s = 0; s < l.n_sections; ++s) steps[s].build(l.sections[s].bounds, l.sections[s].bits);
+        // A tile of rows in three passes: the norms (and their inverses), the codes (two rows at a time),
+        // the scales. A row's codes wait for its norm's sum, square root and division, its scale for its
+        // partial sums, their trees and a division: in passes over several rows, their chains overlap.
+        constexpr size_t kTile = 4, kPrefetch = 8;
+        const TurboTables tables(l);
         for (size_t r0 = 0; r0 < n_rows; r0 += kTile) {
             const size_t n = std::min(kTile, n_rows - r0);
+            const float* xs[kTile];
+            uint8_t* rows[kTile];
+            float* res[kTile];
             double norms[kTile];
-            for (size_t r = 0; r < n; ++r) norms[r] = row_norm(x + (r0 + r) * d, d);
-            for (size_t r = r0; r < r0 + n; ++r) {
-                prefetch_row(x + (r + 2 * kTile) * d, d);
-                turbo_row(l, steps, x + r * d, norms[r - r0], dst + r * dst_stride, residual ? residual + r * d : nullptr);
+            float inverse[kTile];
+            bool taken[kTile];  // the others are NaN, Inf or huge: the specification's NaN operand order matters
+            for (size_t r = 0; r < n; ++r) {
+                xs[r] = x + (r0 + r) * d;
+                rows[r] = dst + (r0 + r) * dst_stride;
+                res[r] = residual ? residual + (r0 + r) * d : nullptr;
+                prefetch_row(x + (r0 + r + kPrefetch) * d, d);
+                norms[r] = row_norm(xs[r], d);
+                inverse[r] = detail::turbo_inverse_norm(norms[r]);
+                taken[r] = norms[r] <= 1e30;
+            }
+            alignas(64) float pu[kTile][16], pc[kTile][16];
+            for (size_t r = 0; r < n;) {
+                if (r + 1 < n && taken[r] && taken[r + 1]) {
+                    turbo_rows<2>(l, tables, xs + r, inverse + r, rows + r, res + r, pu + r, pc + r);
+                    r += 2;
+                    continue;
+                }
+                if (taken[r]) {
+                    turbo_rows<1>(l, tables, xs + r, inverse + r, rows + r, res + r, pu + r, pc + r);
+                } else {
+                    detail::turbo_quantize_row_spec(l, xs[r], rows[r], res[r]);
+                }
+                ++r;
+            }
+            for (size_t r = 0; r < n; ++r) {
+                if (taken[r]) detail::turbo_store_scale(l, norms[r], detail::sum16_float(pu[r]), detail::sum16_float(pc[r]), rows[r]);
             }
         }
     }
