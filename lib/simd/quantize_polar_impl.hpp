@@ -55,77 +55,93 @@ struct PolarQuantize : RotatedQuantize<A> {
         return true;
     }
 
-    // Level `level` of B bits: node i's angle and radius from the pair (y[2i], y[2i + 1]) of the level
-    // below; radii replace their pair in y (node i is written after pairs 2i, 2i + 1 are read). Codes a
-    // group of kGroup nodes at a time, straight into buf where the level packs codes in registers and the
-    // level starts on a byte; elsewhere as int32 codes, packed at the end (pack).
-    template <int B, bool Full>
-    static void polar_level(const detail::PolarQuantizeLayout& l, int level, const Steps& st, float* y, uint8_t* buf) {
+    // Level `level` of B bits of K rows: node i's angle and radius from the pair (y[2i], y[2i + 1]) of the
+    // level below; radii replace their pair in y (node i is written after pairs 2i, 2i + 1 are read).
+    // Row after row within a register (one row's divisions and square roots overlap the other's
+    // arithmetic). Codes a group of kGroup nodes at a time, straight into buf where the level packs codes
+    // in registers and the level starts on a byte; elsewhere as int32 codes, packed at the end (pack).
+    template <int B, bool Full, int K>
+    static void polar_level(const detail::PolarQuantizeLayout& l, int level, const Steps& st, float (*y)[kMaxD + kPad],
+                            uint8_t (*buf)[kMaxD + 128]) {
         const int nodes = l.rot.d >> level;
         const float* bounds = l.bounds[level - 1];
         const size_t bit_off = l.bit_off[level - 1];
         const bool direct = R::kPackCodes && B >= 1 && B <= 4 && bit_off % 8 == 0;
-        alignas(64) int32_t codes[kMaxD / 2 + kPad];
+        alignas(64) int32_t codes[K][kMaxD / 2 + kPad];
         alignas(64) int32_t lane[N];
         for (int k = 0; k < N; ++k) lane[k] = k;
         for (int i0 = 0; i0 < nodes; i0 += kGroup) {
-            I rk[4];
+            I rk[K][4];
 #pragma GCC unroll 4
             for (int p = 0; p < 4; ++p) {
                 const int i = i0 + p * N;
-                if (i >= nodes) {
-                    rk[p] = I(0);
-                    continue;
+#pragma GCC unroll 4
+                for (int k = 0; k < K; ++k) {
+                    if (i >= nodes) {
+                        rk[k][p] = I(0);
+                        continue;
+                    }
+                    F a, b;
+                    R::deinterleave(F::load_aligned(y[k] + 2 * i), F::load_aligned(y[k] + 2 * i + N), a, b);
+                    I r = Base::template rank_fixed<B>(angle<Full>(b, a), bounds, st);
+                    if (i + N > nodes) r = xsimd::select(I::load_aligned(lane) < I(nodes - i), r, I(0));  // past the level
+                    rk[k][p] = r;
+                    xsimd::sqrt(a * a + b * b).store_aligned(y[k] + i);
+                    if (!direct) r.store_aligned(codes[k] + i);
                 }
-                F a, b;
-                R::deinterleave(F::load_aligned(y + 2 * i), F::load_aligned(y + 2 * i + N), a, b);
-                rk[p] = Base::template rank_fixed<B>(angle<Full>(b, a), bounds, st);
-                if (i + N > nodes) rk[p] = xsimd::select(I::load_aligned(lane) < I(nodes - i), rk[p], I(0));  // past the level
-                xsimd::sqrt(a * a + b * b).store_aligned(y + i);
-                if (!direct) rk[p].store_aligned(codes + i);
             }
             if constexpr (R::kPackCodes && B >= 1 && B <= 4) {
-                if (direct) R::template pack_codes<B>(rk, nullptr, buf + bit_off / 8 + size_t(i0) * B / 8);
+                for (int k = 0; k < K && direct; ++k) {
+                    R::template pack_codes<B>(rk[k], nullptr, buf[k] + bit_off / 8 + size_t(i0) * B / 8);
+                }
             }
         }
-        if (!direct) {
-            Base::zero_tail(codes, nodes);
-            Base::pack(codes, nodes, B, buf, bit_off);
+        for (int k = 0; k < K && !direct; ++k) {
+            Base::zero_tail(codes[k], nodes);
+            Base::pack(codes[k], nodes, B, buf[k], bit_off);
         }
     }
 
-    static void polar_row(const detail::PolarQuantizeLayout& l, const Steps* steps, const float* x, uint8_t* row) {
+    // K consecutive rows; false (nothing written) if one is NaN or Inf after the rotation, where the
+    // specification's NaN operand order matters.
+    template <int K>
+    static bool polar_rows(const detail::PolarQuantizeLayout& l, const Steps* steps, const float* x, uint8_t* dst,
+                           size_t dst_stride) {
         const int d = l.rot.d;
-        alignas(64) float y[kMaxD + kPad];
-        alignas(64) uint8_t buf[kMaxD + 128];
-        Base::zero_bytes(buf, l.row_bytes + 8);
-        Base::Rot::apply(l.rot, x, y);
+        alignas(64) float y[K][kMaxD + kPad];
+        alignas(64) uint8_t buf[K][kMaxD + 128];
         F bad(0.0f);
-        for (int j = 0; j < d; j += N) {
-            const F v = F::load_aligned(y + j);
-            bad = bad + (v - v);
+        for (int k = 0; k < K; ++k) {
+            Base::Rot::apply(l.rot, x + k * d, y[k]);
+            for (int j = 0; j < d; j += N) {
+                const F v = F::load_aligned(y[k] + j);
+                bad = bad + (v - v);
+            }
         }
-        if (xsimd::any(xsimd::isnan(bad))) {  // NaN or Inf: the specification's NaN operand order matters
-            detail::polar_quantize_row_spec(l, x, row);
-            return;
+        if (xsimd::any(xsimd::isnan(bad))) return false;
+        for (int k = 0; k < K; ++k) {
+            Base::zero_bytes(buf[k], l.row_bytes + 8);
+            for (int j = d; j < d + kPad; ++j) y[k][j] = 0.0f;
         }
-        for (int j = d; j < d + kPad; ++j) y[j] = 0.0f;
         // Level by level over the whole row: nodes of level ℓ in row order are pairs of level ℓ − 1's.
         for (int level = 1; level <= l.levels; ++level) {
             Base::with_bits(l.bits[level - 1], [&](auto bits) {
                 constexpr int B = decltype(bits)::value;
                 if (level == 1) {
-                    polar_level<B, true>(l, level, steps[level - 1], y, buf);
+                    polar_level<B, true, K>(l, level, steps[level - 1], y, buf);
                 } else {
-                    polar_level<B, false>(l, level, steps[level - 1], y, buf);
+                    polar_level<B, false, K>(l, level, steps[level - 1], y, buf);
                 }
             });
         }
         const int groups = d >> l.levels;
-        alignas(64) uint16_t radius[kMaxD / 2 + N];
-        for (int g = 0; g < groups; g += N) O::store_f16(radius + g, F::load_aligned(y + g));
-        std::memcpy(buf + l.radius_off, radius, 2 * size_t(groups));
-        std::memcpy(row, buf, l.row_bytes);
+        for (int k = 0; k < K; ++k) {
+            alignas(64) uint16_t radius[kMaxD / 2 + N];
+            for (int g = 0; g < groups; g += N) O::store_f16(radius + g, F::load_aligned(y[k] + g));
+            std::memcpy(buf[k] + l.radius_off, radius, 2 * size_t(groups));
+            Base::copy_bytes(dst + k * dst_stride, buf[k], l.row_bytes);
+        }
+        return true;
     }
 
     static void polar(const detail::PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
@@ -137,10 +153,20 @@ struct PolarQuantize : RotatedQuantize<A> {
         }
         Steps steps[8];
         for (int i = 0; i < l.levels; ++i) steps[i].build(l.bounds[i], l.bits[i]);
-        for (size_t r = 0; r < n_rows; ++r) {
-            Base::prefetch_row(x + (r + 4) * d, d);
-            polar_row(l, steps, x + r * d, dst + r * dst_stride);
+        auto one = [&](size_t r) {
+            if (!polar_rows<1>(l, steps, x + r * d, dst + r * dst_stride, dst_stride)) {
+                detail::polar_quantize_row_spec(l, x + r * d, dst + r * dst_stride);
+            }
+        };
+        size_t r = 0;
+        for (; r + 2 <= n_rows; r += 2) {  // two rows at a time; a pair with a NaN or Inf row, one by one
+            Base::prefetch_row(x + (r + 4) * d, 2 * d);
+            if (!polar_rows<2>(l, steps, x + r * d, dst + r * dst_stride, dst_stride)) {
+                one(r);
+                one(r + 1);
+            }
         }
+        if (r < n_rows) one(r);
     }
 };
 
