@@ -58,68 +58,71 @@ struct PolarQuantize : RotatedQuantize<A> {
     // Level `level` of B bits of K rows: node i's angle and radius from the pair (y[2i], y[2i + 1]) of the
     // level below; radii replace their pair in y (node i is written after pairs 2i, 2i + 1 are read).
     // Row after row within a register (one row's divisions and square roots overlap the other's
-    // arithmetic). Codes a group of kGroup nodes at a time, straight into buf where the level packs codes
-    // in registers and the level starts on a byte; elsewhere as int32 codes, packed at the end (pack).
-    template <int B, bool Full, int K>
+    // arithmetic). Codes a group of kGroup nodes (regs registers, the last one `valid` lanes) at a time,
+    // straight into buf where the level packs codes in registers and the level starts on a byte
+    // (Direct); elsewhere as int32 codes, packed at the end (pack).
+    template <int B, bool Full, int K, bool Bucketed, bool Direct>
+    [[gnu::always_inline]] static inline void polar_group(const detail::PolarQuantizeLayout& l, int level, const Steps& st,
+                                                          float (*y)[kMaxD + kPad], uint8_t (*buf)[kMaxD + 128], int i0,
+                                                          int regs, int valid, int32_t (*codes)[kMaxD / 2 + kPad]) {
+        const float* bounds = l.bounds[level - 1];
+        alignas(64) int32_t lane[N];
+        for (int j = 0; j < N; ++j) lane[j] = j;
+        I rk[K][4];
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+            const int i = i0 + p * N;
+#pragma GCC unroll 4
+            for (int k = 0; k < K; ++k) {
+                if (p >= regs) {
+                    rk[k][p] = I(0);
+                    continue;
+                }
+                F a, b;
+                R::deinterleave(F::load_aligned(y[k] + 2 * i), F::load_aligned(y[k] + 2 * i + N), a, b);
+                I r = Base::template rank_fixed<B, Bucketed>(angle<Full>(b, a), bounds, st);
+                if (p == regs - 1 && valid < N) r = xsimd::select(I::load_aligned(lane) < I(valid), r, I(0));  // past the level
+                rk[k][p] = r;
+                xsimd::sqrt(a * a + b * b).store_aligned(y[k] + i);
+                if constexpr (!Direct) r.store_aligned(codes[k] + i);
+            }
+        }
+        if constexpr (Direct) {
+            for (int k = 0; k < K; ++k) R::template pack_codes<B>(rk[k], nullptr, buf[k] + l.bit_off[level - 1] / 8 + size_t(i0) * B / 8);
+        }
+    }
+    template <int B, bool Full, int K, bool Bucketed, bool Direct>
     static void polar_level(const detail::PolarQuantizeLayout& l, int level, const Steps& st, float (*y)[kMaxD + kPad],
                             uint8_t (*buf)[kMaxD + 128]) {
         const int nodes = l.rot.d >> level;
-        const float* bounds = l.bounds[level - 1];
-        const size_t bit_off = l.bit_off[level - 1];
-        const bool direct = R::kPackCodes && B >= 1 && B <= 4 && bit_off % 8 == 0;
-        alignas(64) int32_t codes[K][kMaxD / 2 + kPad];
-        alignas(64) int32_t lane[N];
-        for (int k = 0; k < N; ++k) lane[k] = k;
-        for (int i0 = 0; i0 < nodes; i0 += kGroup) {
-            I rk[K][4];
-#pragma GCC unroll 4
-            for (int p = 0; p < 4; ++p) {
-                const int i = i0 + p * N;
-#pragma GCC unroll 4
-                for (int k = 0; k < K; ++k) {
-                    if (i >= nodes) {
-                        rk[k][p] = I(0);
-                        continue;
-                    }
-                    F a, b;
-                    R::deinterleave(F::load_aligned(y[k] + 2 * i), F::load_aligned(y[k] + 2 * i + N), a, b);
-                    I r = Base::template rank_fixed<B>(angle<Full>(b, a), bounds, st);
-                    if (i + N > nodes) r = xsimd::select(I::load_aligned(lane) < I(nodes - i), r, I(0));  // past the level
-                    rk[k][p] = r;
-                    xsimd::sqrt(a * a + b * b).store_aligned(y[k] + i);
-                    if (!direct) r.store_aligned(codes[k] + i);
-                }
-            }
-            if constexpr (R::kPackCodes && B >= 1 && B <= 4) {
-                for (int k = 0; k < K && direct; ++k) {
-                    R::template pack_codes<B>(rk[k], nullptr, buf[k] + bit_off / 8 + size_t(i0) * B / 8);
-                }
-            }
+        alignas(64) int32_t codes[Direct ? 1 : K][kMaxD / 2 + kPad];
+        int i0 = 0;
+        for (; i0 + kGroup <= nodes; i0 += kGroup) polar_group<B, Full, K, Bucketed, Direct>(l, level, st, y, buf, i0, 4, N, codes);
+        if (i0 < nodes) {
+            const int rest = nodes - i0, regs = (rest + N - 1) / N;
+            polar_group<B, Full, K, Bucketed, Direct>(l, level, st, y, buf, i0, regs, rest - (regs - 1) * N, codes);
         }
-        for (int k = 0; k < K && !direct; ++k) {
-            Base::zero_tail(codes[k], nodes);
-            Base::pack(codes[k], nodes, B, buf[k], bit_off);
+        if constexpr (!Direct) {
+            for (int k = 0; k < K; ++k) {
+                Base::zero_tail(codes[k], nodes);
+                Base::pack(codes[k], nodes, B, buf[k], l.bit_off[level - 1]);
+            }
         }
     }
 
-    // K consecutive rows; false (nothing written) if one is NaN or Inf after the rotation, where the
-    // specification's NaN operand order matters.
+    // K consecutive rows; false (nothing written) if a row's last radii are not all finite. Then the row
+    // had a NaN or Inf after the rotation (where the specification's NaN operand order matters), or one
+    // of its radii overflowed (a NaN angle, of Inf/Inf, ranks above every threshold there): a radius
+    // bounds those below it, so every radius and every value of a row whose last radii are finite is
+    // finite, and so is every angle of it.
     template <int K>
     static bool polar_rows(const detail::PolarQuantizeLayout& l, const Steps* steps, const float* x, uint8_t* dst,
                            size_t dst_stride) {
         const int d = l.rot.d;
         alignas(64) float y[K][kMaxD + kPad];
         alignas(64) uint8_t buf[K][kMaxD + 128];
-        F bad(0.0f);
         for (int k = 0; k < K; ++k) {
             Base::Rot::apply(l.rot, x + k * d, y[k]);
-            for (int j = 0; j < d; j += N) {
-                const F v = F::load_aligned(y[k] + j);
-                bad = bad + (v - v);
-            }
-        }
-        if (xsimd::any(xsimd::isnan(bad))) return false;
-        for (int k = 0; k < K; ++k) {
             Base::zero_bytes(buf[k], l.row_bytes + 8);
             for (int j = d; j < d + kPad; ++j) y[k][j] = 0.0f;
         }
@@ -127,14 +130,28 @@ struct PolarQuantize : RotatedQuantize<A> {
         for (int level = 1; level <= l.levels; ++level) {
             Base::with_bits(l.bits[level - 1], [&](auto bits) {
                 constexpr int B = decltype(bits)::value;
-                if (level == 1) {
-                    polar_level<B, true, K>(l, level, steps[level - 1], y, buf);
-                } else {
-                    polar_level<B, false, K>(l, level, steps[level - 1], y, buf);
-                }
+                constexpr bool kCanPack = R::kPackCodes && B >= 1 && B <= 4;
+                const bool direct = kCanPack && l.bit_off[level - 1] % 8 == 0;
+                Base::template with_rank_kind<B>(steps[level - 1], [&](auto bucketed) {
+                    constexpr bool kB = decltype(bucketed)::value;
+                    if (level == 1 && direct) polar_level<B, true, K, kB, kCanPack>(l, level, steps[0], y, buf);
+                    if (level == 1 && !direct) polar_level<B, true, K, kB, false>(l, level, steps[0], y, buf);
+                    if (level > 1 && direct) polar_level<B, false, K, kB, kCanPack>(l, level, steps[level - 1], y, buf);
+                    if (level > 1 && !direct) polar_level<B, false, K, kB, false>(l, level, steps[level - 1], y, buf);
+                });
             });
         }
         const int groups = d >> l.levels;
+        alignas(64) float lane[N];
+        for (int j = 0; j < N; ++j) lane[j] = static_cast<float>(j);
+        F bad(0.0f);
+        for (int k = 0; k < K; ++k) {
+            for (int g = 0; g < groups; g += N) {
+                const F v = F::load_aligned(y[k] + g);
+                bad = bad + xsimd::select(F::load_aligned(lane) < F(float(groups - g)), v - v, F(0.0f));
+            }
+        }
+        if (xsimd::any(xsimd::isnan(bad))) return false;
         for (int k = 0; k < K; ++k) {
             alignas(64) uint16_t radius[kMaxD / 2 + N];
             for (int g = 0; g < groups; g += N) O::store_f16(radius + g, F::load_aligned(y[k] + g));
@@ -153,13 +170,13 @@ struct PolarQuantize : RotatedQuantize<A> {
         }
         Steps steps[8];
         for (int i = 0; i < l.levels; ++i) steps[i].build(l.bounds[i], l.bits[i]);
-        auto one = [&](size_t r) {
+        auto one = [&](size_t r) {  // a row the level does not take goes through the specification's row function
             if (!polar_rows<1>(l, steps, x + r * d, dst + r * dst_stride, dst_stride)) {
                 detail::polar_quantize_row_spec(l, x + r * d, dst + r * dst_stride);
             }
         };
         size_t r = 0;
-        for (; r + 2 <= n_rows; r += 2) {  // two rows at a time; a pair with a NaN or Inf row, one by one
+        for (; r + 2 <= n_rows; r += 2) {  // two rows at a time; a pair the level does not take, one by one
             Base::prefetch_row(x + (r + 4) * d, 2 * d);
             if (!polar_rows<2>(l, steps, x + r * d, dst + r * dst_stride, dst_stride)) {
                 one(r);

@@ -40,25 +40,67 @@ struct RotatedQuantize {
 
     // --- codes -------------------------------------------------------------------------------------
 
-    // The number of thresholds t (2^bits − 1 of them, ascending) with !(v < t): std::upper_bound's rank,
-    // by a binary search (the predicate is monotone in t, and true for every t when v is NaN).
-    // Step k = 1..B−1 compares with the threshold rank + s − 1 (s = 2^(B−1−k), rank a multiple of 2s).
+    // The number of thresholds t (2^bits − 1 of them, ascending) with !(v < t): std::upper_bound's rank.
+    //
+    // Where a 32-entry lookup is one instruction (kLookup32) and there are 7..31 thresholds: by buckets.
+    // bucket(v) = trunc(clamp(fma(v, a, b), 0, 31)) is monotone in v, so a threshold in a lower bucket than
+    // v's is below v and one in a higher bucket above it; if no bucket holds two thresholds, the rank is
+    // the number in lower buckets (base) plus v's own bucket's one where !(v < it) (thr; +∞ if none).
+    // Built from the thresholds with the same operations (std::fma is the fused fma; the vector max
+    // returns its second operand, 0, for a NaN); a codebook with two thresholds in a bucket is searched.
+    //
+    // Otherwise by a binary search (the predicate is monotone in t, and true for every t when v is NaN):
+    // step k = 1..B−1 compares with the threshold rank + s − 1 (s = 2^(B−1−k), rank a multiple of 2s).
     // Step 1 has two candidates, chosen by step 0's comparison; with B ≤ 4 the later steps read per-step
-    // tables (Steps): t[k−1][rank >> (B − k)] (one of 2^k ≤ 8, a lookup8), or u[k−1][rank] where a
-    // 16-entry lookup is one instruction.
+    // tables: t[k−1][rank >> (B − k)] (one of 2^k ≤ 8, a lookup8), or u[k−1][rank] where a 16-entry
+    // lookup is one instruction.
     struct Steps {
         alignas(64) float t[3][16];
         alignas(64) float u[3][16];
+        alignas(64) float thr[32];
+        alignas(64) int32_t base[32];
+        float a = 0, b = 0;
+        bool bucketed = false;
+        static int bucket(float v, float a, float b) {
+            return static_cast<int>(std::min(std::max(std::fma(v, a, b), 0.0f), 31.0f));
+        }
         void build(const float* bounds, int bits) {
             for (int k = 1; k < bits && k <= 3; ++k) {
                 const int s = 1 << (bits - 1 - k);
                 for (int m = 0; m < 16; ++m) t[k - 1][m] = m < (1 << k) ? bounds[2 * s * m + s - 1] : 0.0f;
                 for (int r = 0; r < 16; ++r) u[k - 1][r] = bits <= 4 && (r >> (bits - k)) < (1 << k) ? t[k - 1][r >> (bits - k)] : 0.0f;
             }
+            const int n = (1 << bits) - 1;
+            if (!R::kLookup32 || bits < 3 || bits > 5 || !(bounds[n - 1] > bounds[0])) return;
+            a = 30.0f / (bounds[n - 1] - bounds[0]);  // the thresholds in buckets 1..30
+            b = 1.0f - bounds[0] * a;
+            if (!std::isfinite(a) || !std::isfinite(b)) return;
+            int count[32] = {};
+            for (int i = 0; i < 32; ++i) thr[i] = INFINITY;
+            for (int k = 0; k < n; ++k) {
+                const int i = bucket(bounds[k], a, b);
+                if (count[i]++) return;  // two in one bucket: search
+                thr[i] = bounds[k];
+            }
+            for (int i = 0, below = 0; i < 32; below += count[i], ++i) base[i] = below;
+            bucketed = true;
         }
     };
-    template <int B>
+    // Calls body(std::bool_constant<Bucketed>) with Bucketed = st.bucketed, once per section or level.
+    template <int B, class Body>
+    static void with_rank_kind(const Steps& st, Body&& body) {
+        if constexpr (R::kLookup32 && B >= 3 && B <= 5) {
+            if (st.bucketed) return body(std::true_type{});
+        }
+        body(std::false_type{});
+    }
+    template <int B, bool Bucketed = false>
     static I rank_fixed(F v, const float* bounds, const Steps& steps) {
+        if constexpr (Bucketed) {
+            const F f = xsimd::min(xsimd::max(R::fmadd(v, F(steps.a), F(steps.b)), F(0.0f)), F(31.0f));
+            const I i = R::to_int(f);
+            return R::add_unless_less(R::lookup32(steps.base, i), v, R::lookup32(steps.thr, i), 1);
+        }
         I r(0);
         if constexpr (B >= 1) {
             const F t0(bounds[(1 << (B - 1)) - 1]);
@@ -207,57 +249,75 @@ struct RotatedQuantize {
         float* residual;
     };
 
-    // One section's codes of K rows, a group of kGroup values at a time, row after row within a register
-    // (the rows' chains of compares and lookups are independent, so they overlap): where the level packs
-    // codes in registers (pack_codes), straight into each row's buffer; elsewhere as int32 codes, packed
-    // at the end (pack).
-    template <int B, int K>
-    static void turbo_section(const detail::TurboSection& sec, const Steps& st, const uint8_t* code_map, TurboRow* rows) {
-        constexpr bool kDirect = R::kPackCodes;  // turbo_fits: a section starts on a byte
+    // One section's codes of K rows, a group of kGroup values (regs registers) at a time, row after row
+    // within a register (the rows' chains of compares and lookups are independent, so they overlap): where
+    // the level packs codes in registers (pack_codes), straight into each row's buffer; elsewhere as int32
+    // codes (codes[k], from the section's index 0), packed at the end (pack).
+    template <int B, int K, bool Bucketed, bool Residual>
+    [[gnu::always_inline]] static inline void turbo_group(const detail::TurboSection& sec, const Steps& st,
+                                                          const uint8_t* code_map, TurboRow* rows, F (*cu)[kSumRegs],
+                                                          F (*cc)[kSumRegs], int j0, int regs, int32_t (*codes)[kMaxD + 32]) {
         const I half(1 << (B - 1)), sign(int32_t(0x80000000u));
         const float* magnitude = sec.value_by_rank + (1 << (B - 1));
-        const int begin = sec.begin, end = sec.begin + sec.count;
-        alignas(64) int32_t codes[K][kDirect ? 1 : kMaxD + 32];
-        for (int j0 = begin; j0 < end; j0 += kGroup) {
-            I rk[K][4];
+        I rk[K][4];
 #pragma GCC unroll 4
-            for (int p = 0; p < 4; ++p) {
-                // (j / N) % kSumRegs == p % kSumRegs: begin is a multiple of 16, kGroup of 16 / N registers.
-                const int j = j0 + p * N;
+        for (int p = 0; p < 4; ++p) {
+            // (j / N) % kSumRegs == p % kSumRegs: begin is a multiple of 16, kGroup of 16 / N registers.
+            const int j = j0 + p * N;
 #pragma GCC unroll 4
-                for (int k = 0; k < K; ++k) {
-                    TurboRow& row = rows[k];
-                    if (j >= end) {
-                        rk[k][p] = half;  // code 0
-                        continue;
-                    }
-                    const F v = F::load_aligned(row.u + j) * row.inv;
-                    const I r = rank_fixed<B>(v, sec.bounds, st);
-                    rk[k][p] = r;
-                    // The rank's value; without a one-instruction 16-entry lookup, ± the magnitude's (its
-                    // sign-magnitude code).
-                    const I t = r - half, neg = t >> 31, m = t ^ neg;
-                    F c;
-                    if constexpr (B <= 3) {
-                        c = R::lookup8(sec.value_by_rank, r);
-                    } else if constexpr (R::kLookup16) {
-                        c = R::lookup16(sec.value_by_rank, r);
-                    } else {
-                        c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & sign);
-                    }
-                    row.cu[p % kSumRegs] = row.cu[p % kSumRegs] + c * v;
-                    row.cc[p % kSumRegs] = row.cc[p % kSumRegs] + c * c;
-                    if (row.residual) (v - c).store_unaligned(row.residual + j);
-                    if constexpr (!kDirect) (m | (neg & half)).store_aligned(codes[k] + (j - begin));  // from index 0
+            for (int k = 0; k < K; ++k) {
+                TurboRow& row = rows[k];
+                if (p >= regs) {
+                    rk[k][p] = half;  // code 0
+                    continue;
                 }
-            }
-            if constexpr (kDirect) {
-                for (int k = 0; k < K; ++k) {
-                    R::template pack_codes<B>(rk[k], code_map, rows[k].buf + sec.bit_off / 8 + size_t(j0 - begin) * B / 8);
+                const F v = F::load_aligned(row.u + j) * row.inv;
+                const I r = rank_fixed<B, Bucketed>(v, sec.bounds, st);
+                rk[k][p] = r;
+                // The rank's value; without a one-instruction 16-entry lookup, ± the magnitude's (its
+                // sign-magnitude code).
+                const I t = r - half, neg = t >> 31, m = t ^ neg;
+                F c;
+                if constexpr (B <= 3) {
+                    c = R::lookup8(sec.value_by_rank, r);
+                } else if constexpr (R::kLookup16) {
+                    c = R::lookup16(sec.value_by_rank, r);
+                } else {
+                    c = R::lookup8(magnitude, m) ^ bit_cast<float>(neg & sign);
                 }
+                cu[k][p % kSumRegs] = cu[k][p % kSumRegs] + c * v;
+                cc[k][p % kSumRegs] = cc[k][p % kSumRegs] + c * c;
+                if constexpr (Residual) (v - c).store_unaligned(row.residual + j);
+                if constexpr (!R::kPackCodes) (m | (neg & half)).store_aligned(codes[k] + (j - sec.begin));
             }
         }
-        if constexpr (!kDirect) {
+        if constexpr (R::kPackCodes) {  // turbo_fits: a section starts on a byte
+            for (int k = 0; k < K; ++k) {
+                R::template pack_codes<B>(rk[k], code_map, rows[k].buf + sec.bit_off / 8 + size_t(j0 - sec.begin) * B / 8);
+            }
+        }
+    }
+    template <int B, int K, bool Bucketed, bool Residual>
+    static void turbo_section(const detail::TurboSection& sec, const Steps& st, const uint8_t* code_map, TurboRow* rows) {
+        const int end = sec.begin + sec.count;
+        alignas(64) int32_t codes[R::kPackCodes ? 1 : K][kMaxD + 32];
+        F cu[K][kSumRegs], cc[K][kSumRegs];  // in registers: the rows' buffers are written through byte pointers
+        for (int k = 0; k < K; ++k) {
+            for (int i = 0; i < kSumRegs; ++i) {
+                cu[k][i] = rows[k].cu[i];
+                cc[k][i] = rows[k].cc[i];
+            }
+        }
+        int j0 = sec.begin;
+        for (; j0 + kGroup <= end; j0 += kGroup) turbo_group<B, K, Bucketed, Residual>(sec, st, code_map, rows, cu, cc, j0, 4, codes);
+        if (j0 < end) turbo_group<B, K, Bucketed, Residual>(sec, st, code_map, rows, cu, cc, j0, (end - j0) / N, codes);
+        for (int k = 0; k < K; ++k) {
+            for (int i = 0; i < kSumRegs; ++i) {
+                rows[k].cu[i] = cu[k][i];
+                rows[k].cc[i] = cc[k][i];
+            }
+        }
+        if constexpr (!R::kPackCodes) {
             for (int k = 0; k < K; ++k) {
                 zero_tail(codes[k], sec.count);
                 pack(codes[k], sec.count, B, rows[k].buf, sec.bit_off);
@@ -282,7 +342,16 @@ struct RotatedQuantize {
         for (int s = 0; s < l.n_sections; ++s) {
             with_bits(l.sections[s].bits, [&](auto bits) {
                 constexpr int B = decltype(bits)::value;
-                if constexpr (B >= 1 && B <= 4) turbo_section<B, K>(l.sections[s], tables.steps[s], tables.code[s], rows);
+                if constexpr (B >= 1 && B <= 4) {
+                    with_rank_kind<B>(tables.steps[s], [&](auto bucketed) {
+                        constexpr bool kBucketed = decltype(bucketed)::value;
+                        if (rows[0].residual) {
+                            turbo_section<B, K, kBucketed, true>(l.sections[s], tables.steps[s], tables.code[s], rows);
+                        } else {
+                            turbo_section<B, K, kBucketed, false>(l.sections[s], tables.steps[s], tables.code[s], rows);
+                        }
+                    });
+                }
             });
         }
         for (int k = 0; k < K; ++k) {

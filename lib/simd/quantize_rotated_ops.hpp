@@ -8,6 +8,8 @@
 //                         it rounds as a·b + c does
 //   lookup16(t, i)        t[i] for every lane, i in 0..15 (t: 16 floats); lookup8 the same for i in 0..7;
 //                         kLookup16: lookup16 is one instruction (else lookup8 is the cheap one)
+//   kLookup32, lookup32(t, i)  (AVX-512) t[i], i in 0..31, t: 32 floats or int32 (one instruction)
+//   to_int(v)             v truncated to int32 (v within int32's range)
 //   add_unless_less(r, v, t, s)  r + s in the lanes where !(v < t) (NaN v included), r elsewhere
 //   select_unless_less(v, t, a, b)  a where !(v < t), b elsewhere
 //   kPackCodes, pack_codes<B>(r, map, out)  (AVX2, AVX-512) the 4N ranks of r[0..3] (0..2^B−1), each
@@ -73,8 +75,13 @@ struct RotOps<xsimd::avx512bw> {
     }
     static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static D fmadd(D a, D b, D c) { return _mm512_fmadd_pd(a, b, c); }
-    static constexpr bool kLookup16 = true;
+    static constexpr bool kLookup16 = true, kLookup32 = true;
     static F lookup16(const float* t, I i) { return _mm512_permutexvar_ps(i, _mm512_loadu_ps(t)); }
+    static F lookup32(const float* t, I i) { return _mm512_permutex2var_ps(_mm512_loadu_ps(t), i, _mm512_loadu_ps(t + 16)); }
+    static I lookup32(const int32_t* t, I i) {
+        return _mm512_permutex2var_epi32(_mm512_loadu_si512(t), i, _mm512_loadu_si512(t + 16));
+    }
+    static I to_int(F v) { return _mm512_cvttps_epi32(v); }
     static F lookup8(const float* t, I i) { return lookup16(t, i); }
     static I add_unless_less(I r, F v, F t, int s) {
         return _mm512_mask_add_epi32(r, _mm512_cmp_ps_mask(v, t, _CMP_NLT_UQ), r, _mm512_set1_epi32(s));
@@ -149,7 +156,7 @@ struct RotOps<xsimd::fma3<xsimd::avx2>> {
     }
     static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
     static D fmadd(D a, D b, D c) { return _mm256_fmadd_pd(a, b, c); }
-    static constexpr bool kLookup16 = false;
+    static constexpr bool kLookup16 = false, kLookup32 = false;
     static F lookup8(const float* t, I i) { return _mm256_permutevar8x32_ps(_mm256_loadu_ps(t), i); }
     static F lookup16(const float* t, I i) {
         const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t), i);
@@ -218,7 +225,7 @@ struct RotOps<xsimd::sse2> {
     }
     static F fmadd(F a, F b, F c) { return a * b + c; }
     static D fmadd(D a, D b, D c) { return a * b + c; }
-    static constexpr bool kLookup16 = false;
+    static constexpr bool kLookup16 = false, kLookup32 = false;
     static F lookup16(const float* t, I i) { return lookup_lanes<A>(t, i); }
     static F lookup8(const float* t, I i) { return lookup_lanes<A>(t, i); }
     static I add_unless_less(I r, F v, F t, int s) {
@@ -254,7 +261,7 @@ struct RotOps<xsimd::neon64> {
     }
     static F fmadd(F a, F b, F c) { return vfmaq_f32(c, a, b); }
     static D fmadd(D a, D b, D c) { return vfmaq_f64(c, a, b); }
-    static constexpr bool kLookup16 = false;
+    static constexpr bool kLookup16 = false, kLookup32 = false;
     static F lookup16(const float* t, I i) { return lookup_lanes<A>(t, i); }
     static F lookup8(const float* t, I i) { return lookup_lanes<A>(t, i); }
     static I add_unless_less(I r, F v, F t, int s) {  // vcltq is false for NaN: bic keeps s there
