@@ -176,6 +176,12 @@ struct PolarQuantize : RotatedQuantize<A> {
             }
         };
         size_t r = 0;
+        for (; r + 4 <= n_rows; r += 4) {
+            Base::prefetch_row(x + (r + 8) * d, 4 * d);
+            if (!polar_rows<4>(l, steps, x + r * d, dst + r * dst_stride, dst_stride)) {
+                for (int k = 0; k < 4; ++k) one(r + k);
+            }
+        }
         for (; r + 2 <= n_rows; r += 2) {  // two rows at a time; a pair the level does not take, one by one
             Base::prefetch_row(x + (r + 4) * d, 2 * d);
             if (!polar_rows<2>(l, steps, x + r * d, dst + r * dst_stride, dst_stride)) {
