@@ -5,6 +5,7 @@
 #pragma once
 
 #include "quantize_rotated_impl.hpp"
+#include "quantize_turbo_impl.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -195,7 +196,7 @@ struct PolarQuantize : RotatedQuantize<A> {
 
 template <class A>
 detail::RotatedQuantizeKernels rotated_quantize_kernels() {
-    return {RotatedQuantize<A>::turbo, PolarQuantize<A>::polar};
+    return {TurboQuantize<A>::turbo, PolarQuantize<A>::polar};
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 //                         kLookup16: lookup16 is one instruction (else lookup8 is the cheap one)
 //   kLookup32, lookup32(t, i)  (AVX-512) t[i], i in 0..31, t: 32 floats or int32 (one instruction)
 //   to_int(v)             v truncated to int32 (v within int32's range)
+//   sum_lanes(v)          the lanes of a float or double register added as a tree: lane i + lane i + L/2
+//                         for the L lanes left, halving L, to one (sum16_float / sum16_double's order)
 //   add_unless_less(r, v, t, s)  r + s in the lanes where !(v < t) (NaN v included), r elsewhere
 //   select_unless_less(v, t, a, b)  a where !(v < t), b elsewhere
 //   kPackCodes, pack_codes<B>(r, map, out)  (AVX2, AVX-512) the 4N ranks of r[0..3] (0..2^B−1), each
@@ -49,6 +51,19 @@ xsimd::batch<float, A> lookup_lanes(const float* t, xsimd::batch<int32_t, A> i) 
     return xsimd::batch<float, A>::load_aligned(out);
 }
 
+#if defined(__SSE2__)
+// The last steps of sum_lanes on x86: lanes i + i + L/2 down to one lane.
+inline float sum_lanes4(__m128 v) {
+    const __m128 c = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+inline double sum_lanes2(__m128d v) { return _mm_cvtsd_f64(_mm_add_sd(v, _mm_unpackhi_pd(v, v))); }
+#endif
+#if defined(__AVX__)
+inline float sum_lanes8(__m256 v) { return sum_lanes4(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
+inline double sum_lanes4(__m256d v) { return sum_lanes2(_mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1))); }
+#endif
+
 #if defined(__AVX512F__)
 template <>
 struct RotOps<xsimd::avx512bw> {
@@ -82,6 +97,12 @@ struct RotOps<xsimd::avx512bw> {
         return _mm512_permutex2var_epi32(_mm512_loadu_si512(t), i, _mm512_loadu_si512(t + 16));
     }
     static I to_int(F v) { return _mm512_cvttps_epi32(v); }
+    static float sum_lanes(F v) {
+        return sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+    }
+    static double sum_lanes(D v) {
+        return sum_lanes4(_mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1)));
+    }
     static F lookup8(const float* t, I i) { return lookup16(t, i); }
     static I add_unless_less(I r, F v, F t, int s) {
         return _mm512_mask_add_epi32(r, _mm512_cmp_ps_mask(v, t, _CMP_NLT_UQ), r, _mm512_set1_epi32(s));
@@ -168,6 +189,8 @@ struct RotOps<xsimd::fma3<xsimd::avx2>> {
         return _mm256_add_epi32(r, _mm256_and_si256(m, _mm256_set1_epi32(s)));
     }
     static F select_unless_less(F v, F t, F a, F b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(v, t, _CMP_NLT_UQ)); }
+    static float sum_lanes(F v) { return sum_lanes8(v); }
+    static double sum_lanes(D v) { return sum_lanes4(v); }
 
     // As the AVX-512 version, on 32 codes: each 128-bit lane's two qwords give B bytes each, shuffled
     // to bytes 0..2B−1 (lane 0) and 2B..4B−1 (lane 1), and the lanes or-ed.
@@ -235,6 +258,8 @@ struct RotOps<xsimd::sse2> {
         const __m128 m = _mm_cmpnlt_ps(v, t);
         return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b));
     }
+    static float sum_lanes(F v) { return sum_lanes4(v); }
+    static double sum_lanes(D v) { return sum_lanes2(v); }
     static constexpr bool kPackCodes = false;
 };
 #endif
@@ -268,6 +293,11 @@ struct RotOps<xsimd::neon64> {
         return vaddq_s32(r, vbicq_s32(vdupq_n_s32(s), vreinterpretq_s32_u32(vcltq_f32(v, t))));
     }
     static F select_unless_less(F v, F t, F a, F b) { return vbslq_f32(vcltq_f32(v, t), b, a); }
+    static float sum_lanes(F v) {
+        const float32x2_t c = vadd_f32(vget_low_f32(v), vget_high_f32(v));
+        return vget_lane_f32(c, 0) + vget_lane_f32(c, 1);
+    }
+    static double sum_lanes(D v) { return vgetq_lane_f64(v, 0) + vgetq_lane_f64(v, 1); }
     static constexpr bool kPackCodes = false;
 };
 #endif
