@@ -64,26 +64,35 @@ struct RotatedQuantize {
         static int bucket(float v, float a, float b) {
             return static_cast<int>(std::min(std::max(std::fma(v, a, b), 0.0f), 31.0f));
         }
+        // Per call of a quantizer: only the tables its rank search reads.
         void build(const float* bounds, int bits) {
-            for (int k = 1; k < bits && k <= 3; ++k) {
+            if (R::kLookup32 && build_buckets(bounds, bits)) return;
+            for (int k = 2; k < bits && k <= 3; ++k) {  // step 1 reads no table
                 const int s = 1 << (bits - 1 - k);
-                for (int m = 0; m < 16; ++m) t[k - 1][m] = m < (1 << k) ? bounds[2 * s * m + s - 1] : 0.0f;
-                for (int r = 0; r < 16; ++r) u[k - 1][r] = bits <= 4 && (r >> (bits - k)) < (1 << k) ? t[k - 1][r >> (bits - k)] : 0.0f;
+                for (int r = 0; r < 16; ++r) {
+                    const int m = std::min(R::kLookup16 ? r >> (bits - k) : r, (1 << k) - 1);
+                    (R::kLookup16 ? u : t)[k - 1][r] = bounds[2 * s * m + s - 1];
+                }
             }
+        }
+        bool build_buckets(const float* bounds, int bits) {
             const int n = (1 << bits) - 1;
-            if (!R::kLookup32 || bits < 3 || bits > 5 || !(bounds[n - 1] > bounds[0])) return;
+            if (bits < 3 || bits > 5 || !(bounds[n - 1] > bounds[0])) return false;
             a = 30.0f / (bounds[n - 1] - bounds[0]);  // the thresholds in buckets 1..30
             b = 1.0f - bounds[0] * a;
-            if (!std::isfinite(a) || !std::isfinite(b)) return;
-            int count[32] = {};
+            if (!std::isfinite(a) || !std::isfinite(b)) return false;
             for (int i = 0; i < 32; ++i) thr[i] = INFINITY;
+            int last = -1;  // the thresholds' buckets ascend: two in one bucket are neighbours
             for (int k = 0; k < n; ++k) {
                 const int i = bucket(bounds[k], a, b);
-                if (count[i]++) return;  // two in one bucket: search
+                if (i == last) return false;  // two in one bucket: search
+                for (int j = last + 1; j <= i; ++j) base[j] = k;
                 thr[i] = bounds[k];
+                last = i;
             }
-            for (int i = 0, below = 0; i < 32; below += count[i], ++i) base[i] = below;
+            for (int j = last + 1; j < 32; ++j) base[j] = n;
             bucketed = true;
+            return true;
         }
     };
     // Calls body(std::bool_constant<Bucketed>) with Bucketed = st.bucketed, once per section or level.
