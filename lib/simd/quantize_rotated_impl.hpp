@@ -1,14 +1,16 @@
-// SIMD quantizers of the turbo codecs (and what polar's, quantize_polar_impl.hpp, share), written once
-// over the xsimd arch A, Ops<A> and RotOps<A> (quantize_rotated_ops.hpp). They write the bytes of the
-// scalar specification (lib/spec/rotated_quantize_scalar.cpp) because they do its float operations in its
-// order (lib/spec/rotated_quantize.hpp says which order): the rotation's butterflies lane by lane
-// (rotate_impl.hpp), the 16 partial sums register by register (the trees and the fp16 scale are the
-// specification's own out-of-line functions), ranks by a binary search over the same thresholds,
-// polar_angle's operations one for one. fma only where a product is exact (x² in double, v·(±1)), so that
-// it rounds as the specification's separate add does. One liberty: a butterfly's a − b is computed as
-// a + (−b), which differs from it only in which NaN a NaN operand gives; so a row is taken here only when
-// it is finite after the rotation (turbo: its norm is below 1e30), and every other row goes through the
-// specification's row function.
+// What the SIMD quantizers of the turbo and polar codecs share (quantize_turbo_impl.hpp,
+// quantize_polar_impl.hpp), written once over the xsimd arch A, Ops<A> and RotOps<A>
+// (quantize_rotated_ops.hpp): the rank of a value among a codebook's thresholds, the packing of codes,
+// row buffers. They write the bytes of the scalar specification (lib/spec/rotated_quantize_scalar.cpp)
+// because they do its float operations in its order (lib/spec/rotated_quantize.hpp says which order):
+// the rotation's butterflies lane by lane (rotate_impl.hpp), the 16 partial sums register by register
+// and added by the same tree, the rank of a value as the exact count of thresholds below it (by buckets
+// or a binary search, below), polar_angle's operations one for one. fma only where a product is exact
+// (x² in double, v·(±1)), so that it rounds as the specification's separate add does. One liberty: a
+// butterfly's a − b is computed as a + (−b), which differs from it only in which NaN a NaN operand
+// gives; so a row is taken here only when it is finite after the rotation (turbo: its norm is at most
+// 1e30; polar: its last radii are finite), and every other row goes through the specification's row
+// function.
 #pragma once
 
 #include <algorithm>
@@ -46,8 +48,8 @@ struct RotatedQuantize {
     // bucket(v) = trunc(clamp(fma(v, a, b), 0, 31)) is monotone in v, so a threshold in a lower bucket than
     // v's is below v and one in a higher bucket above it; if no bucket holds two thresholds, the rank is
     // the number in lower buckets (base) plus v's own bucket's one where !(v < it) (thr; +∞ if none).
-    // Built from the thresholds with the same operations (std::fma is the fused fma; the vector max
-    // returns its second operand, 0, for a NaN); a codebook with two thresholds in a bucket is searched.
+    // Built from the thresholds with the same operations (std::fma is the fused fma); a codebook with two
+    // thresholds in one bucket is searched. v is finite here (the rows taken have no NaN: see above).
     //
     // Otherwise by a binary search (the predicate is monotone in t, and true for every t when v is NaN):
     // step k = 1..B−1 compares with the threshold rank + s − 1 (s = 2^(B−1−k), rank a multiple of 2s).
@@ -203,11 +205,10 @@ struct RotatedQuantize {
         for (; i < n; ++i) row[i] = buf[i];
     }
 
-    // Rows are read once, from memory: a row ahead is asked for, every cache line of it.
+    // Rows are read once, from memory: the rows ahead are asked for, every cache line of them.
     static void prefetch_row(const float* x, int d) {
         for (int j = 0; j < d; j += 16) __builtin_prefetch(x + j);
     }
-
 };
 
 }  // namespace
