@@ -113,9 +113,9 @@ struct PolarQuantize : RotatedQuantize<A> {
 
     // K consecutive rows; false (nothing written) if a row's last radii are not all finite. Then the row
     // had a NaN or Inf after the rotation (where the specification's NaN operand order matters), or one
-    // of its radii overflowed (a NaN angle, of Inf/Inf, ranks above every threshold there): a radius
-    // bounds those below it, so every radius and every value of a row whose last radii are finite is
-    // finite, and so is every angle of it.
+    // of its radii overflowed (a NaN angle, of Inf/Inf, ranks above every threshold there): a NaN or Inf
+    // value or radius makes every radius above it NaN or Inf, so a row whose last radii are finite has
+    // neither anywhere, in its values, radii or angles.
     template <int K>
     static bool polar_rows(const detail::PolarQuantizeLayout& l, const Steps* steps, const float* x, uint8_t* dst,
                            size_t dst_stride) {
