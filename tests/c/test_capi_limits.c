@@ -2,12 +2,14 @@
  * store (its fp16 scale or norm would overflow) is KVQ_ERR_INVALID_ARGUMENT naming the row and the
  * limit, with nothing written; under KVQ_NAN_PROPAGATE non-finite keys and values are stored and the
  * heads that read them attend to NaN, while other sequences and kv heads stay finite. */
+#define _POSIX_C_SOURCE 200809L /* getpid */
 #include <kvq/kvq.h>
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "helpers.h"
@@ -194,7 +196,10 @@ static void test_layer_codecs(void) {
     CHECK(kvq_cache_bytes_used(cache) >= st.bytes_used);
 
     /* Saved and loaded with a byte limit the file fits in, and one it does not. */
-    const char* path = "test_capi_layer_codecs.kvq";
+    /* One file per process: the test runs once per SIMD level, in parallel. */
+    char path[256];
+    const char* tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/kvq_capi_layer_codecs_%ld.kvq", tmp ? tmp : "/tmp", (long)getpid());
     CHECK_OK(kvq_cache_save(cache, path, -1));
     kvq_cache* back;
     CHECK_OK(kvq_cache_load_bounded(path, 0, st.bytes_used, 1, &back));
