@@ -223,7 +223,26 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     if (ids.empty()) return;
     if (!q || !out) throw std::invalid_argument("KVCache::attend_batch: q or out is a null pointer");
     const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
-    std::vector<const detail::LayerState*> layers(ids.size());
+    // This thread's buffers, grown once and kept: a decode step of a batch allocates nothing.
+    struct Scratch {
+        std::vector<const detail::LayerState*> layers;
+        std::vector<detail::RowSource> sources;
+        std::vector<uint8_t*> staging;
+        std::vector<detail::DecodeTask> tasks;
+        std::vector<std::pair<size_t, size_t>> ranges;
+    };
+    thread_local Scratch scratch;
+    Scratch& sc = scratch;
+    sc.layers.resize(ids.size());
+    sc.sources.resize(2 * ids.size());
+    sc.staging.resize(ids.size());
+    sc.tasks.resize(ids.size());
+    sc.ranges.resize(ids.size());
+    auto& layers = sc.layers;
+    auto& sources = sc.sources;
+    auto& staging = sc.staging;
+    auto& tasks = sc.tasks;
+    auto& ranges = sc.ranges;
     for (size_t i = 0; i < ids.size(); ++i) {
         for (size_t j = 0; j < i; ++j) {
             if (ids[j] == ids[i]) {
@@ -241,10 +260,6 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     std::vector<float> clean;
     std::vector<char> nan_head;
     q = check_query("attend_batch", q, ids.size() * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
-    std::vector<detail::RowSource> sources(2 * ids.size());
-    std::vector<uint8_t*> staging(ids.size());
-    std::vector<detail::DecodeTask> tasks(ids.size());
-    std::vector<std::pair<size_t, size_t>> ranges(ids.size());
     const size_t w = window(layer);
     for (size_t i = 0; i < ids.size(); ++i) {
         const size_t n = layers[i]->n_tokens;
