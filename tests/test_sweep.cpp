@@ -333,3 +333,36 @@ TEST_CASE("+center on the rotating codecs: on keys with a large per-channel bias
         CHECK(r[i + 1].errors.kl.mean < 0.5 * r[i].errors.kl.mean);
     }
 }
+
+TEST_CASE("sweep: a K/V|K2/V2 format measures each layer with its own pair, and times a KVCache of both") {
+    const auto src = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1");
+    kvq::KVData d = src;
+    d.name = "two";
+    d.layers = 2;
+    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
+    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
+    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
+    d.windows = {0, 24};
+    kvq::SweepOptions o;
+    o.timing = true;
+    o.timing_repeats = 1;
+    o.formats = kvq::parse_kv_formats("q8_0/q8_0,q4_0+rot/q4_0,q8_0/q8_0|q4_0+rot/q4_0");
+    const auto r = kvq::run_sweep({d}, o).rows;
+    REQUIRE(r.size() == 9);  // all, full, window per format
+    const auto &q8_full = r[1], &q4_window = r[5], &all = r[6], &full = r[7], &window = r[8];
+    CHECK(all.format.label() == "q8_0/q8_0|q4_0+rot/q4_0");
+    CHECK(full.errors.kl.mean == q8_full.errors.kl.mean);
+    CHECK(window.errors.kl.mean == q4_window.errors.kl.mean);
+    CHECK(window.errors.output_l2.mean == q4_window.errors.output_l2.mean);
+    CHECK(full.key_bits == q8_full.key_bits);
+    CHECK(window.value_bits == q4_window.value_bits);
+    CHECK(all.key_bits == doctest::Approx(0.5 * (q8_full.key_bits + q4_window.key_bits)));
+    CHECK(all.decode_seconds > 0);  // a KVCache with layer_codecs holds it
+    const std::string table = kvq::format_sweep(kvq::run_sweep({d}, o), kvq::TableFormat::markdown);
+    CHECK(table.find("| two [window] | q8_0\\|q4_0+rot | q8_0\\|q4_0 |") != std::string::npos);
+    // Keys centered on one side only: measured, but a KVCache (which centers every layer or none) cannot time it.
+    o.formats = kvq::parse_kv_formats("q8_0/q8_0|q4_0+rot+center/q4_0");
+    const auto half = kvq::run_sweep({d}, o).rows;
+    CHECK(half[0].error.empty());
+    CHECK(half[0].decode_seconds == 0);
+}
