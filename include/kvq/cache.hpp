@@ -226,6 +226,7 @@ public:
     // The bookkeeping one sequence adds to bytes_used() in a cache of n_layers layers.
     static size_t sequence_bookkeeping_bytes(int n_layers);
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
+    double bytes_per_token(int layer) const;  // the same for one layer
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging
 

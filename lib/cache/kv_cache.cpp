@@ -125,7 +125,7 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
             ++layers_of[found];
             continue;
         }
-        LayerKind& kd = kinds.emplace_back(LayerKind{std::move(k), std::move(v)});
+        LayerKind& kd = kinds.emplace_back(LayerKind{std::move(k), std::move(v), false, false, {}, {}, {}, 0});
         layers_of.push_back(1);
         kd.store_nonfinite_k = kd.key.info().plain;
         kd.store_nonfinite_v = kd.value.info().plain;
@@ -293,14 +293,18 @@ size_t KVCache::bytes_used() const {
 size_t KVCache::metadata_bytes() const { return impl_->metadata_bytes.load(); }
 
 double KVCache::bytes_per_token() const {
+    double total = 0;
+    for (int l = 0; l < impl_->cfg.n_layers; ++l) total += bytes_per_token(l);
+    return total;
+}
+
+double KVCache::bytes_per_token(int layer) const {
+    impl_->check_layer("bytes_per_token", layer);
     const auto& c = impl_->cfg;
-    double per_layer_head = 0;
-    for (int l = 0; l < c.n_layers; ++l) {
-        const detail::LayerKind& k = impl_->kind(l);
-        per_layer_head += static_cast<double>(k.key.row_bytes() + k.value.row_bytes());
-    }
-    if (c.center_keys) per_layer_head += static_cast<double>(c.head_dim * sizeof(uint16_t)) / c.block_tokens * c.n_layers;
-    return per_layer_head * c.n_kv_heads;
+    const detail::LayerKind& k = impl_->kind(layer);
+    double per_head = static_cast<double>(k.key.row_bytes() + k.value.row_bytes());
+    if (c.center_keys) per_head += static_cast<double>(c.head_dim * sizeof(uint16_t)) / c.block_tokens;
+    return per_head * c.n_kv_heads;
 }
 
 PoolStats KVCache::pool_stats() const { return impl_->pool->stats(); }

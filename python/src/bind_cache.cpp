@@ -428,8 +428,12 @@ may be used from different threads at once (the GIL is released while kvq works)
              "the per-sequence bookkeeping (metadata_bytes()).")
         .def("metadata_bytes", [](const PyKVCache& c) { return c.cache().metadata_bytes(); },
              "Bytes of the per-sequence bookkeeping (per-layer state of every sequence), part of bytes_used().")
-        .def("bytes_per_token", [](const PyKVCache& c) { return c.cache().bytes_per_token(); },
-             "Key + value bytes per token, all layers and kv heads, as stored.")
+        .def(
+            "bytes_per_token",
+            [](const PyKVCache& c, std::optional<int> layer) {
+                return layer ? c.cache().bytes_per_token(*layer) : c.cache().bytes_per_token();
+            },
+            "layer"_a = py::none(), "Key + value bytes per token, all layers (or one) and kv heads, as stored.")
         .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },
              "The block pool: block_bytes (of layer 0's codecs), blocks_total, blocks_used, blocks_shared,\n"
              "max_blocks, blocks_reserved (the open blocks' float staging, counted against max_blocks), and the\n"
