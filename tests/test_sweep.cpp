@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 
@@ -150,16 +151,32 @@ TEST_CASE("plan and info output parse as JSON") {
     CHECK(info.find("simd_level")->as_string());
 }
 
-TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center, +rot and windows included") {
+TEST_CASE("sweep: its attention output is KVCache::attend's, bit for bit, +center, +rot and windows included") {
     const auto d = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=256,query_positions=1");
-    const size_t n = 256;
     const int dim = d.head_dim, g = d.group();
-    for (const int window : {0, 100}) {
-        for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3", "turbo4+center/turbo4",
-                                 "turbo3:scale=ls+center/turbo3:scale=unbiased", "polar+center/q4_0"}) {
-            CAPTURE(pair);
+    constexpr int kBlock = 32;
+    constexpr uint64_t kSeed = 7;
+    // Both must hold the same bytes: quantized on append, or (centered keys) a whole number of sealed blocks.
+    struct Case {
+        const char* pair;
+        kvq::SealPolicy seal;
+        size_t n;
+    };
+    const Case cases[] = {
+        {"q8_0/q4_0", kvq::SealPolicy::on_append, 250},
+        {"turbo4/q4_0", kvq::SealPolicy::on_append, 250},
+        {"polar/turbo3", kvq::SealPolicy::on_append, 250},
+        {"q4_0+rot+center/q4_0", kvq::SealPolicy::on_block_full, 256},
+        {"q4_1+center/q8_0", kvq::SealPolicy::on_block_full, 256},
+        {"turbo4+center/turbo4", kvq::SealPolicy::on_block_full, 256},
+        {"turbo3:scale=ls+center/turbo3:scale=unbiased", kvq::SealPolicy::on_block_full, 256},
+        {"polar+center/q4_0", kvq::SealPolicy::on_block_full, 256},
+    };
+    for (const int window : {0, 100}) {  // 100: the window starts inside a block (row 150 or 156)
+        for (const Case& t : cases) {
+            CAPTURE(t.pair);
             CAPTURE(window);
-            const auto f = kvq::KVFormat::parse(pair);
+            const auto f = kvq::KVFormat::parse(t.pair);
             kvq::CacheConfig c;
             c.n_kv_heads = d.kv_heads;
             c.n_heads = d.q_heads;
@@ -167,30 +184,40 @@ TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +cent
             c.key_codec = f.key_codec;
             c.value_codec = f.value_codec;
             c.center_keys = f.center_keys;
+            c.block_tokens = kBlock;
+            c.seal = t.seal;
+            c.seed = kSeed;
             c.sliding_window = {window};
             kvq::KVCache cache(c);
             const auto seq = cache.add_sequence();
-            cache.append(0, seq, d.k.data(), d.v.data(), n);
+            cache.append(0, seq, d.k.data(), d.v.data(), t.n);
             std::vector<float> from_cache(size_t(d.q_heads) * dim);
             cache.attend(0, seq, d.q.data(), from_cache.data());
 
-            const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
-            const size_t first = window ? n - window : 0;
+            const auto keys = kvq::Codec::make(f.key_codec, dim, kSeed), values = kvq::Codec::make(f.value_codec, dim, kSeed);
+            const size_t first = window ? t.n - window : 0, n = t.n - first;
             for (int h = 0; h < d.kv_heads; ++h) {
-                const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
-                const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
-                const auto vc = kvq::detail::quantize_values(values, v.data(), n);
+                const auto k = d.keys(0, h, t.n), v = d.values(0, h, t.n), q = d.queries(0, h, 0);
+                const auto kc = kvq::detail::quantize_keys(keys, k.data(), t.n, f.center_keys, kBlock);
+                const auto vc = kvq::detail::quantize_values(values, v.data(), t.n);
                 std::vector<float> scores(g * n), weights(g * n), out(g * dim);
-                std::vector<uint8_t> prep;
-                kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, first, n, d.softmax_scale(), prep,
+                kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, first, t.n, d.softmax_scale(),
                                                  scores.data(), weights.data(), out.data());
+                const std::vector<float> cached(from_cache.begin() + h * g * dim, from_cache.begin() + (h + 1) * g * dim);
+                CHECK(std::memcmp(out.data(), cached.data(), out.size() * sizeof(float)) == 0);
+                // The weights, a softmax of the engine's scores, give the same output up to rounding.
+                std::vector<float> rows(n * dim);
+                values.dequantize_rows(vc.data() + first * values.row_bytes(), n, rows.data());
                 double diff = 0, norm = 0;
-                for (int i = 0; i < g * dim; ++i) {
-                    const double x = from_cache[size_t(h) * g * dim + i];
-                    diff += (out[i] - x) * (out[i] - x);
-                    norm += x * x;
+                for (int i = 0; i < g; ++i) {
+                    for (int j = 0; j < dim; ++j) {
+                        double x = 0;
+                        for (size_t r = 0; r < n; ++r) x += double(weights[i * n + r]) * rows[r * dim + j];
+                        diff += (x - out[i * dim + j]) * (x - out[i * dim + j]);
+                        norm += x * x;
+                    }
                 }
-                CHECK(std::sqrt(diff / norm) < 1e-4);
+                CHECK(std::sqrt(diff / norm) < 1e-5);
             }
         }
     }

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../spec/half.hpp"
+#include "../codec/centering.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -140,12 +140,11 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
     uint8_t* block = st.data[block_index];
     std::vector<float> rows(n * d);
     for (int h = 0; h < n_kv; ++h) {
-        const uint16_t* mean = cfg.center_keys
-                                   ? reinterpret_cast<const uint16_t*>(block + kind.layout.mean_offset) + h * d
-                                   : nullptr;
-        for (size_t t = 0; t < n; ++t) {
-            const float* src = k + (t * n_kv + h) * d;
-            for (int j = 0; j < d; ++j) rows[t * d + j] = mean ? src[j] - detail::f16_to_f32(mean[j]) : src[j];
+        if (cfg.center_keys) {
+            const auto* mean = reinterpret_cast<const uint16_t*>(block + kind.layout.mean_offset) + h * d;
+            detail::subtract_mean(k + h * d, static_cast<size_t>(n_kv) * d, n, d, mean, rows.data());
+        } else {
+            for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
         }
         detail::impl_of(kind.key).quantize_rows(rows.data(), n, block + kind.layout.k_offset + h * kind.layout.k_head_stride + row * kind.key.row_bytes(),
                                  kind.key.row_bytes());
@@ -177,16 +176,8 @@ void detail::CacheImpl::seal(const LayerKind& kind, detail::LayerState& st, uint
         staged_rows(st, false, h, 0, bt(), values.data());
         const float* k = keys.data();
         if (cfg.center_keys) {
-            // The mean is rounded to fp16 before it is subtracted, so that adding the stored mean back
-            // when scoring restores exactly what was subtracted.
-            auto* mean16 = reinterpret_cast<uint16_t*>(block + kind.layout.mean_offset) + h * d;
-            for (int j = 0; j < d; ++j) {
-                double sum = 0;
-                for (size_t t = 0; t < bt(); ++t) sum += k[t * d + j];
-                mean16[j] = detail::f32_to_f16(static_cast<float>(sum / static_cast<double>(bt())));
-                const float mean = detail::f16_to_f32(mean16[j]);
-                for (size_t t = 0; t < bt(); ++t) centered[t * d + j] = k[t * d + j] - mean;
-            }
+            detail::center_block(k, d, bt(), d, reinterpret_cast<uint16_t*>(block + kind.layout.mean_offset) + h * d,
+                                 centered.data());
             k = centered.data();
         }
         detail::impl_of(kind.key).quantize_rows(k, bt(), block + kind.layout.k_offset + h * kind.layout.k_head_stride, kind.key.row_bytes());

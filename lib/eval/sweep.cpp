@@ -199,7 +199,6 @@ struct FormatErrors {
 // Buffers of quantized attention, reused from one query to the next.
 struct Scratch {
     std::vector<float> scores, weights, out;
-    std::vector<uint8_t> prep;
 };
 
 // Every query of one kv head of one layer against the FP32 reference, in every format that was made.
@@ -239,7 +238,7 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
             s.scores.resize(size_t(g) * (n - first));
             s.weights.resize(size_t(g) * (n - first));
             detail::quantized_attention(keys, kc->second, values, vc->second, q[i].data(), g, first, n, scale,
-                                        s.prep, s.scores.data(), s.weights.data(), s.out.data());
+                                        s.scores.data(), s.weights.data(), s.out.data());
             const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
                                                         s.scores.data(), s.weights.data(), s.out.data(), g, n - first, dim,
                                                         options.top_k);
