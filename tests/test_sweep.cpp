@@ -44,6 +44,18 @@ std::vector<std::string> csv_fields(const std::string& line) {
     return out;
 }
 
+// Two layers of the same one-layer data set: layer 0 full attention, layer 1 a window of 24 tokens.
+kvq::KVData full_and_window(const kvq::KVData& src) {
+    kvq::KVData d = src;
+    d.name = "two";
+    d.layers = 2;
+    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
+    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
+    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
+    d.windows = {0, 24};
+    return d;
+}
+
 const char* kSmall = "llm:layers=1,kv_heads=2,tokens=256,query_positions=2";
 
 }  // namespace
@@ -226,13 +238,7 @@ TEST_CASE("sweep: its attention output is KVCache::attend's, bit for bit, +cente
 TEST_CASE("sweep: a sliding-window layer is measured on its window, and full and window layers are reported apart") {
     // Two layers of the same data; layer 1 has a window of 24 of the 64 tokens.
     const auto src = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1");
-    kvq::KVData d = src;
-    d.name = "two";
-    d.layers = 2;
-    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
-    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
-    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
-    d.windows = {0, 24};
+    const kvq::KVData d = full_and_window(src);
     // The last 24 tokens alone, with the query at the end: what layer 1 should see.
     kvq::KVData tail = src;
     tail.name = "tail";
@@ -335,14 +341,7 @@ TEST_CASE("+center on the rotating codecs: on keys with a large per-channel bias
 }
 
 TEST_CASE("sweep: a K/V|K2/V2 format measures each layer with its own pair, and times a KVCache of both") {
-    const auto src = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1");
-    kvq::KVData d = src;
-    d.name = "two";
-    d.layers = 2;
-    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
-    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
-    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
-    d.windows = {0, 24};
+    const kvq::KVData d = full_and_window(kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1"));
     kvq::SweepOptions o;
     o.timing = true;
     o.timing_repeats = 1;
