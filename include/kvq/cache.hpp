@@ -90,7 +90,8 @@ struct CacheConfig {
     // Per layer: empty (every layer uses key_codec and value_codec), or one entry per layer giving that
     // layer its own codecs, e.g. q8_0 keys on Gemma 3's global layers and 4-bit keys on its windowed ones.
     // Layers of different codecs have blocks of different sizes; the pool keeps one size class for each
-    // pair of codecs, all within max_blocks and max_bytes.
+    // pair of codecs (at most 65535 distinct pairs), all within max_blocks and max_bytes. center_keys and
+    // the seed apply to every layer.
     std::vector<LayerCodecs> layer_codecs;
     int block_tokens = 32;
     // Pool capacity in blocks (all layers together, a block of any size counting one); 0 = no limit. The
