@@ -61,6 +61,16 @@ std::vector<uint8_t> quantize(const kvq::Codec& c, const std::vector<float>& x, 
 
 }  // namespace
 
+// Every level ships polar/turbo quantizers, in each of its builds (the avx512 level's VNNI build once
+// had none: the level then quantized with the specification at a thirtieth of the speed, untested here).
+TEST_CASE("every SIMD level the CPU runs has polar and turbo quantizers of its own") {
+    for (auto l : kvq::available_simd_levels()) {
+        if (l == kvq::SimdLevel::scalar) continue;
+        CAPTURE(std::string(kvq::simd_level_name(l)));
+        CHECK(kvq::detail::level_rotated_quantize(l) != nullptr);
+    }
+}
+
 TEST_CASE("every SIMD level quantizes polar and turbo rows to the specification's bytes") {
     const auto levels = quantize_levels();
     if (levels.empty()) MESSAGE("no SIMD level with polar/turbo quantizers on this CPU");
@@ -118,6 +128,47 @@ TEST_CASE("the SIMD quantizers take one row or many rows and the QJL chunks as t
             }
         }
     }
+}
+
+// The quantizers take rows in pairs, quads and tiles of four, and a group of rows with a row they do not
+// take (NaN, Inf, huge) row by row: every count of rows 1..17 with such a row at every position, head
+// sizes whose codes end inside a register or whose rotation has blocks narrower than one.
+TEST_CASE("the SIMD quantizers give the specification's bytes for 1..17 rows, a bad row anywhere, odd head sizes") {
+    size_t compared = 0;
+    for (auto level : quantize_levels()) {
+        CAPTURE(std::string(kvq::simd_level_name(level)));
+        for (const char* spec : {"turbo2", "turbo3", "turbo4", "turbo2.5", "turbo3.5", "turbo3_qjl", "polar",
+                                 "polar:bits=4.3.3.3", "polar:bits=7.5.3", "polar:bits=3.2"}) {
+            for (int d : {24, 48, 80, 128, 144, 200}) {
+                std::unique_ptr<kvq::Codec> c;
+                try {
+                    c = std::make_unique<kvq::Codec>(kvq::Codec::make(spec, d));
+                } catch (const std::invalid_argument&) {
+                    continue;
+                }
+                CAPTURE(spec);
+                CAPTURE(d);
+                for (size_t n = 1; n <= 17; ++n) {
+                    CAPTURE(n);
+                    for (size_t bad = 0; bad <= n; ++bad) {  // bad == n: none
+                        CAPTURE(bad);
+                        auto x = kvq::detail::parity_rows(n, d, 100 * n + bad, false);
+                        if (bad < n) x[bad * d + (bad * 7) % d] = bad % 3 == 0 ? NAN : bad % 3 == 1 ? INFINITY : 3e38f;
+                        const size_t stride = c->row_bytes() + 1;
+                        std::vector<uint8_t> want;
+                        {
+                            kvq::detail::LevelOverride at(kvq::SimdLevel::scalar);
+                            want = quantize(*c, x, n, stride);
+                        }
+                        kvq::detail::LevelOverride at(level);
+                        CHECK(quantize(*c, x, n, stride) == want);
+                        compared += want.size();
+                    }
+                }
+            }
+        }
+    }
+    CHECK((quantize_levels().empty() || compared > 1000000));
 }
 
 TEST_CASE("polar_angle is atan2 in 0..2π and polar_angle_q1 in 0..π/2 to within 3e-7") {

@@ -78,9 +78,10 @@ const RotatedQuantizeKernels& scalar_rotated_quantize();
 void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row, float* residual);
 void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8_t* row);
 
-// The pieces a SIMD level shares with the specification, out of line so that every level runs the very
-// same code: the partial sums' trees, and turbo's stored scale from the norm, ⟨c, u⟩ and ‖c‖² (fp16,
-// written to row + norm_off).
+// The specification's last steps of a turbo row: the partial sums' trees, and turbo's stored scale from
+// the norm, ⟨c, u⟩ and ‖c‖² (fp16, written to row + norm_off). A SIMD level repeats them operation for
+// operation, the trees in registers and a tile of rows' scales converted to fp16 together
+// (lib/simd/quantize_turbo_impl.hpp).
 double sum16_double(const double* partials);
 float sum16_float(const float* partials);
 void turbo_store_scale(const TurboQuantizeLayout& l, double norm, float cu, float cc, uint8_t* row);
