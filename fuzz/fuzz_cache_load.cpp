@@ -1,5 +1,5 @@
 // Fuzz target: loading arbitrary cache files. The input picks one of a few valid files (small caches with
-// forks, open blocks, windows, either seal policy) and mutates it — flipped bits, overwritten fields,
+// forks, open blocks, windows, either seal policy, layers of their own codecs) and mutates it — flipped bits, overwritten fields,
 // truncation, appended bytes — or is taken as the whole file as it is; it may then recompute every CRC32C,
 // so that mutations get past the checksums and reach the validation of the header and block tables.
 // Properties: load_into (into a cache under either NanPolicy) either throws (BadCacheFile, ConfigMismatch,
@@ -40,6 +40,7 @@ CacheConfig base_config(int which) {
     c.seal = which == 1 ? SealPolicy::on_append : SealPolicy::on_block_full;
     c.center_keys = which == 2;
     if (which == 1) c.sliding_window = {6, 0};
+    if (which == 0) c.layer_codecs = {{}, {"q4_0", "q8_0"}};  // blocks of two sizes (file format 3)
     c.nan_policy = NanPolicy::propagate;
     return c;
 }

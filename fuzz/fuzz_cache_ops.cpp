@@ -55,7 +55,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     cfg.value_codec = codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)];
     cfg.block_tokens = in.ConsumeBool() ? 4 : 8;
     cfg.seal = in.ConsumeBool() ? SealPolicy::on_append : SealPolicy::on_block_full;
+    // Layer 1 may have codecs of its own (blocks of another size in the same pool).
+    if (cfg.n_layers == 2 && in.ConsumeBool()) {
+        cfg.layer_codecs = {{}, {codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)],
+                                 codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)]}};
+    }
     cfg.max_blocks = in.ConsumeIntegralInRange<size_t>(0, 12);
+    // A byte limit: 0, or up to about twelve blocks of the largest kind.
+    cfg.max_bytes = in.ConsumeIntegralInRange<size_t>(0, 12) * 4096;
     cfg.grow_blocks = in.ConsumeIntegralInRange<size_t>(1, 4);
     KVCache cache(cfg);
     const int d = cfg.head_dim, n_kv = cfg.n_kv_heads;
@@ -141,12 +148,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             } else if (op == 5 && ml.tok.n() > 0) {
                 std::vector<float> out(q.size());
                 cache.attend(layer, id, q.data(), out.data());
-                const auto expected = test::expected_attention(cache, ml.tok, 0, ml.tok.n(), ml.pool_end, q.data());
+                const auto expected = test::expected_attention(cache, ml.tok, 0, ml.tok.n(), ml.pool_end, q.data(), layer);
                 const double diff = test::max_rel_diff(out, expected);
                 require(diff <= 1e-4, "attend differs from the model by " + std::to_string(diff) + "\n" + cache.dump());
             }
         } catch (const PoolExhausted&) {
-            require(cfg.max_blocks > 0, "PoolExhausted from a pool without a limit");
+            require(cfg.max_blocks > 0 || cfg.max_bytes > 0, "PoolExhausted from a pool without a limit");
             require(observe(cache, model, q) == before, "PoolExhausted changed the cache");
         }
         for (const auto& [s, layers] : model) {
@@ -156,11 +163,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         require(cache.sequences().size() == model.size(), "sequences() differs from the model");
         const PoolStats ps = cache.pool_stats();
-        require(cfg.max_blocks == 0 || ps.blocks_total <= cfg.max_blocks, "the pool grew beyond max_blocks");
-        // Memory within the limit: blocks in use and the open blocks' float staging together.
-        require(cfg.max_blocks == 0 || ps.blocks_used + ps.blocks_reserved <= cfg.max_blocks,
+        // Memory within the limits: the allocated blocks and the open blocks' float staging together.
+        require(cfg.max_blocks == 0 || ps.blocks_total + ps.blocks_reserved <= cfg.max_blocks,
                 "blocks and staging hold more than max_blocks");
-        require(cfg.max_blocks == 0 ||
+        require(cfg.max_bytes == 0 || ps.bytes_total + ps.bytes_reserved <= cfg.max_bytes,
+                "blocks and staging hold more than max_bytes");
+        require(cache.bytes_used() - cache.metadata_bytes() == ps.bytes_used + ps.bytes_reserved,
+                "bytes_used is not the blocks in use and the staging (bookkeeping aside)");
+        require(cfg.max_blocks == 0 || !cfg.layer_codecs.empty() ||
                     cache.bytes_used() - cache.metadata_bytes() <= cfg.max_blocks * ps.block_bytes,
                 "bytes_used beyond max_blocks × block_bytes (bookkeeping aside)");
     }

@@ -121,9 +121,10 @@ inline std::vector<float> expected_attention(const CacheConfig& cfg, const Codec
     return out;
 }
 
+// Layer `layer`'s tokens in `cache` (its own codecs, CacheConfig::layer_codecs).
 inline std::vector<float> expected_attention(const KVCache& cache, const LayerTokens& tok, size_t lo, size_t hi,
-                                             size_t sealed_end, const float* q) {
-    return expected_attention(cache.config(), cache.key_codec(), cache.value_codec(), tok, lo, hi, sealed_end, q);
+                                             size_t sealed_end, const float* q, int layer = 0) {
+    return expected_attention(cache.config(), cache.key_codec(layer), cache.value_codec(layer), tok, lo, hi, sealed_end, q);
 }
 
 // Positions below this are quantized in a cache that was only appended to (no truncation into a block).

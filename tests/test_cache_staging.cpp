@@ -123,14 +123,17 @@ TEST_CASE("staging f16: saved and loaded bit for bit, load_into names the stagin
     uint32_t staging_field;
     std::memcpy(&staging_field, b.data() + 120, 4);
     REQUIRE(staging_field == 0);
+    // Version 3's fields at the header's end (no layer codecs, one kind of 32 bytes) go too.
+    constexpr uint32_t kV3Fields = 4 + 4 + 32;
+    b.erase(b.begin() + header_bytes - 4 - kV3Fields, b.begin() + header_bytes - 4);
     b.erase(b.begin() + 120, b.begin() + 124);
-    header_bytes -= 4;
+    header_bytes -= 4 + kV3Fields;
     const uint32_t version = 1;
     std::memcpy(b.data() + 8, &version, 4);
     std::memcpy(b.data() + 12, &header_bytes, 4);
     const uint32_t crc = kvq::detail::crc32c(b.data(), header_bytes - 4);
     std::memcpy(b.data() + header_bytes - 4, &crc, 4);
-    b.insert(b.begin() + header_bytes, 4, 0);  // the payloads stay where the file's offsets say
+    b.insert(b.begin() + header_bytes, 4 + kV3Fields, 0);  // the payloads stay where the file's offsets say
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
     const KVCache v1 = KVCache::load(path);
     CHECK(v1.config().staging == StagingType::f32);

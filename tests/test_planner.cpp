@@ -60,6 +60,29 @@ TEST_CASE("planner: quantized formats count scales and centering means") {
     CHECK(rows[1].compression == doctest::Approx(128.0 * 1024 / (32 * 8 * 208)));
 }
 
+TEST_CASE("planner: a format of its own for sliding-window layers (K/V|K2/V2) counts each layer at its pair") {
+    const kvq::ModelShape m = kvq::model_preset("gemma-3-4b");  // 34 layers, 29 in a window
+    REQUIRE(m.local_layers() == 29);
+    const auto layered = kvq::KVFormat::parse("q8_0/q8_0|q4_0+rot/q4_0");
+    CHECK(layered.label() == "q8_0/q8_0|q4_0+rot/q4_0");
+    CHECK(layered.on_layer(true).key_codec == "q4_0+rot");
+    CHECK(layered.on_layer(false).value_codec == "q8_0");
+    const auto q8 = kvq::KVFormat::parse("q8_0/q8_0"), q4 = kvq::KVFormat::parse("q4_0+rot/q4_0");
+    const double per_layer8 = kvq::kv_bytes_per_token(m, q8) / m.n_layers, per_layer4 = kvq::kv_bytes_per_token(m, q4) / m.n_layers;
+    CHECK(kvq::kv_bytes_per_token(m, layered) == doctest::Approx(5 * per_layer8 + 29 * per_layer4));
+    const size_t context = 8192;
+    CHECK(kvq::kv_bytes(m, layered, context) == doctest::Approx(5 * per_layer8 * context + 29 * per_layer4 * 1024));
+    const auto row = kvq::plan_memory(m, {layered})[0];
+    CHECK(row.key_bits == doctest::Approx((5 * 8.5 + 29 * 4.5) / 34));
+    CHECK(row.value_bits == doctest::Approx((5 * 8.5 + 29 * 4.5) / 34));
+    CHECK_THROWS_WITH_AS(kvq::KVFormat::parse("q8_0/q8_0|q4_0/q4_0|f16/f16"), doctest::Contains("at most one '|'"), std::invalid_argument);
+    CHECK_THROWS_AS(kvq::KVFormat::parse("q8_0/q8_0|q4_0"), std::invalid_argument);
+    // A KVCache centers every layer or none: a format centered on one side only has no KVCache figure.
+    const auto half = kvq::plan_memory(m, {kvq::KVFormat::parse("q8_0/q8_0|q4_0+center/q4_0")})[0];
+    CHECK_FALSE(half.supported);
+    CHECK(half.error.find("every layer or of none") != std::string::npos);
+}
+
 TEST_CASE("planner: a head size a codec cannot take gives an unsupported row, not a crash") {
     kvq::ModelShape phi = kvq::model_from_hf_config(
         R"({"model_type": "phi", "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 2560})", "phi-2");
@@ -142,7 +165,8 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
     m.n_kv_heads = 2;
     m.head_dim = 64;
     m.sliding_window = {0, 96, 0, 96};
-    for (const kvq::KVFormat f : {kvq::KVFormat{"q8_0", "q4_0", false}, kvq::KVFormat{"q4_0", "q4_0", true}}) {
+    for (const kvq::KVFormat& f : {kvq::KVFormat::parse("q8_0/q4_0"), kvq::KVFormat::parse("q4_0+center/q4_0"),
+                                   kvq::KVFormat::parse("q8_0/q8_0|q4_0+rot/q4_0")}) {
       for (const kvq::StagingType staging : {kvq::StagingType::f32, kvq::StagingType::f16}) {
         for (size_t context : {size_t(40), size_t(1040)}) {
             CAPTURE(f.label());
@@ -158,6 +182,10 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
             cfg.value_codec = f.value_codec;
             cfg.center_keys = f.center_keys;
             cfg.sliding_window = m.sliding_window;
+            for (int l = 0; f.window && l < m.n_layers; ++l) {
+                const kvq::KVFormat& lf = f.on_layer(m.window(l) > 0);
+                cfg.layer_codecs.push_back({lf.key_codec, lf.value_codec});
+            }
             cfg.staging = staging;
             kvq::KVCache cache(cfg);
             const auto k = kvq::test::gaussian(size_t(m.n_kv_heads) * m.head_dim, 3);

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 
@@ -41,6 +42,18 @@ std::vector<std::string> csv_fields(const std::string& line) {
         else out.back() += c;
     }
     return out;
+}
+
+// Two layers of the same one-layer data set: layer 0 full attention, layer 1 a window of 24 tokens.
+kvq::KVData full_and_window(const kvq::KVData& src) {
+    kvq::KVData d = src;
+    d.name = "two";
+    d.layers = 2;
+    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
+    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
+    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
+    d.windows = {0, 24};
+    return d;
 }
 
 const char* kSmall = "llm:layers=1,kv_heads=2,tokens=256,query_positions=2";
@@ -150,16 +163,32 @@ TEST_CASE("plan and info output parse as JSON") {
     CHECK(info.find("simd_level")->as_string());
 }
 
-TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +center, +rot and windows included") {
+TEST_CASE("sweep: its attention output is KVCache::attend's, bit for bit, +center, +rot and windows included") {
     const auto d = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=256,query_positions=1");
-    const size_t n = 256;
     const int dim = d.head_dim, g = d.group();
-    for (const int window : {0, 100}) {
-        for (const char* pair : {"q8_0/q4_0", "q4_0+rot+center/q4_0", "q4_1+center/q8_0", "polar/turbo3", "turbo4+center/turbo4",
-                                 "turbo3:scale=ls+center/turbo3:scale=unbiased", "polar+center/q4_0"}) {
-            CAPTURE(pair);
+    constexpr int kBlock = 32;
+    constexpr uint64_t kSeed = 7;
+    // Both must hold the same bytes: quantized on append, or (centered keys) a whole number of sealed blocks.
+    struct Case {
+        const char* pair;
+        kvq::SealPolicy seal;
+        size_t n;
+    };
+    const Case cases[] = {
+        {"q8_0/q4_0", kvq::SealPolicy::on_append, 250},
+        {"turbo4/q4_0", kvq::SealPolicy::on_append, 250},
+        {"polar/turbo3", kvq::SealPolicy::on_append, 250},
+        {"q4_0+rot+center/q4_0", kvq::SealPolicy::on_block_full, 256},
+        {"q4_1+center/q8_0", kvq::SealPolicy::on_block_full, 256},
+        {"turbo4+center/turbo4", kvq::SealPolicy::on_block_full, 256},
+        {"turbo3:scale=ls+center/turbo3:scale=unbiased", kvq::SealPolicy::on_block_full, 256},
+        {"polar+center/q4_0", kvq::SealPolicy::on_block_full, 256},
+    };
+    for (const int window : {0, 100}) {  // 100: the window starts inside a block (row 150 or 156)
+        for (const Case& t : cases) {
+            CAPTURE(t.pair);
             CAPTURE(window);
-            const auto f = kvq::KVFormat::parse(pair);
+            const auto f = kvq::KVFormat::parse(t.pair);
             kvq::CacheConfig c;
             c.n_kv_heads = d.kv_heads;
             c.n_heads = d.q_heads;
@@ -167,30 +196,40 @@ TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +cent
             c.key_codec = f.key_codec;
             c.value_codec = f.value_codec;
             c.center_keys = f.center_keys;
+            c.block_tokens = kBlock;
+            c.seal = t.seal;
+            c.seed = kSeed;
             c.sliding_window = {window};
             kvq::KVCache cache(c);
             const auto seq = cache.add_sequence();
-            cache.append(0, seq, d.k.data(), d.v.data(), n);
+            cache.append(0, seq, d.k.data(), d.v.data(), t.n);
             std::vector<float> from_cache(size_t(d.q_heads) * dim);
             cache.attend(0, seq, d.q.data(), from_cache.data());
 
-            const auto keys = kvq::Codec::make(f.key_codec, dim), values = kvq::Codec::make(f.value_codec, dim);
-            const size_t first = window ? n - window : 0;
+            const auto keys = kvq::Codec::make(f.key_codec, dim, kSeed), values = kvq::Codec::make(f.value_codec, dim, kSeed);
+            const size_t first = window ? t.n - window : 0, n = t.n - first;
             for (int h = 0; h < d.kv_heads; ++h) {
-                const auto k = d.keys(0, h, n), v = d.values(0, h, n), q = d.queries(0, h, 0);
-                const auto kc = kvq::detail::quantize_keys(keys, k.data(), n, f.center_keys, 32);
-                const auto vc = kvq::detail::quantize_values(values, v.data(), n);
+                const auto k = d.keys(0, h, t.n), v = d.values(0, h, t.n), q = d.queries(0, h, 0);
+                const auto kc = kvq::detail::quantize_keys(keys, k.data(), t.n, f.center_keys, kBlock);
+                const auto vc = kvq::detail::quantize_values(values, v.data(), t.n);
                 std::vector<float> scores(g * n), weights(g * n), out(g * dim);
-                std::vector<uint8_t> prep;
-                kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, first, n, d.softmax_scale(), prep,
+                kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, first, t.n, d.softmax_scale(),
                                                  scores.data(), weights.data(), out.data());
+                const std::vector<float> cached(from_cache.begin() + h * g * dim, from_cache.begin() + (h + 1) * g * dim);
+                CHECK(std::memcmp(out.data(), cached.data(), out.size() * sizeof(float)) == 0);
+                // The weights, a softmax of the engine's scores, give the same output up to rounding.
+                std::vector<float> rows(n * dim);
+                values.dequantize_rows(vc.data() + first * values.row_bytes(), n, rows.data());
                 double diff = 0, norm = 0;
-                for (int i = 0; i < g * dim; ++i) {
-                    const double x = from_cache[size_t(h) * g * dim + i];
-                    diff += (out[i] - x) * (out[i] - x);
-                    norm += x * x;
+                for (int i = 0; i < g; ++i) {
+                    for (int j = 0; j < dim; ++j) {
+                        double x = 0;
+                        for (size_t r = 0; r < n; ++r) x += double(weights[i * n + r]) * rows[r * dim + j];
+                        diff += (x - out[i * dim + j]) * (x - out[i * dim + j]);
+                        norm += x * x;
+                    }
                 }
-                CHECK(std::sqrt(diff / norm) < 1e-4);
+                CHECK(std::sqrt(diff / norm) < 1e-5);
             }
         }
     }
@@ -199,13 +238,7 @@ TEST_CASE("sweep: its attention on codes is the cache's (KVCache::attend), +cent
 TEST_CASE("sweep: a sliding-window layer is measured on its window, and full and window layers are reported apart") {
     // Two layers of the same data; layer 1 has a window of 24 of the 64 tokens.
     const auto src = kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1");
-    kvq::KVData d = src;
-    d.name = "two";
-    d.layers = 2;
-    d.k.insert(d.k.end(), src.k.begin(), src.k.end());
-    d.v.insert(d.v.end(), src.v.begin(), src.v.end());
-    d.q.insert(d.q.end(), src.q.begin(), src.q.end());
-    d.windows = {0, 24};
+    const kvq::KVData d = full_and_window(src);
     // The last 24 tokens alone, with the query at the end: what layer 1 should see.
     kvq::KVData tail = src;
     tail.name = "tail";
@@ -305,4 +338,30 @@ TEST_CASE("+center on the rotating codecs: on keys with a large per-channel bias
         CHECK(r[i + 1].key_bits == doctest::Approx(r[i].key_bits + 0.5));
         CHECK(r[i + 1].errors.kl.mean < 0.5 * r[i].errors.kl.mean);
     }
+}
+
+TEST_CASE("sweep: a K/V|K2/V2 format measures each layer with its own pair, and times a KVCache of both") {
+    const kvq::KVData d = full_and_window(kvq::make_dataset("llm:layers=1,kv_heads=2,q_per_kv=2,tokens=64,query_positions=1"));
+    kvq::SweepOptions o;
+    o.timing = true;
+    o.timing_repeats = 1;
+    o.formats = kvq::parse_kv_formats("q8_0/q8_0,q4_0+rot/q4_0,q8_0/q8_0|q4_0+rot/q4_0");
+    const auto r = kvq::run_sweep({d}, o).rows;
+    REQUIRE(r.size() == 9);  // all, full, window per format
+    const auto &q8_full = r[1], &q4_window = r[5], &all = r[6], &full = r[7], &window = r[8];
+    CHECK(all.format.label() == "q8_0/q8_0|q4_0+rot/q4_0");
+    CHECK(full.errors.kl.mean == q8_full.errors.kl.mean);
+    CHECK(window.errors.kl.mean == q4_window.errors.kl.mean);
+    CHECK(window.errors.output_l2.mean == q4_window.errors.output_l2.mean);
+    CHECK(full.key_bits == q8_full.key_bits);
+    CHECK(window.value_bits == q4_window.value_bits);
+    CHECK(all.key_bits == doctest::Approx(0.5 * (q8_full.key_bits + q4_window.key_bits)));
+    CHECK(all.decode_seconds > 0);  // a KVCache with layer_codecs holds it
+    const std::string table = kvq::format_sweep(kvq::run_sweep({d}, o), kvq::TableFormat::markdown);
+    CHECK(table.find("| two [window] | q8_0\\|q4_0+rot | q8_0\\|q4_0 |") != std::string::npos);
+    // Keys centered on one side only: measured, but a KVCache (which centers every layer or none) cannot time it.
+    o.formats = kvq::parse_kv_formats("q8_0/q8_0|q4_0+rot+center/q4_0");
+    const auto half = kvq::run_sweep({d}, o).rows;
+    CHECK(half[0].error.empty());
+    CHECK(half[0].decode_seconds == 0);
 }

@@ -68,6 +68,12 @@ enum class StagingType {
 // included or not) in any order, and returns when every call has returned. task does not throw.
 using Executor = std::function<void(int n, const std::function<void(int)>& task)>;
 
+// One layer's own codecs (CacheConfig::layer_codecs); an empty name means the cache's default codec.
+struct LayerCodecs {
+    std::string key;
+    std::string value;
+};
+
 // Bounds of a configuration (checked by KVCache's constructor, so every cache can be saved and loaded):
 // n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..4096, threads 1..256;
 // a sequence holds at most kMaxSequenceTokens tokens per layer.
@@ -81,11 +87,21 @@ struct CacheConfig {
     int head_dim = 128;
     std::string key_codec = "q8_0";
     std::string value_codec = "q4_0";
+    // Per layer: empty (every layer uses key_codec and value_codec), or one entry per layer giving that
+    // layer its own codecs, e.g. q8_0 keys on Gemma 3's global layers and 4-bit keys on its windowed ones.
+    // Layers of different codecs have blocks of different sizes; the pool keeps one size class for each
+    // pair of codecs (at most 65535 distinct pairs), all within max_blocks and max_bytes. center_keys and
+    // the seed apply to every layer.
+    std::vector<LayerCodecs> layer_codecs;
     int block_tokens = 32;
-    // Pool capacity in blocks (all layers together); 0 = no limit. The float staging of open blocks
-    // (SealPolicy::on_block_full: one per sequence and layer that has begun one) counts against it in
-    // block-sized units, so blocks and staging together never hold more than max_blocks blocks' bytes.
+    // Pool capacity in blocks (all layers together, a block of any size counting one); 0 = no limit. The
+    // float staging of open blocks (SealPolicy::on_block_full: one per sequence and layer that has begun
+    // one) counts against it in units of its layer's block size, so with one block size blocks and staging
+    // together never hold more than max_blocks blocks' bytes.
     size_t max_blocks = 0;
+    // Pool capacity in bytes: allocated blocks plus the float staging of open blocks; 0 = no limit. The
+    // limit to set when layers have codecs of different sizes (layer_codecs). Both limits hold when set.
+    size_t max_bytes = 0;
     size_t initial_blocks = 0;  // blocks allocated up front
     size_t grow_blocks = 64;    // blocks added when the pool grows
     float scale = 0.0f;         // softmax scale; 0 means 1/sqrt(head_dim)
@@ -115,18 +131,23 @@ CacheConfig validate_config(CacheConfig c);
 // of one attend call (files store neither).
 struct LoadOptions {
     size_t max_blocks = 0;   // pool capacity in blocks; 0 = no limit. A file with more blocks: PoolExhausted
+    size_t max_bytes = 0;    // pool capacity in bytes (CacheConfig::max_bytes); 0 = no limit
     size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own)
     int threads = 1;         // as CacheConfig::threads
 };
 
 struct PoolStats {
-    size_t block_bytes = 0;      // bytes of one block
+    size_t block_bytes = 0;      // bytes of one block (of layer 0's codecs when layers differ)
     size_t blocks_total = 0;     // allocated
     size_t blocks_used = 0;      // referenced by at least one sequence
     size_t blocks_shared = 0;    // referenced by more than one sequence
     size_t max_blocks = 0;       // capacity (0 = unlimited)
     size_t blocks_reserved = 0;  // blocks' worth of memory the open blocks' float staging holds (counted
-                                 // against max_blocks: blocks_used + blocks_reserved <= max_blocks)
+                                 // against max_blocks: blocks_total + blocks_reserved <= max_blocks)
+    size_t bytes_total = 0;      // bytes of the allocated blocks (of every size class)
+    size_t bytes_used = 0;       // bytes of the blocks in use
+    size_t bytes_reserved = 0;   // bytes of the open blocks' float staging
+    size_t max_bytes = 0;        // capacity in bytes (0 = unlimited): bytes_total + bytes_reserved <= max_bytes
 };
 
 class KVCache {
@@ -139,8 +160,11 @@ public:
     KVCache& operator=(KVCache&&) noexcept;
 
     const CacheConfig& config() const;
+    // The default codecs (CacheConfig::key_codec and value_codec), and those of one layer.
     const Codec& key_codec() const;
     const Codec& value_codec() const;
+    const Codec& key_codec(int layer) const;
+    const Codec& value_codec(int layer) const;
 
     SequenceId add_sequence();
     void remove(SequenceId seq);
@@ -203,6 +227,7 @@ public:
     // The bookkeeping one sequence adds to bytes_used() in a cache of n_layers layers.
     static size_t sequence_bookkeeping_bytes(int n_layers);
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
+    double bytes_per_token(int layer) const;  // the same for one layer
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging
 

@@ -1,8 +1,9 @@
 // kvq — accuracy against the FP32 reference.
 //
 // reference_attention computes softmax(scale · q Kᵀ) V in float32 with Eigen on the unquantized rows.
-// attention_error runs the same attention on quantized rows (the key codec scores its codes, the value
-// codec accumulates its codes) and compares, per query, with the metrics of DESIGN.md.
+// attention_error runs the same attention on quantized rows, through the decode engine the cache uses (the
+// key codec scores its codes, the value codec accumulates its codes), and compares, per query, with the
+// metrics of DESIGN.md.
 #pragma once
 
 #include <cstddef>
@@ -40,7 +41,7 @@ AttentionErrors compare_attention(const float* ref_scores, const float* ref_weig
                                   size_t n_rows, int d, int top_k = 8);
 
 // Quantizes k with key_codec and v with value_codec, runs attention on the codes and compares it
-// with reference_attention on the original rows.
+// with reference_attention on the original rows. q, k and v must be finite (std::invalid_argument).
 AttentionErrors attention_error(const float* q, int n_q, const float* k, const float* v, size_t n_rows,
                                 const Codec& key_codec, const Codec& value_codec, float scale = 0,
                                 int top_k = 8);

@@ -10,8 +10,14 @@
 // minimum and an fp16 step over the block's tokens, and a B-bit code per value, x̃ = min + step·code
 // (B + 32 / block_tokens bits per key value). The score is q·min + Σ_c (q_c·step_c)·code_c. It is
 // measured by the sweep (kvq table) only: KVCache does not store chanB keys yet.
+//
+// "K/V|K2/V2" gives the sliding-window layers of a model (Gemma 3's local layers) the pair K2/V2 and the
+// full-attention layers K/V, as CacheConfig::layer_codecs does in a KVCache; bits per value are then the
+// mean over the layers. KVCache centers the keys of every layer or of none, so both pairs of a format a
+// KVCache holds are centered alike.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,14 +29,18 @@ struct KVFormat {
     std::string value_codec;  // a kvq::Codec spec
     bool center_keys = false;
     int channel_bits = 0;     // "chanB" keys: B; key_codec is then "chanB" (not a Codec spec)
+    // The format of sliding-window layers ("K/V|K2/V2"); null: every layer has this one.
+    std::shared_ptr<const KVFormat> window;
 
+    // The format a layer uses: window's on a sliding-window layer, if there is one; else this one.
+    const KVFormat& on_layer(bool windowed) const { return windowed && window ? *window : *this; }
     std::string key_label() const;  // the key part as written, e.g. "q4_0+rot+center"
-    std::string label() const;      // "K/V"
-    // Bits per stored value, everything counted, for rows of head_dim values.
+    std::string label() const;      // "K/V", or "K/V|K2/V2"
+    // Bits per stored value, everything counted, for rows of head_dim values (of this pair, not of window).
     double key_bits(int head_dim, int block_tokens = 32) const;
     double value_bits(int head_dim) const;
 
-    // Parses "K/V"; throws std::invalid_argument for a malformed pair or an unknown codec name.
+    // Parses "K/V" or "K/V|K2/V2"; throws std::invalid_argument for a malformed pair or an unknown codec name.
     static KVFormat parse(std::string_view spec);
 };
 

@@ -260,6 +260,13 @@ typedef struct kvq_cache_params {
     void* executor_ctx;
     int32_t staging;               /* kvq_staging_type (added after executor_ctx; 0 = float32) */
     int32_t reserved1;             /* 0 */
+    /* Since 0.x (appended): layers with codecs of their own (kvq::CacheConfig::layer_codecs). With
+     * n_layer_codecs = n_layers, layer i has keys layer_key_codecs[i] and values layer_value_codecs[i]; a
+     * NULL array or a NULL entry means key_codec or value_codec. Copied by kvq_cache_create. */
+    const char* const* layer_key_codecs;
+    const char* const* layer_value_codecs;
+    size_t n_layer_codecs;         /* 0 or n_layers */
+    size_t max_bytes;              /* pool capacity in bytes (blocks and float staging); 0 = no limit */
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {
@@ -292,6 +299,11 @@ typedef struct kvq_pool_stats {
     /* Since 0.x (appended): blocks' worth of memory the open blocks' float staging holds, counted against
      * max_blocks (blocks_used + blocks_reserved <= max_blocks). */
     size_t blocks_reserved;
+    /* Since 0.x (appended): bytes, for caches whose layers have blocks of different sizes. */
+    size_t bytes_total;    /* allocated blocks (bytes_total + bytes_reserved <= max_bytes) */
+    size_t bytes_used;     /* blocks in use */
+    size_t bytes_reserved; /* float staging of open blocks */
+    size_t max_bytes;      /* capacity in bytes (0 = unlimited) */
 } kvq_pool_stats;
 
 static inline kvq_pool_stats kvq_pool_stats_init(void) {
@@ -309,9 +321,13 @@ static inline kvq_pool_stats kvq_pool_stats_init(void) {
 KVQ_API kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache);
 KVQ_API void kvq_cache_destroy(kvq_cache* cache); /* NULL is a no-op */
 
-/* The cache's codecs (for row sizes and bits); owned by the cache, valid until it is destroyed. */
+/* The cache's codecs (for row sizes and bits); owned by the cache, valid until it is destroyed. The
+ * default ones (key_codec, value_codec), and those of one layer (NULL for a NULL cache or a layer
+ * outside 0..n_layers-1). */
 KVQ_API const kvq_codec* kvq_cache_key_codec(const kvq_cache* cache);
 KVQ_API const kvq_codec* kvq_cache_value_codec(const kvq_cache* cache);
+KVQ_API const kvq_codec* kvq_cache_layer_key_codec(const kvq_cache* cache, int32_t layer);
+KVQ_API const kvq_codec* kvq_cache_layer_value_codec(const kvq_cache* cache, int32_t layer);
 
 KVQ_API kvq_status kvq_cache_add_sequence(kvq_cache* cache, int64_t* seq);
 KVQ_API kvq_status kvq_cache_remove_sequence(kvq_cache* cache, int64_t seq);
@@ -369,6 +385,9 @@ KVQ_API kvq_status kvq_cache_load(const char* path, kvq_cache** cache);
  * KVQ_ERR_POOL_EXHAUSTED before anything is allocated) and the threads of one attend call (1..256, else
  * KVQ_ERR_INVALID_ARGUMENT). */
 KVQ_API kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, int32_t threads, kvq_cache** cache);
+/* The same with a limit in bytes as well (max_bytes, 0 = no limit; kvq::LoadOptions::max_bytes). */
+KVQ_API kvq_status kvq_cache_load_bounded(const char* path, size_t max_blocks, size_t max_bytes, int32_t threads,
+                                          kvq_cache** cache);
 /* Adds the file's sequences to a cache of the same configuration. Their new ids go to ids (up to
  * capacity of them, in the file's order; ids may be NULL when capacity is 0) and their number to *count.
  * KVQ_ERR_IO, KVQ_ERR_BAD_FILE, KVQ_ERR_CONFIG_MISMATCH (the message names the field),

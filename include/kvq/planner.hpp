@@ -64,7 +64,7 @@ struct MemoryPlan {
     KVFormat format;
     bool supported = true;
     std::string error;           // why not, when !supported (e.g. head_dim not a multiple of the block)
-    double key_bits = 0, value_bits = 0;  // bits per value; value_bits is 0 for MLA
+    double key_bits = 0, value_bits = 0;  // bits per value (the mean over layers); value_bits is 0 for MLA
     double bytes_per_token = 0;  // a token held by every layer
     double bytes_total = 0;      // context × batch, sliding windows applied
     double fp16_bytes_per_token = 0, fp16_bytes_total = 0;
@@ -81,6 +81,9 @@ struct MemoryPlan {
 double kv_bytes_per_token(const ModelShape& model, const KVFormat& format, int block_tokens = 32);
 double kv_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch = 1,
                 int block_tokens = 32);
+// Bits per key and per value of a format, the mean over the model's layers ("K/V|K2/V2" formats differ by layer).
+double mean_key_bits(const ModelShape& model, const KVFormat& format, int block_tokens = 32);
+double mean_value_bits(const ModelShape& model, const KVFormat& format);
 // MemoryPlan::cache_bytes_total for one format (KVCache's own block layout and staging rules).
 double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch = 1,
                       int block_tokens = 32, StagingType staging = StagingType::f32);

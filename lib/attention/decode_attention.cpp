@@ -43,36 +43,83 @@ void soft_cap(float* s, size_t n, float softcap) {
     for (size_t r = 0; r < n; ++r) s[r] = softcap * std::tanh(s[r] * inv);
 }
 
+// The key side of a source, shared by attend_blocks and attention_scores: which rows of each block it
+// holds, where a kv head's key rows are, their scores, and q·mean of centered keys.
+struct KeyBlocks {
+    const RowSource& src;
+    int g, d;
+    size_t bt, krb, krs, qb;
+
+    KeyBlocks(const AttentionShape& shape, const RowSource& s)
+        : src(s), g(shape.n_heads / shape.n_kv_heads), d(shape.head_dim), bt(static_cast<size_t>(s.layout.block_tokens)),
+          krb(s.key->row_bytes()), krs(s.layout.k_row_stride ? s.layout.k_row_stride : krb), qb(s.key->query_bytes()) {}
+
+    bool centered() const { return src.layout.mean_offset != kNoMeans; }
+    // Block b holds rows [lo(b), lo(b) + rows(b)) of the source.
+    size_t lo(size_t b) const { return b == 0 ? src.first_row : 0; }
+    size_t rows(size_t b) const {
+        const size_t hi = b == src.blocks.size() - 1 ? src.end_row : bt;
+        return hi > lo(b) ? hi - lo(b) : 0;
+    }
+    const uint8_t* keys(size_t b, int h, size_t lo) const {
+        return src.blocks[b] + src.layout.k_offset + h * src.layout.k_head_stride + lo * krs;
+    }
+    // q·k of kv head h's g queries (prepared: prep) against n rows at keys; query i's at scores + i·stride.
+    void score(const uint8_t* prep, int h, const uint8_t* keys, size_t n, float* scores, size_t stride) const {
+        src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krs, n, scores, stride);
+    }
+    // q·mean of block b's kv head h for its g queries, into offsets (mean: d floats of scratch), to be
+    // added back to the scores of keys stored minus their block mean; null when the keys are not centered.
+    const float* mean_offsets(size_t b, int h, const float* q, float* mean, float* offsets) const {
+        if (!centered()) return nullptr;
+        const auto* m16 = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.mean_offset) + h * d;
+        for (int j = 0; j < d; ++j) mean[j] = f16_to_f32(m16[j]);
+        for (int i = 0; i < g; ++i) {
+            const float* qi = q + static_cast<size_t>(h * g + i) * d;
+            float dot = 0.0f;
+            for (int j = 0; j < d; ++j) dot += qi[j] * mean[j];
+            offsets[i] = dot;
+        }
+        return offsets;
+    }
+};
+
+// s <- (s + offset_i)·scale, then the soft-cap, for g queries' n scores (query i's at s + i·stride): the
+// online softmax's own scaling (lib/spec/softmax.hpp), done ahead of it where the cap comes in between.
+void scale_scores(const AttentionShape& shape, float* s, size_t stride, int g, size_t n, const float* offsets) {
+    for (int i = 0; i < g; ++i) {
+        float* row = s + i * stride;
+        const float off = offsets ? offsets[i] : 0.0f;
+        for (size_t r = 0; r < n; ++r) row[r] = (row[r] + off) * shape.scale;
+        if (shape.softcap > 0) soft_cap(row, n, shape.softcap);
+    }
+}
+
 // The online softmax over blocks [b0, b1) of one source, for every query head, into st and acc (in the
 // value codec's basis).
 void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint8_t* prep, const float* q,
                    size_t b0, size_t b1, int h0, int h1, SoftmaxState* st, float* acc) {
-    const int g = shape.n_heads / shape.n_kv_heads;
-    const int d = shape.head_dim;
+    const KeyBlocks kb(shape, src);
+    const int g = kb.g, d = kb.d;
     const BlockLayout& lay = src.layout;
-    const size_t bt = static_cast<size_t>(lay.block_tokens);
-    const size_t krb = src.key->row_bytes(), vrb = src.value->row_bytes(), qb = src.key->query_bytes();
-    const size_t krs = lay.k_row_stride ? lay.k_row_stride : krb, vrs = lay.v_row_stride ? lay.v_row_stride : vrb;
-    const bool centered = lay.mean_offset != kNoMeans;
+    const size_t bt = kb.bt, krb = kb.krb, krs = kb.krs;
+    const size_t vrb = src.value->row_bytes();
+    const size_t vrs = lay.v_row_stride ? lay.v_row_stride : vrb;
 
     // g × block_tokens scores, the block's key mean and q·mean: this thread's scratch, grown once.
     thread_local std::vector<float> scratch;
-    const size_t need = static_cast<size_t>(g) * bt + (centered ? static_cast<size_t>(d + g) : 0);
+    const size_t need = static_cast<size_t>(g) * bt + (kb.centered() ? static_cast<size_t>(d + g) : 0);
     if (scratch.size() < need) scratch.resize(need);
     float* scores = scratch.data();
     float* mean = scores + static_cast<size_t>(g) * bt;
     float* offset_buf = mean + d;
 
-    const size_t last = src.blocks.size() - 1;
     for (size_t b = b0; b < b1; ++b) {
-        const size_t lo = b == 0 ? src.first_row : 0;
-        const size_t hi = b == last ? src.end_row : bt;
-        if (hi <= lo) continue;
-        const size_t n = hi - lo;
-        const uint8_t* block = src.blocks[b];
-        const uint8_t* value_block = src.value_blocks.empty() ? block : src.value_blocks[b];
+        const size_t lo = kb.lo(b), n = kb.rows(b);
+        if (n == 0) continue;
+        const uint8_t* value_block = src.value_blocks.empty() ? src.blocks[b] : src.value_blocks[b];
         for (int h = h0; h < h1; ++h) {
-            const uint8_t* keys = block + lay.k_offset + h * lay.k_head_stride + lo * krs;
+            const uint8_t* keys = kb.keys(b, h, lo);
             const uint8_t* values = value_block + lay.v_offset + h * lay.v_head_stride + lo * vrs;
             // The values are read only after the scores and the softmax: ask for them now, so that their
             // first touch overlaps the scoring instead of stalling the accumulate (measured: 6-10% of a
@@ -81,7 +128,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
                 const size_t span = vrs == vrb ? n * vrb : vrb;
                 for (size_t o = 0; o < span; o += 64) __builtin_prefetch(values + r * vrs + o, 0, 3);
             }
-            src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krs, n, scores, n);
+            kb.score(prep, h, keys, n, scores, n);
             // And the first half of the next head's keys (the hardware prefetcher streams the rest once it
             // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
             // (all of them, or at score time, was no better or slower).
@@ -92,25 +139,9 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
                 for (size_t o = 0; o < bt * krb / 2; o += 64) __builtin_prefetch(next_keys + o, 0, 3);
             }
             float* head_acc = acc + static_cast<size_t>(h) * g * d;
-            float* offsets = nullptr;
-            if (centered) {  // q·mean, added back to the scores of keys stored minus their block mean
-                const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
-                for (int j = 0; j < d; ++j) mean[j] = f16_to_f32(m16[j]);
-                offsets = offset_buf;
-                for (int i = 0; i < g; ++i) {
-                    const float* qi = q + static_cast<size_t>(h * g + i) * d;
-                    float dot = 0.0f;
-                    for (int j = 0; j < d; ++j) dot += qi[j] * mean[j];
-                    offsets[i] = dot;
-                }
-            }
+            const float* offsets = kb.mean_offsets(b, h, q, mean, offset_buf);
             if (shape.softcap > 0) {  // the cap applies after the scale, before the softmax
-                for (int i = 0; i < g; ++i) {
-                    float* s = scores + i * n;
-                    const float off = offsets ? offsets[i] : 0.0f;
-                    for (size_t r = 0; r < n; ++r) s[r] = (s[r] + off) * shape.scale;
-                    soft_cap(s, n, shape.softcap);
-                }
+                scale_scores(shape, scores, n, g, n, offsets);
                 softmax_update(scores, g, n, nullptr, 1.0f, st + h * g, head_acc, d);
             } else {
                 softmax_update(scores, g, n, offsets, shape.scale, st + h * g, head_acc, d);
@@ -253,6 +284,28 @@ void decode_attention(const AttentionShape& shape, std::span<const RowSource> so
                       const ParallelRun* run, int threads) {
     const DecodeTask task{sources, q, out};
     decode_attention_batch(shape, std::span<const DecodeTask>(&task, 1), run, threads);
+}
+
+void attention_scores(const AttentionShape& shape, const RowSource& src, const float* q, float* scores) {
+    const KeyBlocks kb(shape, src);
+    thread_local std::vector<uint8_t> prep_buf;
+    const size_t prep_bytes = static_cast<size_t>(shape.n_heads) * kb.qb + kLine;
+    if (prep_buf.size() < prep_bytes) prep_buf.resize(prep_bytes);
+    uint8_t* const prep = align_line(prep_buf.data());  // on a cache line, as decode_attention's
+    src.key->prepare_queries(q, shape.n_heads, prep);
+    size_t total = 0;
+    for (size_t b = 0; b < src.blocks.size(); ++b) total += kb.rows(b);
+    std::vector<float> mean(kb.d), offsets(kb.g);
+    for (size_t b = 0, at = 0; b < src.blocks.size(); ++b) {
+        const size_t lo = kb.lo(b), n = kb.rows(b);
+        if (n == 0) continue;
+        for (int h = 0; h < shape.n_kv_heads; ++h) {
+            float* s = scores + static_cast<size_t>(h) * kb.g * total + at;
+            kb.score(prep, h, kb.keys(b, h, lo), n, s, total);
+            scale_scores(shape, s, total, kb.g, n, kb.mean_offsets(b, h, q, mean.data(), offsets.data()));
+        }
+        at += n;
+    }
 }
 
 }  // namespace kvq::detail

@@ -79,4 +79,9 @@ void decode_attention(const AttentionShape& shape, std::span<const RowSource> so
 void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run,
                             int threads);
 
+// The scores decode_attention computes for one source, as a measurement (the accuracy tables' KL and top-k
+// need them): scores[i·n + r] = query head i's scaled (and soft-capped) score against the source's row r,
+// n its rows in order. The same per-block scoring code as the decode loop, on one thread.
+void attention_scores(const AttentionShape& shape, const RowSource& src, const float* q, float* scores);
+
 }  // namespace kvq::detail

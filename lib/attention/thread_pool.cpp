@@ -5,6 +5,7 @@
 namespace kvq::detail {
 
 ThreadPool::ThreadPool(int workers) {
+    queue_.reserve(64);
     threads_.reserve(std::max(workers, 0));
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { worker_loop(); });
 }

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../spec/half.hpp"
+#include "../codec/centering.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -102,7 +102,8 @@ AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st,
 // The tokens into the layer's blocks as planned: quantized into a block (every append under on_append;
 // the partly filled block left by a truncate under on_block_full), or copied to the float staging and the
 // block sealed once it is full.
-void write_tokens(const detail::CacheImpl& c, detail::LayerState& st, const AppendPlan& p, const float* k, const float* v) {
+void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, detail::LayerState& st, const AppendPlan& p,
+                  const float* k, const float* v) {
     const size_t bt = c.bt();
     const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
@@ -113,7 +114,7 @@ void write_tokens(const detail::CacheImpl& c, detail::LayerState& st, const Appe
         if (block >= p.keep_block) {
             const size_t index = block - st.first_pos / bt;
             if (!p.staging || (p.partial_pool_block && block == p.old_pool_end / bt)) {
-                c.write_rows(st, index, row, k + t * token_floats, v + t * token_floats, count);
+                c.write_rows(kind, st, index, row, k + t * token_floats, v + t * token_floats, count);
             } else {
                 const detail::CodecImpl& staged = detail::impl_of(c.exact);  // f32: a copy; f16: rounded
                 const size_t rb = c.exact.row_bytes();
@@ -124,7 +125,7 @@ void write_tokens(const detail::CacheImpl& c, detail::LayerState& st, const Appe
                         staged.quantize_rows(v + src, 1, c.staged_row(st, false, h, row + i), rb);
                     }
                 }
-                if (end == (block + 1) * bt) c.seal(st, st.data[index]);
+                if (end == (block + 1) * bt) c.seal(kind, st, st.data[index]);
             }
         }
         pos = end;
@@ -133,25 +134,24 @@ void write_tokens(const detail::CacheImpl& c, detail::LayerState& st, const Appe
 
 }  // namespace
 
-void detail::CacheImpl::write_rows(detail::LayerState& st, size_t block_index, size_t row, const float* k,
+void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st, size_t block_index, size_t row, const float* k,
                                const float* v, size_t n) const {
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     uint8_t* block = st.data[block_index];
     std::vector<float> rows(n * d);
     for (int h = 0; h < n_kv; ++h) {
-        const uint16_t* mean = cfg.center_keys
-                                   ? reinterpret_cast<const uint16_t*>(block + layout.mean_offset) + h * d
-                                   : nullptr;
-        for (size_t t = 0; t < n; ++t) {
-            const float* src = k + (t * n_kv + h) * d;
-            for (int j = 0; j < d; ++j) rows[t * d + j] = mean ? src[j] - detail::f16_to_f32(mean[j]) : src[j];
+        if (cfg.center_keys) {
+            const auto* mean = reinterpret_cast<const uint16_t*>(block + kind.layout.mean_offset) + h * d;
+            detail::subtract_mean(k + h * d, static_cast<size_t>(n_kv) * d, n, d, mean, rows.data());
+        } else {
+            for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
         }
-        detail::impl_of(key).quantize_rows(rows.data(), n, block + layout.k_offset + h * layout.k_head_stride + row * key.row_bytes(),
-                                 key.row_bytes());
+        detail::impl_of(kind.key).quantize_rows(rows.data(), n, block + kind.layout.k_offset + h * kind.layout.k_head_stride + row * kind.key.row_bytes(),
+                                 kind.key.row_bytes());
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
-        detail::impl_of(value).quantize_rows(rows.data(), n,
-                                   block + layout.v_offset + h * layout.v_head_stride + row * value.row_bytes(),
-                                   value.row_bytes());
+        detail::impl_of(kind.value).quantize_rows(rows.data(), n,
+                                   block + kind.layout.v_offset + h * kind.layout.v_head_stride + row * kind.value.row_bytes(),
+                                   kind.value.row_bytes());
     }
 }
 
@@ -164,7 +164,7 @@ void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int
     detail::impl_of(exact).dequantize_rows(staged_row(st, keys, h, r0), exact.row_bytes(), n, out);
 }
 
-void detail::CacheImpl::seal(detail::LayerState& st, uint8_t* block) const {
+void detail::CacheImpl::seal(const LayerKind& kind, detail::LayerState& st, uint8_t* block) const {
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t rows_per_head = bt() * d;
     thread_local std::vector<float> keys, values, centered;
@@ -176,21 +176,13 @@ void detail::CacheImpl::seal(detail::LayerState& st, uint8_t* block) const {
         staged_rows(st, false, h, 0, bt(), values.data());
         const float* k = keys.data();
         if (cfg.center_keys) {
-            // The mean is rounded to fp16 before it is subtracted, so that adding the stored mean back
-            // when scoring restores exactly what was subtracted.
-            auto* mean16 = reinterpret_cast<uint16_t*>(block + layout.mean_offset) + h * d;
-            for (int j = 0; j < d; ++j) {
-                double sum = 0;
-                for (size_t t = 0; t < bt(); ++t) sum += k[t * d + j];
-                mean16[j] = detail::f32_to_f16(static_cast<float>(sum / static_cast<double>(bt())));
-                const float mean = detail::f16_to_f32(mean16[j]);
-                for (size_t t = 0; t < bt(); ++t) centered[t * d + j] = k[t * d + j] - mean;
-            }
+            detail::center_block(k, d, bt(), d, reinterpret_cast<uint16_t*>(block + kind.layout.mean_offset) + h * d,
+                                 centered.data());
             k = centered.data();
         }
-        detail::impl_of(key).quantize_rows(k, bt(), block + layout.k_offset + h * layout.k_head_stride, key.row_bytes());
-        detail::impl_of(value).quantize_rows(values.data(), bt(), block + layout.v_offset + h * layout.v_head_stride,
-                                   value.row_bytes());
+        detail::impl_of(kind.key).quantize_rows(k, bt(), block + kind.layout.k_offset + h * kind.layout.k_head_stride, kind.key.row_bytes());
+        detail::impl_of(kind.value).quantize_rows(values.data(), bt(), block + kind.layout.v_offset + h * kind.layout.v_head_stride,
+                                   kind.value.row_bytes());
     }
 }
 
@@ -214,8 +206,9 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     }
     std::vector<float> k_clean, v_clean;
     std::vector<std::pair<size_t, int>> poisoned;
-    k = check_rows(k, "k", n, n_kv, d, cfg.nan_policy, key_limit, store_nonfinite_k, k_clean, poisoned);
-    v = check_rows(v, "v", n, n_kv, d, cfg.nan_policy, value_limit, store_nonfinite_v, v_clean, poisoned);
+    const LayerKind& kd = kind(layer);
+    k = check_rows(k, "k", n, n_kv, d, cfg.nan_policy, kd.key_limit, kd.store_nonfinite_k, k_clean, poisoned);
+    v = check_rows(v, "v", n, n_kv, d, cfg.nan_policy, kd.value_limit, kd.store_nonfinite_v, v_clean, poisoned);
 
     detail::LayerState& st = seq.layers[layer];
     const AppendPlan p = plan_append(*this, st, layer, n);
@@ -223,15 +216,12 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     if (p.staging && st.staging.empty()) new_staging.assign(staging_layer_bytes, 0);
     std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + p.n_drop);
     if (p.copy_last) give_back.push_back(st.table.back());
-    // New staging counts against the pool first; then the blocks (all or nothing, both).
-    if (!new_staging.empty()) pool->reserve(staging_units);
-    std::vector<detail::BlockRef> fresh;
-    try {
-        fresh = pool->allocate(p.n_new + p.copy_last, give_back);
-    } catch (...) {
-        if (!new_staging.empty()) pool->unreserve(staging_units);
-        throw;
-    }
+    // The blocks and any new staging from the pool in one step (all or nothing).
+    std::vector<size_t> want(kind_of[layer] + 1, 0);
+    want[kind_of[layer]] = p.n_new + p.copy_last;
+    const bool staging_now = !new_staging.empty();
+    const std::vector<detail::BlockRef> fresh =
+        pool->take(want, staging_now ? kd.staging_units : 0, staging_now ? staging_layer_bytes : 0, give_back);
 
     // ---- from here on nothing fails ----
     if (!new_staging.empty()) {
@@ -242,12 +232,12 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     st.data.erase(st.data.begin(), st.data.begin() + p.n_drop);
     st.first_pos = std::max(st.first_pos, p.keep_from);
     if (p.copy_last) {
-        std::memcpy(fresh.back().data, st.table.back().data, pool->block_bytes());
+        std::memcpy(fresh.back().data, st.table.back().data, block_bytes(layer));
         st.table.back() = fresh.back();
         st.data.back() = fresh.back().data;
     }
     for (size_t i = 0; i < p.n_new; ++i) st.push_block(fresh[i]);
-    write_tokens(*this, st, p, k, v);
+    write_tokens(*this, kd, st, p, k, v);
     st.n_tokens = p.n_final;
     st.staged = p.n_final - p.new_pool_end;
     for (const auto& [t, h] : poisoned) {

@@ -50,20 +50,20 @@ void fill_nan(float* out, size_t n) {
 // softmax: those kv heads again, in double precision (only heads whose output is not finite, and not the
 // ones a non-finite row makes NaN anyway, so the fast path's bits are untouched otherwise). Then rows that
 // held NaN/Inf in a codec that could not store them make their kv head's output NaN.
-void detail::CacheImpl::finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const {
+void detail::CacheImpl::finish_output(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const {
     const size_t group = static_cast<size_t>(g()) * cfg.head_dim;
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
         if (all_finite(out + h * group, group)) continue;
         const bool poisoned = std::any_of(st.poisoned.begin(), st.poisoned.end(),
                                           [&](const auto& p) { return p.second == h && p.first >= lo && p.first < hi; });
-        if (!poisoned) attend_head_exact(st, std::max(lo, st.first_pos), hi, q, out, h);
+        if (!poisoned) attend_head_exact(kind, st, std::max(lo, st.first_pos), hi, q, out, h);
     }
     for (const auto& [pos, h] : st.poisoned) {
         if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
     }
 }
 
-size_t detail::CacheImpl::row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
+size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
                                   uint8_t** staging_slot) const {
     size_t n_sources = 0;
     const size_t bt = this->bt();
@@ -71,9 +71,9 @@ size_t detail::CacheImpl::row_sources(const detail::LayerState& st, size_t lo, s
     if (const size_t a = std::max(lo, st.first_pos), b = std::min(hi, pool_end); a < b) {
         const size_t b0 = (a - st.first_pos) / bt, b1 = (b - st.first_pos + bt - 1) / bt;
         auto& s = sources[n_sources++];
-        s.key = &detail::impl_of(key);
-        s.value = &detail::impl_of(value);
-        s.layout = layout;
+        s.key = &detail::impl_of(kind.key);
+        s.value = &detail::impl_of(kind.value);
+        s.layout = kind.layout;
         s.blocks = std::span<uint8_t* const>(st.data).subspan(b0, b1 - b0);
         s.first_row = (a - st.first_pos) % bt;
         s.end_row = b - st.first_pos - (b1 - 1) * bt;
@@ -92,20 +92,21 @@ size_t detail::CacheImpl::row_sources(const detail::LayerState& st, size_t lo, s
     return n_sources;
 }
 
-void detail::CacheImpl::attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+void detail::CacheImpl::attend_range(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                                  int threads) const {
     detail::RowSource sources[2];
     uint8_t* staging = nullptr;
-    const size_t n_sources = row_sources(st, lo, hi, sources, &staging);
+    const size_t n_sources = row_sources(kind, st, lo, hi, sources, &staging);
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
     detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads);
-    finish_output(st, lo, hi, q, out);
+    finish_output(kind, st, lo, hi, q, out);
 }
 
-void detail::CacheImpl::attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                                       int h) const {
     const size_t d = static_cast<size_t>(cfg.head_dim), g = static_cast<size_t>(this->g()), bt = this->bt();
     const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
+    const detail::BlockLayout& lay = kind.layout;
     std::vector<float> row(d);
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
@@ -116,13 +117,13 @@ void detail::CacheImpl::attend_head_exact(const detail::LayerState& st, size_t l
         const uint8_t* block = st.data[(p - st.first_pos) / bt];
         const size_t r = (p - st.first_pos) % bt;
         if (keys) {
-            key.dequantize_rows(block + layout.k_offset + h * layout.k_head_stride + r * key.row_bytes(), 1, row.data());
+            kind.key.dequantize_rows(block + lay.k_offset + h * lay.k_head_stride + r * kind.key.row_bytes(), 1, row.data());
             if (cfg.center_keys) {
-                const auto* m16 = reinterpret_cast<const uint16_t*>(block + layout.mean_offset) + h * d;
+                const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
                 for (size_t j = 0; j < d; ++j) row[j] += detail::f16_to_f32(m16[j]);
             }
         } else {
-            value.dequantize_rows(block + layout.v_offset + h * layout.v_head_stride + r * value.row_bytes(), 1, row.data());
+            kind.value.dequantize_rows(block + lay.v_offset + h * lay.v_head_stride + r * kind.value.row_bytes(), 1, row.data());
         }
         return row.data();
     };
@@ -168,7 +169,7 @@ void detail::CacheImpl::attend(int layer, SequenceId id, const float* q, float* 
     std::vector<char> nan_head;
     q = check_query("attend", q, cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
     const size_t n = st.n_tokens, w = window(layer);
-    attend_range(st, w && n > w ? n - w : 0, n, q, out, cfg.threads);
+    attend_range(kind(layer), st, w && n > w ? n - w : 0, n, q, out, cfg.threads);
     for (size_t h = 0; h < nan_head.size(); ++h) {
         if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
     }
@@ -201,7 +202,7 @@ void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q,
     q = check_query("attend_prefill", q, n_queries * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
     auto one_query = [&](int i) {
         const size_t p = n - n_queries + i;
-        attend_range(st, window_start(p), p + 1, q + i * vec, out + i * vec, 1);
+        attend_range(kind(layer), st, window_start(p), p + 1, q + i * vec, out + i * vec, 1);
     };
     if (runner && n_queries > 1) {
         runner(static_cast<int>(n_queries), one_query);
@@ -222,7 +223,26 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     if (ids.empty()) return;
     if (!q || !out) throw std::invalid_argument("KVCache::attend_batch: q or out is a null pointer");
     const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
-    std::vector<const detail::LayerState*> layers(ids.size());
+    // This thread's buffers, grown once and kept: a decode step of a batch allocates nothing.
+    struct Scratch {
+        std::vector<const detail::LayerState*> layers;
+        std::vector<detail::RowSource> sources;
+        std::vector<uint8_t*> staging;
+        std::vector<detail::DecodeTask> tasks;
+        std::vector<std::pair<size_t, size_t>> ranges;
+    };
+    thread_local Scratch scratch;
+    Scratch& sc = scratch;
+    sc.layers.resize(ids.size());
+    sc.sources.resize(2 * ids.size());
+    sc.staging.resize(ids.size());
+    sc.tasks.resize(ids.size());
+    sc.ranges.resize(ids.size());
+    auto& layers = sc.layers;
+    auto& sources = sc.sources;
+    auto& staging = sc.staging;
+    auto& tasks = sc.tasks;
+    auto& ranges = sc.ranges;
     for (size_t i = 0; i < ids.size(); ++i) {
         for (size_t j = 0; j < i; ++j) {
             if (ids[j] == ids[i]) {
@@ -240,20 +260,16 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     std::vector<float> clean;
     std::vector<char> nan_head;
     q = check_query("attend_batch", q, ids.size() * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
-    std::vector<detail::RowSource> sources(2 * ids.size());
-    std::vector<uint8_t*> staging(ids.size());
-    std::vector<detail::DecodeTask> tasks(ids.size());
-    std::vector<std::pair<size_t, size_t>> ranges(ids.size());
     const size_t w = window(layer);
     for (size_t i = 0; i < ids.size(); ++i) {
         const size_t n = layers[i]->n_tokens;
         ranges[i] = {w && n > w ? n - w : 0, n};
-        const size_t count = row_sources(*layers[i], ranges[i].first, ranges[i].second, &sources[2 * i], &staging[i]);
+        const size_t count = row_sources(kind(layer), *layers[i], ranges[i].first, ranges[i].second, &sources[2 * i], &staging[i]);
         tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), q + i * vec, out + i * vec};
     }
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
     detail::decode_attention_batch(shape, tasks, run(), cfg.threads);
-    for (size_t i = 0; i < ids.size(); ++i) finish_output(*layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
+    for (size_t i = 0; i < ids.size(); ++i) finish_output(kind(layer), *layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
     for (size_t h = 0; h < nan_head.size(); ++h) {
         if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
     }

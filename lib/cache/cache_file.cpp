@@ -120,14 +120,25 @@ void check_layout(const Header& h) {
         bad("header: payload section offset " + std::to_string(h.payload_offset) + " is not a multiple of " +
             std::to_string(kPayloadAlignment) + " after the header");
     }
-    if (h.block_bytes == 0 || h.staging_bytes == 0 || h.block_bytes % kPayloadStride != 0 ||
-        h.staging_bytes % kPayloadStride != 0) {
-        bad("header: payload sizes " + std::to_string(h.block_bytes) + " and " + std::to_string(h.staging_bytes) +
-            " are not positive multiples of " + std::to_string(kPayloadStride));
+    uint64_t blocks_end = h.payload_offset, n_blocks = 0;
+    for (const KindRecord& k : h.kinds) {
+        if (k.block_bytes == 0 || k.block_bytes % kPayloadStride != 0) {
+            bad("header: block payload size " + std::to_string(k.block_bytes) + " is not a positive multiple of " +
+                std::to_string(kPayloadStride));
+        }
+        blocks_end = add(blocks_end, mul(k.n_blocks, k.block_bytes, "block section size"), "block section end");
+        n_blocks = add(n_blocks, k.n_blocks, "block count");
     }
-    const uint64_t payload_end =
-        add(add(h.payload_offset, mul(h.n_blocks, h.block_bytes, "block section size"), "block section end"),
-            mul(h.n_staging, h.staging_bytes, "staging section size"), "staging section end");
+    if (n_blocks != h.n_blocks || h.kinds[0].block_bytes != h.block_bytes || h.kinds[0].key_row_bytes != h.key_row_bytes ||
+        h.kinds[0].value_row_bytes != h.value_row_bytes) {
+        bad("header: the kinds' blocks (" + std::to_string(n_blocks) + ") or their first kind's sizes disagree with the "
+            "header's block count and sizes");
+    }
+    if (h.staging_bytes == 0 || h.staging_bytes % kPayloadStride != 0) {
+        bad("header: staging payload size " + std::to_string(h.staging_bytes) + " is not a positive multiple of " +
+            std::to_string(kPayloadStride));
+    }
+    const uint64_t payload_end = add(blocks_end, mul(h.n_staging, h.staging_bytes, "staging section size"), "staging section end");
     if (h.table_offset != payload_end) {
         bad("header: block tables at offset " + std::to_string(h.table_offset) + ", but the payloads end at " +
             std::to_string(payload_end));
@@ -141,6 +152,22 @@ void check_layout(const Header& h) {
 }  // namespace
 
 void bad(const std::string& what) { throw BadCacheFile("cache file: " + what); }
+
+uint64_t kind_first_block(const Header& h, size_t kind) {
+    uint64_t first = 0;
+    for (size_t k = 0; k < kind; ++k) first += h.kinds[k].n_blocks;
+    return first;
+}
+
+BlockPlace block_place(const Header& h, uint64_t i) {
+    uint64_t offset = h.payload_offset;
+    for (size_t k = 0;; ++k) {
+        const KindRecord& r = h.kinds[k];
+        if (i < r.n_blocks) return {k, offset + i * r.block_bytes, r.block_bytes};
+        i -= r.n_blocks;
+        offset += r.n_blocks * r.block_bytes;
+    }
+}
 
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
@@ -168,6 +195,16 @@ std::vector<uint8_t> encode_header(const Header& h) {
     e.str(c.value_codec);
     e.u32(static_cast<uint32_t>(c.sliding_window.size()));
     for (int w : c.sliding_window) e.i32(w);
+    // Since version 3: each layer's codecs (none when every layer has the default ones), then the kinds.
+    e.u32(static_cast<uint32_t>(c.layer_codecs.size()));
+    for (const LayerCodecs& l : c.layer_codecs) {
+        e.str(l.key);
+        e.str(l.value);
+    }
+    e.u32(static_cast<uint32_t>(h.kinds.size()));
+    for (const KindRecord& k : h.kinds) {
+        for (uint64_t x : {k.n_blocks, k.block_bytes, k.key_row_bytes, k.value_row_bytes}) e.u64(x);
+    }
     const uint32_t size = static_cast<uint32_t>(e.bytes.size() + 4);
     for (int i = 0; i < 4; ++i) e.bytes[12 + i] = static_cast<uint8_t>(size >> (8 * i));
     e.crc();
@@ -233,6 +270,31 @@ Header decode_header(std::span<const uint8_t> bytes) {
         bad("header: " + std::to_string(n_windows) + " sliding windows for " + std::to_string(c.n_layers) + " layers");
     }
     for (uint32_t i = 0; i < n_windows; ++i) c.sliding_window.push_back(d.i32("sliding window"));
+    if (h.version >= 3) {
+        const uint32_t n_layer_codecs = d.u32("layer codec count");
+        if (n_layer_codecs != 0 && n_layer_codecs != static_cast<uint32_t>(c.n_layers)) {
+            bad("header: " + std::to_string(n_layer_codecs) + " layer codec pairs for " + std::to_string(c.n_layers) + " layers");
+        }
+        for (uint32_t i = 0; i < n_layer_codecs; ++i) {
+            LayerCodecs& l = c.layer_codecs.emplace_back();
+            l.key = d.str("layer key codec", kMaxSpecBytes);
+            l.value = d.str("layer value codec", kMaxSpecBytes);
+        }
+        const uint32_t n_kinds = d.u32("kind count");
+        if (n_kinds < 1 || n_kinds > static_cast<uint32_t>(c.n_layers)) {
+            bad("header: " + std::to_string(n_kinds) + " kinds of layers for " + std::to_string(c.n_layers) + " layers");
+        }
+        d.need(uint64_t(n_kinds) * 32, "the kinds");
+        for (uint32_t i = 0; i < n_kinds; ++i) {
+            KindRecord& k = h.kinds.emplace_back();
+            k.n_blocks = d.u64("kind block count");
+            k.block_bytes = d.u64("kind block size");
+            k.key_row_bytes = d.u64("kind key row size");
+            k.value_row_bytes = d.u64("kind value row size");
+        }
+    } else {
+        h.kinds.push_back({h.n_blocks, h.block_bytes, h.key_row_bytes, h.value_row_bytes});
+    }
     if (d.left() != 0) bad("header: " + std::to_string(d.left()) + " bytes after the last field");
     check_layout(h);
     return h;

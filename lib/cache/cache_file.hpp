@@ -17,7 +17,8 @@
 namespace kvq::detail::file {
 
 inline constexpr char kMagic[8] = {'K', 'V', 'Q', 'C', 'A', 'C', 'H', 'E'};
-inline constexpr uint32_t kFormatVersion = 2;      // 2 added the staging type; version 1 files still load
+// 2 added the staging type, 3 per-layer codecs (blocks of several sizes); version 1 and 2 files still load
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr size_t kPrefixBytes = 16;           // magic, version, header size: read before the rest
 inline constexpr uint64_t kPayloadAlignment = 4096;  // the payload section starts on a page (mmap)
@@ -30,6 +31,14 @@ inline constexpr int kMaxDim = kMaxCacheDim;  // n_layers, n_kv_heads, n_heads, 
 inline constexpr uint32_t kMaxSpecBytes = 1024;
 inline constexpr uint64_t kMaxTokens = kMaxSequenceTokens;
 
+// The blocks of one kind of layer (one pair of codecs): stored one after another, kind by kind.
+struct KindRecord {
+    uint64_t n_blocks = 0;
+    uint64_t block_bytes = 0;  // stride and size of a block payload of this kind (its pool block size)
+    uint64_t key_row_bytes = 0;
+    uint64_t value_row_bytes = 0;
+};
+
 // Everything the header holds. `config` carries only what a file stores (see DESIGN): shapes, codecs,
 // seed, block_tokens, seal, centering, nan_policy, scale, softcap, windows; pool sizes and threads are
 // left at their defaults.
@@ -38,8 +47,8 @@ struct Header {
     uint32_t header_bytes = 0;
     uint64_t file_bytes = 0;
     uint64_t payload_offset = 0;
-    uint64_t n_blocks = 0;
-    uint64_t block_bytes = 0;    // stride and size of a block payload (the pool's block size)
+    uint64_t n_blocks = 0;       // of every kind
+    uint64_t block_bytes = 0;    // of kind 0 (with one kind: the stride and size of every block payload)
     uint64_t n_staging = 0;
     uint64_t staging_bytes = 0;  // stride of a staging payload (float rows of one open block)
     uint64_t table_offset = 0;
@@ -48,7 +57,17 @@ struct Header {
     uint64_t key_row_bytes = 0;
     uint64_t value_row_bytes = 0;
     CacheConfig config;
+    std::vector<KindRecord> kinds;  // at least one; version 1 and 2 files have one, from the fields above
 };
+
+// Where block payload i of a file is: its kind, its offset in the file and its size.
+struct BlockPlace {
+    size_t kind;
+    uint64_t offset;
+    uint64_t bytes;
+};
+BlockPlace block_place(const Header& h, uint64_t i);  // i < h.n_blocks
+uint64_t kind_first_block(const Header& h, size_t kind);  // the file index of the kind's first block
 
 // One layer of one sequence (see lib/cache/cache_impl.hpp for what the numbers mean).
 struct LayerRecord {

@@ -59,22 +59,36 @@ class InFile;
 
 namespace kvq::detail {
 
-// Everything a KVCache holds (kvq/cache.hpp keeps only a pointer to it).
-struct CacheImpl {
-    explicit CacheImpl(const CacheConfig& config);
-
-    CacheConfig cfg;  // as given, with n_heads and scale resolved
+// What layers of one pair of codecs share: the codecs, their input rules and the block layout (one size
+// class of the pool). Layers without codecs of their own are of kind 0 with the default codecs.
+struct LayerKind {
     Codec key;
     Codec value;
-    Codec exact;  // f32 or f16 (CacheConfig::staging): the open block's rows
     bool store_nonfinite_k = false;  // plain codecs keep NaN/Inf as they are (NanPolicy::propagate)
     bool store_nonfinite_v = false;
     // The rows each codec stores with finite fields; a row beyond counts as non-finite (NanPolicy).
     InputLimit key_limit, value_limit;
-    detail::BlockLayout layout;          // pool blocks
+    BlockLayout layout;        // its pool blocks
+    size_t staging_units = 0;  // the blocks' worth of pool capacity one layer's staging takes
+};
+
+// Everything a KVCache holds (kvq/cache.hpp keeps only a pointer to it).
+struct CacheImpl {
+    // Checks every rule of the configuration (validate_config's); allocate = false skips the blocks
+    // allocated up front (initial_blocks), for validate_config.
+    explicit CacheImpl(const CacheConfig& config, bool allocate = true);
+
+    CacheConfig cfg;  // as given, with n_heads and scale resolved
+    Codec key;    // the default codecs (cfg.key_codec, cfg.value_codec)
+    Codec value;
+    Codec exact;  // f32 or f16 (CacheConfig::staging): the open block's rows
+    // Kinds in the order of the first layer of each; the pool's size class c is kind c.
+    std::vector<LayerKind> kinds;
+    std::vector<size_t> kind_of;  // by layer
+    const LayerKind& kind(int layer) const { return kinds[kind_of[layer]]; }
+    size_t block_bytes(int layer) const { return pool->block_bytes(kind_of[layer]); }
     detail::BlockLayout staging_layout;  // the float staging of one layer
     size_t staging_layer_bytes = 0;      // per layer, keys and values
-    size_t staging_units = 0;            // the blocks' worth of pool capacity one layer's staging takes
     std::unique_ptr<detail::BlockPool> pool;
     // Runs the parts of one call: the engine's executor, or kvq's shared pool on up to cfg.threads
     // threads; empty for one thread.
@@ -120,23 +134,23 @@ struct CacheImpl {
     }
 
     // Helpers of the operations.
-    void seal(detail::LayerState& st, uint8_t* block) const;
-    void write_rows(detail::LayerState& st, size_t block_index, size_t row, const float* k, const float* v,
+    void seal(const LayerKind& kind, detail::LayerState& st, uint8_t* block) const;
+    void write_rows(const LayerKind& kind, detail::LayerState& st, size_t block_index, size_t row, const float* k, const float* v,
                     size_t n) const;
     // Attention of one query vector set (n_heads × head_dim) over positions [lo, hi) of a layer.
-    void attend_range(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+    void attend_range(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                       int threads) const;
     // The row sources of positions [lo, hi) of a layer (pool blocks, then the float staging); returns
     // how many of sources[0..2) it filled. The staging source's block table is *staging_slot, which
     // must outlive the sources.
-    size_t row_sources(const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
+    size_t row_sources(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
                        uint8_t** staging_slot) const;
     // After the engine: heads whose float scores overflowed again in double precision, and NaN into the
     // output heads that read a poisoned row of [lo, hi) (NanPolicy::propagate).
-    void finish_output(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const;
+    void finish_output(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const;
     // The same for kv head h's query heads, in double precision from the dequantized rows (positions
     // [lo, hi), lo >= first_pos): the fallback when float scores overflow.
-    void attend_head_exact(const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
+    void attend_head_exact(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                            int h) const;
     std::string dump() const;
 };

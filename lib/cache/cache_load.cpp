@@ -32,10 +32,12 @@ struct PayloadRef {
 };
 
 PayloadRef payload(const Header& h, const Tables& t, uint64_t i) {
-    if (i < h.n_blocks) return {h.payload_offset + i * h.block_bytes, static_cast<size_t>(h.block_bytes), t.crcs[i]};
+    if (i < h.n_blocks) {
+        const detail::file::BlockPlace b = detail::file::block_place(h, i);
+        return {b.offset, static_cast<size_t>(b.bytes), t.crcs[i]};
+    }
     const uint64_t j = i - h.n_blocks;
-    return {h.payload_offset + h.n_blocks * h.block_bytes + j * h.staging_bytes, static_cast<size_t>(h.staging_bytes),
-            t.crcs[i]};
+    return {h.table_offset - (h.n_staging - j) * h.staging_bytes, static_cast<size_t>(h.staging_bytes), t.crcs[i]};
 }
 
 void read_payload(const InFile& f, const Header& h, const Tables& t, uint64_t i, uint8_t* dst, const char* when) {
@@ -79,7 +81,8 @@ bool all_finite(const float* x, size_t n) {
 
 // The live rows of a block (as attention reads them: dequantized, plus the stored key mean) that are not
 // finite: what append never stores under NanPolicy::reject, and records as non-finite under propagate.
-BadRows bad_block_rows(const detail::CacheImpl& c, const uint8_t* block, uint32_t live) {
+BadRows bad_block_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* block, uint32_t live) {
+    const detail::BlockLayout& lay = kind.layout;
     BadRows bad;
     const size_t d = static_cast<size_t>(c.cfg.head_dim);
     std::vector<float> rows(static_cast<size_t>(live) * d);
@@ -87,12 +90,12 @@ BadRows bad_block_rows(const detail::CacheImpl& c, const uint8_t* block, uint32_
         std::vector<char> row_bad(live, 0);
         bool mean_bad = false;
         if (c.cfg.center_keys) {
-            const auto* m16 = reinterpret_cast<const uint16_t*>(block + c.layout.mean_offset) + h * d;
+            const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
             for (size_t j = 0; j < d; ++j) mean_bad |= !std::isfinite(detail::f16_to_f32(m16[j]));
         }
-        c.key.dequantize_rows(block + c.layout.k_offset + h * c.layout.k_head_stride, live, rows.data());
+        kind.key.dequantize_rows(block + lay.k_offset + h * lay.k_head_stride, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= mean_bad || !all_finite(rows.data() + r * d, d);
-        c.value.dequantize_rows(block + c.layout.v_offset + h * c.layout.v_head_stride, live, rows.data());
+        kind.value.dequantize_rows(block + lay.v_offset + h * lay.v_head_stride, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
         for (uint32_t r = 0; r < live; ++r) {
             if (row_bad[r]) bad.emplace_back(r, h);
@@ -103,7 +106,7 @@ BadRows bad_block_rows(const detail::CacheImpl& c, const uint8_t* block, uint32_
 
 // The staged rows of an open block (a staging payload) against the rules append applies to its input:
 // finite, and within the range of the codec that will quantize them when the block is sealed.
-BadRows bad_staged_rows(const detail::CacheImpl& c, const uint8_t* staging, uint32_t staged) {
+BadRows bad_staged_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* staging, uint32_t staged) {
     BadRows bad;
     const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_layer_bytes / 2;
     std::vector<float> k(d), v(d);
@@ -113,7 +116,7 @@ BadRows bad_staged_rows(const detail::CacheImpl& c, const uint8_t* staging, uint
             c.exact.dequantize_rows(row, 1, k.data());
             c.exact.dequantize_rows(row + half, 1, v.data());
             const bool ok = all_finite(k.data(), d) && all_finite(v.data(), d) &&
-                            c.key_limit.admits(k.data(), static_cast<int>(d)) && c.value_limit.admits(v.data(), static_cast<int>(d));
+                            kind.key_limit.admits(k.data(), static_cast<int>(d)) && kind.value_limit.admits(v.data(), static_cast<int>(d));
             if (!ok) bad.emplace_back(r, h);
         }
     }
@@ -167,24 +170,31 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     // Every payload's CRC before the pool is asked for a block: a bad file must not even grow the pool.
     const uint64_t n_payloads = h.n_blocks + h.n_staging;
     // Sized by the payloads there are: a file without any may name sizes no file could hold.
-    std::vector<uint8_t> scratch(std::max(h.n_blocks ? h.block_bytes : 0, h.n_staging ? h.staging_bytes : 0));
+    uint64_t largest = h.n_staging ? h.staging_bytes : 0;
+    for (const detail::file::KindRecord& k : h.kinds) largest = std::max(largest, k.n_blocks ? k.block_bytes : 0);
+    std::vector<uint8_t> scratch(largest);
     // And every row a table reads against the cache's input rules (NanPolicy, the codecs' ranges): a file
     // whose CRCs were recomputed over NaN, an Inf scale or a value too large to seal is no better than
     // that input given to append.
     const std::vector<uint32_t> live = live_rows(*this, t, h.n_blocks);
     std::vector<uint32_t> staged_of(h.n_staging, 0);
+    std::vector<size_t> kind_of_staging(h.n_staging, 0);
     for (const auto& layers : t.sequences) {
-        for (const LayerRecord& r : layers) {
-            if (r.staging != detail::file::kNoStaging) staged_of[r.staging] = r.staged;
+        for (size_t l = 0; l < layers.size(); ++l) {
+            const LayerRecord& r = layers[l];
+            if (r.staging == detail::file::kNoStaging) continue;
+            staged_of[r.staging] = r.staged;
+            kind_of_staging[r.staging] = kind_of[l];
         }
     }
     std::vector<BadRows> block_bad(h.n_blocks), staging_bad(h.n_staging);
     for (uint64_t i = 0; i < n_payloads; ++i) {
         read_payload(f, h, t, i, scratch.data(), ": the file is corrupted");
         if (i < h.n_blocks) {
-            block_bad[i] = bad_block_rows(*this, scratch.data(), live[i]);
+            block_bad[i] = bad_block_rows(*this, kinds[detail::file::block_place(h, i).kind], scratch.data(), live[i]);
         } else {
-            staging_bad[i - h.n_blocks] = bad_staged_rows(*this, scratch.data(), staged_of[i - h.n_blocks]);
+            const uint64_t j = i - h.n_blocks;
+            staging_bad[j] = bad_staged_rows(*this, kinds[kind_of_staging[j]], scratch.data(), staged_of[j]);
         }
     }
     apply_nan_policy(*this, t, block_bad, staging_bad);
@@ -192,7 +202,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     // Sequences with their float rows, not yet in the cache.
     const char* changed = " since it was checked: the file changed while loading";
     std::vector<std::unique_ptr<detail::Sequence>> fresh;
-    size_t staging_added = 0;
+    size_t staging_added = 0, units = 0;
     for (const auto& layers : t.sequences) {
         auto& seq = fresh.emplace_back(std::make_unique<detail::Sequence>());
         seq->layers.resize(layers.size());
@@ -209,25 +219,21 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
             read_payload(f, h, t, h.n_blocks + r.staging, scratch.data(), changed);
             st.staging.assign(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(staging_layer_bytes));
             staging_added += staging_layer_bytes;
+            units += kind(static_cast<int>(l)).staging_units;
             // propagate: as append does, a codec that cannot store the row gets it zeroed (it is recorded).
             for (const auto& [row, head] : staging_bad[r.staging]) {
-                if (!store_nonfinite_k) std::memset(staged_row(st, true, head, row), 0, exact.row_bytes());
-                if (!store_nonfinite_v) std::memset(staged_row(st, false, head, row), 0, exact.row_bytes());
+                if (!kind(static_cast<int>(l)).store_nonfinite_k) std::memset(staged_row(st, true, head, row), 0, exact.row_bytes());
+                if (!kind(static_cast<int>(l)).store_nonfinite_v) std::memset(staged_row(st, false, head, row), 0, exact.row_bytes());
             }
         }
     }
 
     // The staging counts against the pool, then exactly the file's blocks (PoolExhausted: nothing
     // changed): the pool never outgrows what the file holds.
-    const size_t units = staging_added / staging_layer_bytes * staging_units;
-    pool->reserve(units);
-    std::vector<detail::BlockRef> blocks;
-    try {
-        blocks = pool->allocate(h.n_blocks, {}, true);
-    } catch (...) {
-        pool->unreserve(units);
-        throw;
-    }
+    std::vector<size_t> want;
+    for (const detail::file::KindRecord& k : h.kinds) want.push_back(k.n_blocks);
+    // By file index: the kinds' blocks one after another (take returns them class by class).
+    const std::vector<detail::BlockRef> blocks = pool->take(want, units, staging_added, {}, true);
     std::vector<SequenceId> ids;
     try {
         for (uint64_t i = 0; i < h.n_blocks; ++i) read_payload(f, h, t, i, blocks[i].data, changed);
@@ -250,7 +256,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
         next_id += static_cast<SequenceId>(fresh.size());
     } catch (...) {
         pool->release(blocks);
-        pool->unreserve(units);
+        pool->unreserve(units, staging_added);
         throw;
     }
     staging_bytes += staging_added;
@@ -296,8 +302,15 @@ KVCache KVCache::load(const std::string& path, const LoadOptions& options) {
             throw PoolExhausted("KVCache::load: '" + path + "' holds " + std::to_string(h.n_blocks) +
                                 " blocks, more than max_blocks = " + std::to_string(options.max_blocks));
         }
+        uint64_t block_bytes = 0;
+        for (const detail::file::KindRecord& k : h.kinds) block_bytes += k.n_blocks * k.block_bytes;
+        if (options.max_bytes != 0 && block_bytes > options.max_bytes) {
+            throw PoolExhausted("KVCache::load: '" + path + "' holds " + std::to_string(block_bytes) +
+                                " bytes of blocks, more than max_bytes = " + std::to_string(options.max_bytes));
+        }
         CacheConfig config = h.config;
         config.max_blocks = options.max_blocks;
+        config.max_bytes = options.max_bytes;
         config.grow_blocks = options.grow_blocks;
         config.threads = options.threads;
         std::unique_ptr<KVCache> cache;

@@ -19,7 +19,8 @@ std::string float_text(float x) {
 
 // One layer's record against the cache's invariants (lib/cache/cache_impl.hpp).
 void check_layer_record(const detail::CacheImpl& c, const Header& h, const LayerRecord& r, const std::string& where,
-                        size_t window) {
+                        int layer) {
+    const size_t window = c.window(layer);
     const uint64_t bt = c.bt();
     const auto fail = [&](const std::string& what) { bad(where + ": " + what); };
     if (r.n_tokens > kMaxTokens) fail("n_tokens " + std::to_string(r.n_tokens) + " is beyond 2^48");
@@ -49,8 +50,14 @@ void check_layer_record(const detail::CacheImpl& c, const Header& h, const Layer
         fail(std::to_string(r.blocks.size()) + " blocks for " + std::to_string(pool_end - r.first_pos) +
              " tokens in blocks of " + std::to_string(bt) + " (needs " + std::to_string(n_blocks) + ")");
     }
+    // The layer's blocks are blocks of its kind (of its codecs' size).
+    const size_t kind = c.kind_of[layer];
+    const uint64_t lo = kind_first_block(h, kind), hi = lo + h.kinds[kind].n_blocks;
     for (uint32_t b : r.blocks) {
-        if (b >= h.n_blocks) fail("block index " + std::to_string(b) + " is out of range (" + std::to_string(h.n_blocks) + ")");
+        if (b < lo || b >= hi) {
+            fail("block index " + std::to_string(b) + " is outside " + std::to_string(lo) + ".." + std::to_string(hi) +
+                 ", the blocks of the layer's codecs (kind " + std::to_string(kind) + ")");
+        }
     }
     for (const auto& [pos, head] : r.poisoned) {
         if (pos < r.first_pos || pos >= r.n_tokens || head >= static_cast<uint32_t>(c.cfg.n_kv_heads)) {
@@ -100,6 +107,15 @@ void check_matches(const detail::CacheImpl& c, const Header& h) {
     same_int("head_dim", f.head_dim, c.cfg.head_dim);
     if (f.key_codec != c.key.name()) differ("key_codec", "'" + f.key_codec + "'", "'" + c.key.name() + "'");
     if (f.value_codec != c.value.name()) differ("value_codec", "'" + f.value_codec + "'", "'" + c.value.name() + "'");
+    // Each layer's codecs as the file names them (its own, or the defaults) against the cache's.
+    for (int l = 0; l < c.cfg.n_layers; ++l) {
+        const LayerCodecs own = f.layer_codecs.empty() ? LayerCodecs{} : f.layer_codecs[l];
+        const std::string k = own.key.empty() ? f.key_codec : own.key, v = own.value.empty() ? f.value_codec : own.value;
+        const std::string field = "codecs of layer " + std::to_string(l);
+        if (k != c.kind(l).key.name() || v != c.kind(l).value.name()) {
+            differ(field, "'" + k + "/" + v + "'", "'" + c.kind(l).key.name() + "/" + c.kind(l).value.name() + "'");
+        }
+    }
     if (f.seed != c.cfg.seed) differ("seed", std::to_string(f.seed), std::to_string(c.cfg.seed));
     same_int("block_tokens", f.block_tokens, c.cfg.block_tokens);
     if (f.seal != c.cfg.seal) {
@@ -131,9 +147,15 @@ void check_sizes(const detail::CacheImpl& c, const Header& h) {
                 " bytes in this kvq for the same configuration");
         }
     };
-    same("a key row", h.key_row_bytes, c.key.row_bytes());
-    same("a value row", h.value_row_bytes, c.value.row_bytes());
-    same("a block", h.block_bytes, c.pool->block_bytes());
+    if (h.kinds.size() != c.kinds.size()) {
+        bad("the file has " + std::to_string(h.kinds.size()) + " kinds of layer codecs, this configuration " +
+            std::to_string(c.kinds.size()));
+    }
+    for (size_t k = 0; k < c.kinds.size(); ++k) {
+        same("a key row", h.kinds[k].key_row_bytes, c.kinds[k].key.row_bytes());
+        same("a value row", h.kinds[k].value_row_bytes, c.kinds[k].value.row_bytes());
+        same("a block", h.kinds[k].block_bytes, c.pool->block_bytes(k));
+    }
     same("a staging payload", h.staging_bytes, c.staging_payload_bytes());
 }
 
@@ -144,7 +166,7 @@ std::vector<uint32_t> check_tables(const detail::CacheImpl& c, const Header& h, 
         for (size_t l = 0; l < t.sequences[s].size(); ++l) {
             const LayerRecord& r = t.sequences[s][l];
             const std::string where = "sequence " + std::to_string(s) + " of the file, layer " + std::to_string(l);
-            check_layer_record(c, h, r, where, c.window(static_cast<int>(l)));
+            check_layer_record(c, h, r, where, static_cast<int>(l));
             for (uint32_t b : r.blocks) ++refs[b];
             if (r.staging != kNoStaging && staging_used[r.staging]++) {
                 bad(where + ": staging payload " + std::to_string(r.staging) + " is used twice");

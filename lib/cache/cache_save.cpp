@@ -15,9 +15,9 @@ namespace {
 
 using detail::file::align_up;
 
-// What goes into the payload section, by file index.
+// What goes into the payload section, by file index: the blocks kind by kind, then the staging.
 struct Payloads {
-    std::vector<const uint8_t*> blocks;
+    std::vector<std::vector<const uint8_t*>> blocks;  // [kind][index within the kind]
     std::vector<const detail::LayerState*> staging;
 };
 
@@ -44,12 +44,15 @@ void staging_payload(const detail::CacheImpl& c, const detail::LayerState& st, s
 }
 
 // The block tables of the chosen sequences, with file indices for their blocks and staging buffers.
-detail::file::Tables tables_of(const std::vector<const detail::Sequence*>& chosen, Payloads& p) {
+detail::file::Tables tables_of(const detail::CacheImpl& c, const std::vector<const detail::Sequence*>& chosen, Payloads& p) {
     detail::file::Tables t;
-    std::unordered_map<detail::BlockId, uint32_t> index;
+    std::unordered_map<detail::BlockId, uint32_t> index;  // within its kind
+    p.blocks.assign(c.kinds.size(), {});
     for (const detail::Sequence* s : chosen) {
         auto& layers = t.sequences.emplace_back();
-        for (const detail::LayerState& st : s->layers) {
+        for (size_t l = 0; l < s->layers.size(); ++l) {
+            const detail::LayerState& st = s->layers[l];
+            std::vector<const uint8_t*>& blocks = p.blocks[c.kind_of[l]];
             detail::file::LayerRecord& r = layers.emplace_back();
             r.n_tokens = st.n_tokens;
             r.first_pos = st.first_pos;
@@ -59,11 +62,19 @@ detail::file::Tables tables_of(const std::vector<const detail::Sequence*>& chose
                 p.staging.push_back(&st);
             }
             for (const detail::BlockRef& b : st.table) {
-                const auto [it, fresh] = index.emplace(b.id, static_cast<uint32_t>(p.blocks.size()));
-                if (fresh) p.blocks.push_back(b.data);
+                const auto [it, fresh] = index.emplace(b.id, static_cast<uint32_t>(blocks.size()));
+                if (fresh) blocks.push_back(b.data);
                 r.blocks.push_back(it->second);
             }
             for (const auto& [pos, head] : st.poisoned) r.poisoned.emplace_back(pos, static_cast<uint32_t>(head));
+        }
+    }
+    // Indices within a kind become file indices: the blocks of the kinds before it come first.
+    std::vector<uint32_t> first(c.kinds.size(), 0);
+    for (size_t k = 1; k < c.kinds.size(); ++k) first[k] = first[k - 1] + static_cast<uint32_t>(p.blocks[k - 1].size());
+    for (auto& layers : t.sequences) {
+        for (size_t l = 0; l < layers.size(); ++l) {
+            for (uint32_t& b : layers[l].blocks) b += first[c.kind_of[l]];
         }
     }
     return t;
@@ -80,9 +91,11 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
         for (const auto& entry : seqs) chosen.push_back(entry.second.get());
     }
     Payloads p;
-    detail::file::Tables t = tables_of(chosen, p);
+    detail::file::Tables t = tables_of(*this, chosen, p);
     std::vector<uint8_t> buffer;
-    for (const uint8_t* b : p.blocks) t.crcs.push_back(detail::crc32c(b, pool->block_bytes()));
+    for (size_t k = 0; k < kinds.size(); ++k) {
+        for (const uint8_t* b : p.blocks[k]) t.crcs.push_back(detail::crc32c(b, pool->block_bytes(k)));
+    }
     for (const detail::LayerState* st : p.staging) {
         staging_payload(*this, *st, buffer);
         t.crcs.push_back(detail::crc32c(buffer.data(), buffer.size()));
@@ -93,17 +106,26 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     h.config = cfg;
     h.config.key_codec = key.name();
     h.config.value_codec = value.name();
-    h.n_blocks = p.blocks.size();
-    h.block_bytes = pool->block_bytes();
+    // Each layer's codecs by name, unless every layer has the default ones.
+    h.config.layer_codecs.clear();
+    bool own_codecs = false;
+    for (int l = 0; l < cfg.n_layers; ++l) own_codecs |= kind(l).key.name() != key.name() || kind(l).value.name() != value.name();
+    for (int l = 0; own_codecs && l < cfg.n_layers; ++l) h.config.layer_codecs.push_back({kind(l).key.name(), kind(l).value.name()});
+    for (size_t k = 0; k < kinds.size(); ++k) {
+        h.kinds.push_back({p.blocks[k].size(), pool->block_bytes(k), kinds[k].key.row_bytes(), kinds[k].value.row_bytes()});
+        h.n_blocks += p.blocks[k].size();
+    }
+    h.block_bytes = h.kinds[0].block_bytes;
+    h.key_row_bytes = h.kinds[0].key_row_bytes;
+    h.value_row_bytes = h.kinds[0].value_row_bytes;
     h.n_staging = p.staging.size();
     h.staging_bytes = staging_payload_bytes();
     h.n_sequences = chosen.size();
-    h.key_row_bytes = key.row_bytes();
-    h.value_row_bytes = value.row_bytes();
     // The header's size does not depend on the offsets it holds, so it is known before they are.
     h.header_bytes = static_cast<uint32_t>(detail::file::encode_header(h).size());
     h.payload_offset = align_up(h.header_bytes, detail::file::kPayloadAlignment);
-    h.table_offset = h.payload_offset + h.n_blocks * h.block_bytes + h.n_staging * h.staging_bytes;
+    h.table_offset = h.payload_offset + h.n_staging * h.staging_bytes;
+    for (const detail::file::KindRecord& k : h.kinds) h.table_offset += k.n_blocks * k.block_bytes;
     h.table_bytes = tables.size();
     h.file_bytes = h.table_offset + h.table_bytes;
     const std::vector<uint8_t> header = detail::file::encode_header(h);
@@ -111,7 +133,9 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     detail::file::OutFile out(path);
     out.write(header.data(), header.size());
     out.zeros(h.payload_offset - header.size());
-    for (const uint8_t* b : p.blocks) out.write(b, h.block_bytes);
+    for (size_t k = 0; k < kinds.size(); ++k) {
+        for (const uint8_t* b : p.blocks[k]) out.write(b, h.kinds[k].block_bytes);
+    }
     for (const detail::LayerState* st : p.staging) {
         staging_payload(*this, *st, buffer);
         out.write(buffer.data(), buffer.size());

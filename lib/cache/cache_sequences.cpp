@@ -15,12 +15,13 @@ SequenceId detail::CacheImpl::fork(SequenceId parent) {
     auto child = std::make_unique<detail::Sequence>(p);
     std::vector<detail::BlockRef> shared;
     size_t staging_added = 0, units = 0;
-    for (const auto& st : child->layers) {
+    for (size_t l = 0; l < child->layers.size(); ++l) {
+        const auto& st = child->layers[l];
         shared.insert(shared.end(), st.table.begin(), st.table.end());
         staging_added += st.staging.size();
-        units += st.staging.empty() ? 0 : staging_units;
+        units += st.staging.empty() ? 0 : kind(static_cast<int>(l)).staging_units;
     }
-    pool->reserve(units);
+    pool->reserve(units, staging_added);
     pool->retain(shared);
     SequenceId id;
     try {
@@ -30,7 +31,7 @@ SequenceId detail::CacheImpl::fork(SequenceId parent) {
         ++next_id;
     } catch (...) {
         pool->release(shared);
-        pool->unreserve(units);
+        pool->unreserve(units, staging_added);
         throw;
     }
     staging_bytes += staging_added;
@@ -49,10 +50,11 @@ void detail::CacheImpl::remove(SequenceId id) {
         seq = std::move(it->second);
         seqs.erase(it);
     }
-    for (const auto& st : seq->layers) {
+    for (size_t l = 0; l < seq->layers.size(); ++l) {
+        const auto& st = seq->layers[l];
         pool->release(st.table);
         staging_bytes -= st.staging.size();
-        if (!st.staging.empty()) pool->unreserve(staging_units);
+        if (!st.staging.empty()) pool->unreserve(kind(static_cast<int>(l)).staging_units, st.staging.size());
     }
     metadata_bytes -= sequence_metadata_bytes();
 }

@@ -56,6 +56,10 @@ CacheConfig checked_fields(CacheConfig c) {
             }
         }
     }
+    if (!c.layer_codecs.empty() && c.layer_codecs.size() != static_cast<size_t>(c.n_layers)) {
+        bad_config("layer_codecs has " + std::to_string(c.layer_codecs.size()) +
+                   " entries; it must be empty or have one per layer (" + std::to_string(c.n_layers) + ")");
+    }
     if (c.threads < 1 || c.threads > 256) bad_config("threads must be in 1..256, got " + std::to_string(c.threads));
     if (c.center_keys && c.seal != SealPolicy::on_block_full) {
         bad_config("center_keys needs seal = SealPolicy::on_block_full (a block's key mean is known only "
@@ -67,49 +71,92 @@ CacheConfig checked_fields(CacheConfig c) {
 }  // namespace
 
 CacheConfig validate_config(CacheConfig c) {
-    c = checked_fields(std::move(c));
-    // The codecs' names and parameters, and whether they take head_dim (UnknownCodec, BadParams, BadHeadDim).
-    (void)Codec::make(c.key_codec, c.head_dim, c.seed);
-    (void)Codec::make(c.value_codec, c.head_dim, c.seed);
-    return c;
+    // Every field, the codecs' names and parameters and whether they take head_dim (UnknownCodec,
+    // BadParams, BadHeadDim), and the pool's limits against the blocks allocated up front: what the
+    // constructor checks, without allocating a block.
+    return detail::CacheImpl(c, false).cfg;
 }
 
-detail::CacheImpl::CacheImpl(const CacheConfig& config)
+namespace {
+
+// The block layout of one pair of codecs: each kv head's key rows, the value rows from a 64-byte aligned
+// offset, then (centered keys) each kv head's fp16 key means. Returns the block's bytes.
+size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, detail::BlockLayout& layout) {
+    const size_t h = static_cast<size_t>(c.n_kv_heads), d = static_cast<size_t>(c.head_dim);
+    const size_t bt = static_cast<size_t>(c.block_tokens);
+    layout.block_tokens = c.block_tokens;
+    layout.k_offset = 0;
+    layout.k_head_stride = bt * key.row_bytes();
+    layout.v_offset = align_up(h * layout.k_head_stride, detail::BlockPool::kAlignment);
+    layout.v_head_stride = bt * value.row_bytes();
+    size_t bytes = layout.v_offset + h * layout.v_head_stride;
+    if (c.center_keys) {
+        layout.mean_offset = align_up(bytes, detail::BlockPool::kAlignment);
+        bytes = layout.mean_offset + h * d * sizeof(uint16_t);
+    }
+    return bytes;  // the pool rounds it up to its alignment
+}
+
+}  // namespace
+
+detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     : cfg(checked_fields(config)),  // with the codecs made below: validate_config's rules, codecs made once
       key(Codec::make(cfg.key_codec, cfg.head_dim, cfg.seed)),
       value(Codec::make(cfg.value_codec, cfg.head_dim, cfg.seed)),
       exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)) {
-    store_nonfinite_k = key.info().plain;
-    store_nonfinite_v = value.info().plain;
-    key_limit = key.input_limit();
-    value_limit = value.input_limit();
-    // Centering stores each block's key mean as fp16 and quantizes k - mean, which can be twice as
-    // large as the largest key.
-    if (cfg.center_keys) key_limit.max_abs = std::min(key_limit.max_abs / 2, 65504.0f);
-    // fp16 staging holds |x| up to 65504 (a limit on the norm implies it on every value).
-    if (cfg.staging == StagingType::f16 && cfg.seal == SealPolicy::on_block_full) {
-        key_limit.max_abs = std::min(key_limit.max_abs, 65504.0f);
-        value_limit.max_abs = std::min(value_limit.max_abs, 65504.0f);
-    }
-    const size_t h = static_cast<size_t>(cfg.n_kv_heads), d = static_cast<size_t>(cfg.head_dim);
-    layout.block_tokens = cfg.block_tokens;
-    layout.k_offset = 0;
-    layout.k_head_stride = bt() * key.row_bytes();
-    layout.v_offset = align_up(h * layout.k_head_stride, detail::BlockPool::kAlignment);
-    layout.v_head_stride = bt() * value.row_bytes();
-    size_t bytes = layout.v_offset + h * layout.v_head_stride;
-    if (cfg.center_keys) {
-        layout.mean_offset = align_up(bytes, detail::BlockPool::kAlignment);
-        bytes = layout.mean_offset + h * d * sizeof(uint16_t);
-    }
+    const size_t h = static_cast<size_t>(cfg.n_kv_heads);
     staging_layout.block_tokens = cfg.block_tokens;
     staging_layout.k_offset = 0;
     staging_layout.k_head_stride = bt() * exact.row_bytes();
     staging_layout.v_offset = h * staging_layout.k_head_stride;
     staging_layout.v_head_stride = staging_layout.k_head_stride;
     staging_layer_bytes = 2 * h * staging_layout.k_head_stride;
-    staging_units = (staging_layer_bytes + bytes - 1) / bytes;
-    pool = std::make_unique<detail::BlockPool>(bytes, cfg.max_blocks, cfg.initial_blocks, cfg.grow_blocks);
+
+    // The layers' kinds: one per distinct pair of codec names, in the order of their first layer.
+    std::vector<size_t> class_bytes, layers_of;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        const LayerCodecs own = cfg.layer_codecs.empty() ? LayerCodecs{} : cfg.layer_codecs[l];
+        Codec k = own.key.empty() ? key : Codec::make(own.key, cfg.head_dim, cfg.seed);
+        Codec v = own.value.empty() ? value : Codec::make(own.value, cfg.head_dim, cfg.seed);
+        size_t found = 0;
+        while (found < kinds.size() && (kinds[found].key.name() != k.name() || kinds[found].value.name() != v.name())) ++found;
+        kind_of.push_back(found);
+        if (found < kinds.size()) {
+            ++layers_of[found];
+            continue;
+        }
+        LayerKind& kd = kinds.emplace_back(LayerKind{std::move(k), std::move(v), false, false, {}, {}, {}, 0});
+        layers_of.push_back(1);
+        kd.store_nonfinite_k = kd.key.info().plain;
+        kd.store_nonfinite_v = kd.value.info().plain;
+        kd.key_limit = kd.key.input_limit();
+        kd.value_limit = kd.value.input_limit();
+        // Centering stores each block's key mean as fp16 and quantizes k - mean, which can be twice as
+        // large as the largest key.
+        if (cfg.center_keys) kd.key_limit.max_abs = std::min(kd.key_limit.max_abs / 2, 65504.0f);
+        // fp16 staging holds |x| up to 65504 (a limit on the norm implies it on every value).
+        if (cfg.staging == StagingType::f16 && cfg.seal == SealPolicy::on_block_full) {
+            kd.key_limit.max_abs = std::min(kd.key_limit.max_abs, 65504.0f);
+            kd.value_limit.max_abs = std::min(kd.value_limit.max_abs, 65504.0f);
+        }
+        const size_t bytes = block_layout(cfg, kd.key, kd.value, kd.layout);
+        class_bytes.push_back(bytes);
+        kd.staging_units = (staging_layer_bytes + bytes - 1) / bytes;
+    }
+    if (kinds.size() > UINT16_MAX) bad_config("more than 65535 distinct pairs of layer codecs");
+    // initial_blocks, shared among the kinds in proportion to their layers (the remainder to kind 0).
+    std::vector<size_t> initial(kinds.size(), 0);
+    size_t given = 0;
+    for (size_t k = 1; k < kinds.size(); ++k) given += initial[k] = cfg.initial_blocks * layers_of[k] / cfg.n_layers;
+    initial[0] = cfg.initial_blocks - given;
+    size_t initial_bytes = 0;
+    for (size_t k = 0; k < kinds.size(); ++k) initial_bytes += initial[k] * class_bytes[k];
+    if (cfg.max_bytes != 0 && initial_bytes > cfg.max_bytes) {
+        bad_config("initial_blocks (" + std::to_string(cfg.initial_blocks) + " blocks, " + std::to_string(initial_bytes) +
+                   " bytes) exceed max_bytes (" + std::to_string(cfg.max_bytes) + ")");
+    }
+    if (!allocate) std::fill(initial.begin(), initial.end(), 0);
+    pool = std::make_unique<detail::BlockPool>(class_bytes, cfg.max_blocks, cfg.max_bytes, initial, cfg.grow_blocks);
     if (cfg.executor) {
         runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { ex(n, task); };
     } else if (cfg.threads > 1) {
@@ -138,6 +185,7 @@ std::string detail::CacheImpl::dump() const {
     const PoolStats ps = pool->stats();
     os << "KVCache: " << cfg.n_layers << " layer(s), " << cfg.n_heads << " query / " << cfg.n_kv_heads
        << " kv heads, head_dim " << cfg.head_dim << ", keys " << key.name() << ", values " << value.name() << ", "
+       << (kinds.size() > 1 ? std::to_string(kinds.size()) + " kinds of layer codecs, " : std::string())
        << cfg.block_tokens << " tokens/block, seal "
        << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
        << "\npool: " << ps.blocks_used << " of " << ps.blocks_total << " blocks used (" << ps.blocks_shared
@@ -173,6 +221,14 @@ KVCache& KVCache::operator=(KVCache&&) noexcept = default;
 const CacheConfig& KVCache::config() const { return impl_->cfg; }
 const Codec& KVCache::key_codec() const { return impl_->key; }
 const Codec& KVCache::value_codec() const { return impl_->value; }
+const Codec& KVCache::key_codec(int layer) const {
+    impl_->check_layer("key_codec", layer);
+    return impl_->kind(layer).key;
+}
+const Codec& KVCache::value_codec(int layer) const {
+    impl_->check_layer("value_codec", layer);
+    return impl_->kind(layer).value;
+}
 
 size_t detail::CacheImpl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
 
@@ -230,17 +286,25 @@ bool KVCache::contains(SequenceId seq) const {
 }
 
 size_t KVCache::bytes_used() const {
-    return impl_->pool->blocks_used() * impl_->pool->block_bytes() + impl_->staging_bytes.load() +
+    return impl_->pool->bytes_in_use() + impl_->staging_bytes.load() +
            impl_->metadata_bytes.load();
 }
 
 size_t KVCache::metadata_bytes() const { return impl_->metadata_bytes.load(); }
 
 double KVCache::bytes_per_token() const {
+    double total = 0;
+    for (int l = 0; l < impl_->cfg.n_layers; ++l) total += bytes_per_token(l);
+    return total;
+}
+
+double KVCache::bytes_per_token(int layer) const {
+    impl_->check_layer("bytes_per_token", layer);
     const auto& c = impl_->cfg;
-    double per_head = static_cast<double>(impl_->key.row_bytes() + impl_->value.row_bytes());
+    const detail::LayerKind& k = impl_->kind(layer);
+    double per_head = static_cast<double>(k.key.row_bytes() + k.value.row_bytes());
     if (c.center_keys) per_head += static_cast<double>(c.head_dim * sizeof(uint16_t)) / c.block_tokens;
-    return per_head * c.n_kv_heads * c.n_layers;
+    return per_head * c.n_kv_heads;
 }
 
 PoolStats KVCache::pool_stats() const { return impl_->pool->stats(); }

@@ -12,7 +12,23 @@ struct kvq_cache {
     kvq::KVCache cache;
     kvq_codec key;
     kvq_codec value;
+    std::vector<kvq_codec> layer_keys, layer_values;  // by layer
 };
+
+namespace {
+
+kvq_cache* wrap(kvq::KVCache made) {
+    kvq_codec key{made.key_codec()};
+    kvq_codec value{made.value_codec()};
+    std::vector<kvq_codec> keys, values;
+    for (int l = 0; l < made.config().n_layers; ++l) {
+        keys.push_back({made.key_codec(l)});
+        values.push_back({made.value_codec(l)});
+    }
+    return new kvq_cache{std::move(made), std::move(key), std::move(value), std::move(keys), std::move(values)};
+}
+
+}  // namespace
 
 namespace kvq::capi {
 namespace {
@@ -22,9 +38,11 @@ constexpr size_t kParamsSizeV1 = offsetof(kvq_cache_params, seed) + sizeof(uint6
 constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 144 && offsetof(kvq_cache_params, seed) == 112 &&
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 176 && offsetof(kvq_cache_params, seed) == 112 &&
                                      offsetof(kvq_cache_params, executor) == 120 &&
-                                     offsetof(kvq_cache_params, staging) == 136),
+                                     offsetof(kvq_cache_params, staging) == 136 &&
+                                     offsetof(kvq_cache_params, layer_key_codecs) == 144 &&
+                                     offsetof(kvq_cache_params, max_bytes) == 168),
               "kvq_cache_params has implicit padding");
 
 std::string text(const char* function, const std::string& what) { return std::string(function) + ": " + what; }
@@ -75,6 +93,16 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     if (!p.key_codec || !p.value_codec) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: key_codec or value_codec is NULL");
     }
+    if (p.n_layer_codecs != 0 && p.n_layer_codecs != static_cast<size_t>(std::max(p.n_layers, 0))) {
+        return bad_params("n_layer_codecs must be 0 or n_layers (" + std::to_string(p.n_layers) + "), got " +
+                          std::to_string(p.n_layer_codecs));
+    }
+    for (size_t l = 0; l < p.n_layer_codecs; ++l) {
+        const char* k = p.layer_key_codecs ? p.layer_key_codecs[l] : nullptr;
+        const char* v = p.layer_value_codecs ? p.layer_value_codecs[l] : nullptr;
+        cfg.layer_codecs.push_back({k ? k : "", v ? v : ""});
+    }
+    cfg.max_bytes = p.max_bytes;
 
     cfg.n_layers = p.n_layers;
     cfg.n_kv_heads = p.n_kv_heads;
@@ -152,10 +180,7 @@ kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache) {
         kvq::CacheConfig cfg;
         KVQ_TRY(kvq::capi::to_config(p, cfg));
         // The constructor checks what validate_config does: BadParams, BadHeadDim, UnknownCodec (guarded).
-        kvq::KVCache made(cfg);
-        kvq_codec key{made.key_codec()};
-        kvq_codec value{made.value_codec()};
-        *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};
+        *cache = wrap(kvq::KVCache(cfg));
         return KVQ_OK;
     });
 }
@@ -164,6 +189,14 @@ void kvq_cache_destroy(kvq_cache* cache) { delete cache; }
 
 const kvq_codec* kvq_cache_key_codec(const kvq_cache* cache) { return cache ? &cache->key : nullptr; }
 const kvq_codec* kvq_cache_value_codec(const kvq_cache* cache) { return cache ? &cache->value : nullptr; }
+
+const kvq_codec* kvq_cache_layer_key_codec(const kvq_cache* cache, int32_t layer) {
+    return cache && layer >= 0 && static_cast<size_t>(layer) < cache->layer_keys.size() ? &cache->layer_keys[layer] : nullptr;
+}
+
+const kvq_codec* kvq_cache_layer_value_codec(const kvq_cache* cache, int32_t layer) {
+    return cache && layer >= 0 && static_cast<size_t>(layer) < cache->layer_values.size() ? &cache->layer_values[layer] : nullptr;
+}
 
 kvq_status kvq_cache_add_sequence(kvq_cache* cache, int64_t* seq) {
     return guarded([&] {
@@ -286,19 +319,21 @@ kvq_status kvq_cache_save(const kvq_cache* cache, const char* path, int64_t seq)
 kvq_status kvq_cache_load(const char* path, kvq_cache** cache) { return kvq_cache_load_limited(path, 0, 1, cache); }
 
 kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, int32_t threads, kvq_cache** cache) {
+    return kvq_cache_load_bounded(path, max_blocks, 0, threads, cache);
+}
+
+kvq_status kvq_cache_load_bounded(const char* path, size_t max_blocks, size_t max_bytes, int32_t threads, kvq_cache** cache) {
     return guarded([&] {
         KVQ_REQUIRE(path && cache, "kvq_cache_load", "NULL argument");
         if (threads < 1 || threads > 256) {
-            return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_load_limited: threads must be in 1..256, got " +
+            return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_load: threads must be in 1..256, got " +
                                                       std::to_string(threads));
         }
         kvq::LoadOptions options;
         options.max_blocks = max_blocks;
+        options.max_bytes = max_bytes;
         options.threads = threads;
-        kvq::KVCache made = kvq::KVCache::load(path, options);
-        kvq_codec key{made.key_codec()};
-        kvq_codec value{made.value_codec()};
-        *cache = new kvq_cache{std::move(made), std::move(key), std::move(value)};
+        *cache = wrap(kvq::KVCache::load(path, options));
         return KVQ_OK;
     });
 }
@@ -340,6 +375,10 @@ kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats) {
         from.blocks_shared = s.blocks_shared;
         from.blocks_reserved = s.blocks_reserved;
         from.max_blocks = s.max_blocks;
+        from.bytes_total = s.bytes_total;
+        from.bytes_used = s.bytes_used;
+        from.bytes_reserved = s.bytes_reserved;
+        from.max_bytes = s.max_bytes;
         return kvq::capi::write_versioned(from, kvq::capi::kPoolStatsSizeV1, stats);
     });
 }

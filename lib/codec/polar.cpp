@@ -95,7 +95,8 @@ public:
     void prepare_queries(const float* q, int n_q, uint8_t* prep) const override {
         const size_t n1 = size_t(1) << l_.bits[0];
         const int whole = d_ / kPolarBatch * kPolarBatch;
-        std::vector<float> rq(d_);
+        thread_local std::vector<float> rq;  // grown once per thread: the decode path allocates nothing
+        rq.resize(d_);
         for (int i = 0; i < n_q; ++i) {
             rot_.apply(q + size_t(i) * d_, rq.data());
             float* p = reinterpret_cast<float*>(prep + i * query_bytes());

@@ -41,7 +41,8 @@ public:
         for (size_t r = 0; r < n_rows; ++r) rot_.apply_inverse(y + r * head_dim(), y + r * head_dim());
     }
     void prepare_queries(const float* q, int n_q, uint8_t* prep) const override {
-        std::vector<float> tmp(static_cast<size_t>(n_q) * head_dim());
+        thread_local std::vector<float> tmp;  // grown once per thread: the decode path allocates nothing
+        tmp.resize(static_cast<size_t>(n_q) * head_dim());
         for (int i = 0; i < n_q; ++i) rot_.apply(q + i * head_dim(), tmp.data() + i * head_dim());
         inner_->prepare_queries(tmp.data(), n_q, prep);
     }

@@ -27,7 +27,7 @@ void check_codec_name(std::string_view spec, std::string_view pair) {
 }  // namespace
 
 std::string KVFormat::key_label() const { return key_codec + (center_keys ? std::string(kCenter) : ""); }
-std::string KVFormat::label() const { return key_label() + "/" + value_codec; }
+std::string KVFormat::label() const { return key_label() + "/" + value_codec + (window ? "|" + window->label() : ""); }
 
 double KVFormat::key_bits(int head_dim, int block_tokens) const {
     if (channel_bits) return channel_bits + 32.0 / block_tokens;  // fp16 min and step per channel per block
@@ -38,6 +38,14 @@ double KVFormat::key_bits(int head_dim, int block_tokens) const {
 double KVFormat::value_bits(int head_dim) const { return Codec::make(value_codec, head_dim).bits_per_value(); }
 
 KVFormat KVFormat::parse(std::string_view spec) {
+    if (const size_t bar = spec.find('|'); bar != std::string_view::npos) {
+        if (spec.find('|', bar + 1) != std::string_view::npos) {
+            throw std::invalid_argument("K/V pair '" + std::string(spec) + "': at most one '|' (full-attention layers | sliding-window layers)");
+        }
+        KVFormat f = parse(spec.substr(0, bar));
+        f.window = std::make_shared<const KVFormat>(parse(spec.substr(bar + 1)));
+        return f;
+    }
     const size_t slash = spec.find('/');
     if (slash == std::string_view::npos || spec.find('/', slash + 1) != std::string_view::npos || slash == 0 ||
         slash + 1 == spec.size()) {

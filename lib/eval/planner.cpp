@@ -148,18 +148,33 @@ ModelShape load_model(std::string_view name_or_path) {
 
 double kv_bytes_per_token(const ModelShape& model, const KVFormat& format, int block_tokens) {
     model.validate();
-    return layer_bytes_per_token(model, format, block_tokens) * model.n_layers;
+    double bytes = 0;
+    for (int l = 0; l < model.n_layers; ++l) bytes += layer_bytes_per_token(model, format.on_layer(model.window(l) > 0), block_tokens);
+    return bytes;
 }
 
 double kv_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch, int block_tokens) {
     model.validate();
-    const double per_layer = layer_bytes_per_token(model, format, block_tokens);
-    double tokens = 0;
+    double bytes = 0;
     for (int l = 0; l < model.n_layers; ++l) {
         const int w = model.window(l);
-        tokens += static_cast<double>(w > 0 ? std::min(context, size_t(w)) : context);
+        const double tokens = static_cast<double>(w > 0 ? std::min(context, size_t(w)) : context);
+        bytes += layer_bytes_per_token(model, format.on_layer(w > 0), block_tokens) * tokens;
     }
-    return per_layer * tokens * static_cast<double>(batch);
+    return bytes * static_cast<double>(batch);
+}
+
+double mean_key_bits(const ModelShape& model, const KVFormat& format, int block_tokens) {
+    double bits = 0;
+    for (int l = 0; l < model.n_layers; ++l) bits += format.on_layer(model.window(l) > 0).key_bits(model.key_row_dim(), block_tokens);
+    return bits / model.n_layers;
+}
+
+double mean_value_bits(const ModelShape& model, const KVFormat& format) {
+    if (model.is_mla()) return 0.0;
+    double bits = 0;
+    for (int l = 0; l < model.n_layers; ++l) bits += format.on_layer(model.window(l) > 0).value_bits(model.value_row_dim());
+    return bits / model.n_layers;
 }
 
 double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch, int block_tokens,
@@ -175,8 +190,33 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
     cfg.value_codec = format.value_codec;
     cfg.center_keys = format.center_keys;
     cfg.block_tokens = block_tokens;
-    const KVCache probe(cfg);  // its block size, with the layout's padding
-    const double block = static_cast<double>(probe.pool_stats().block_bytes);
+    cfg.sliding_window = model.sliding_window;
+    if (format.window) {
+        if (format.window->center_keys != format.center_keys) {
+            throw std::invalid_argument("'" + format.label() + "': a KVCache centers the keys of every layer or of none");
+        }
+        for (int l = 0; l < model.n_layers; ++l) {
+            const KVFormat& f = format.on_layer(model.window(l) > 0);
+            cfg.layer_codecs.push_back({f.key_codec, f.value_codec});
+        }
+    }
+    // One single-layer cache per layer's codecs: its block size, with the layout's padding.
+    const auto block_of = [&](int layer) {
+        CacheConfig one = cfg;
+        one.n_layers = 1;
+        one.sliding_window.clear();
+        one.layer_codecs.clear();
+        if (!cfg.layer_codecs.empty()) one.key_codec = cfg.layer_codecs[layer].key, one.value_codec = cfg.layer_codecs[layer].value;
+        return static_cast<double>(KVCache(one).pool_stats().block_bytes);
+    };
+    const double block_full = block_of(0);
+    double block_window = block_full;
+    for (int l = 0; l < model.n_layers; ++l) {
+        if (model.window(l) > 0) {
+            block_window = block_of(l);
+            break;
+        }
+    }
     const double value_bytes = staging_type == StagingType::f16 ? 2.0 : 4.0;
     const double staging = 2.0 * cfg.n_kv_heads * block_tokens * cfg.head_dim * value_bytes;
     const size_t bt = static_cast<size_t>(block_tokens), n = context;
@@ -187,6 +227,7 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
         const size_t w = static_cast<size_t>(model.window(l)), pool_end = n / bt * bt;
         const size_t before = w && n > w ? (n - w) / bt : 0;
         const size_t keep_from = before > 1 ? (before - 1) * bt : 0;
+        const double block = w ? block_window : block_full;
         per_sequence += static_cast<double>((pool_end - std::min(keep_from, pool_end)) / bt) * block + staging;
     }
     return per_sequence * static_cast<double>(batch);
@@ -197,7 +238,7 @@ std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<K
     if (o.block_tokens <= 0 || o.context == 0 || o.batch == 0) {
         throw std::invalid_argument("plan: context, batch and block_tokens must be positive");
     }
-    const KVFormat fp16{"f16", "f16", false};
+    const KVFormat fp16 = KVFormat::parse("f16/f16");
     const double fp16_token = kv_bytes_per_token(model, fp16, o.block_tokens);
     const double fp16_total = kv_bytes(model, fp16, o.context, o.batch, o.block_tokens);
     std::vector<MemoryPlan> rows;
@@ -207,8 +248,8 @@ std::vector<MemoryPlan> plan_memory(const ModelShape& model, const std::vector<K
         r.fp16_bytes_per_token = fp16_token;
         r.fp16_bytes_total = fp16_total;
         try {
-            r.key_bits = f.key_bits(model.key_row_dim(), o.block_tokens);
-            r.value_bits = model.is_mla() ? 0.0 : f.value_bits(model.value_row_dim());
+            r.key_bits = mean_key_bits(model, f, o.block_tokens);
+            r.value_bits = mean_value_bits(model, f);
             r.bytes_per_token = kv_bytes_per_token(model, f, o.block_tokens);
             r.bytes_total = kv_bytes(model, f, o.context, o.batch, o.block_tokens);
             r.compression = r.bytes_total > 0 ? fp16_total / r.bytes_total : 0.0;

@@ -2,36 +2,86 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <stdexcept>
 #include <string>
 
+#include "attention/decode_attention.hpp"
+#include "codec/centering.hpp"
 #include "spec/half.hpp"
 
 namespace kvq::detail {
+namespace {
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// Rows first..n_rows−1 of the keys and values as one row source of the decode engine; key_blocks and
+// value_blocks receive the blocks' addresses (the source refers to them).
+RowSource row_source(const Codec& keys, const QuantizedKeys& k, const Codec& values, const std::vector<uint8_t>& v,
+                     size_t first, size_t n_rows, std::vector<uint8_t*>& key_blocks, std::vector<uint8_t*>& value_blocks) {
+    const size_t bt = static_cast<size_t>(k.block_tokens), b0 = first / bt, b1 = (n_rows + bt - 1) / bt;
+    key_blocks.clear();
+    value_blocks.clear();
+    for (size_t b = b0; b < b1; ++b) {  // the engine reads through these pointers only
+        key_blocks.push_back(const_cast<uint8_t*>(k.rows.data() + b * k.block_bytes));
+        value_blocks.push_back(const_cast<uint8_t*>(v.data() + b * bt * values.row_bytes()));
+    }
+    RowSource src;
+    src.key = &impl_of(keys);
+    src.value = &impl_of(values);
+    src.layout.block_tokens = k.block_tokens;
+    if (k.centered) src.layout.mean_offset = k.mean_offset;
+    src.blocks = key_blocks;
+    src.value_blocks = value_blocks;
+    src.first_row = first - b0 * bt;
+    src.end_row = n_rows - (b1 - 1) * bt;
+    return src;
+}
+
+// Per-channel keys' scores: per block, q·min once, then the codes against q scaled channel by channel by
+// the steps (unscaled; n = n_rows − first per query).
+void channel_scores(const QuantizedKeys& k, const float* q, int n_q, size_t d, size_t first, size_t n_rows, float* scores) {
+    const size_t bt = k.block_tokens, n = n_rows - first;
+    std::vector<float> qs(d);
+    for (int i = 0; i < n_q; ++i) {
+        for (size_t start = first; start < n_rows;) {
+            const size_t block = start / bt, end = std::min(n_rows, (block + 1) * bt);
+            const float* mn = k.mins.data() + block * d;
+            const float* st = k.steps.data() + block * d;
+            float base = 0;
+            for (size_t j = 0; j < d; ++j) base += q[i * d + j] * mn[j], qs[j] = q[i * d + j] * st[j];
+            for (size_t r = start; r < end; ++r) {
+                const uint8_t* code = k.rows.data() + r * d;
+                float dot = 0;
+                for (size_t j = 0; j < d; ++j) dot += qs[j] * static_cast<float>(code[j]);
+                scores[i * n + (r - first)] = base + dot;
+            }
+            start = end;
+        }
+    }
+}
+
+}  // namespace
 
 QuantizedKeys quantize_keys(const Codec& codec, const float* k, size_t n_rows, bool center, int block_tokens) {
-    const size_t d = codec.head_dim();
+    const size_t d = codec.head_dim(), bt = static_cast<size_t>(block_tokens);
     QuantizedKeys out;
-    out.rows.resize(n_rows * codec.row_bytes());
-    if (!center) {
-        codec.quantize_rows(k, n_rows, out.rows.data());
-        return out;
-    }
     out.block_tokens = block_tokens;
-    const size_t n_blocks = (n_rows + block_tokens - 1) / block_tokens;
-    out.means.assign(n_blocks * d, 0.0f);
-    std::vector<float> residual(size_t(block_tokens) * d);
+    out.centered = center;
+    out.mean_offset = round_up(bt * codec.row_bytes(), 64);
+    out.block_bytes = center ? round_up(out.mean_offset + d * sizeof(uint16_t), 64) : bt * codec.row_bytes();
+    const size_t n_blocks = (n_rows + bt - 1) / bt;
+    out.rows.resize(n_blocks * out.block_bytes);
+    std::vector<float> centered(center ? bt * d : 0);
     for (size_t b = 0; b < n_blocks; ++b) {
-        const size_t first = b * block_tokens, n = std::min<size_t>(block_tokens, n_rows - first);
-        float* mean = out.means.data() + b * d;
-        for (size_t j = 0; j < d; ++j) {
-            double s = 0;
-            for (size_t r = 0; r < n; ++r) s += k[(first + r) * d + j];
-            mean[j] = f16_to_f32(f32_to_f16(static_cast<float>(s / n)));  // stored as fp16 with the block
+        const size_t first = b * bt, n = std::min(bt, n_rows - first);
+        uint8_t* block = out.rows.data() + b * out.block_bytes;
+        const float* rows = k + first * d;
+        if (center) {  // as the cache seals a block (a partial last block: the mean of its rows)
+            center_block(rows, d, n, static_cast<int>(d), reinterpret_cast<uint16_t*>(block + out.mean_offset), centered.data());
+            rows = centered.data();
         }
-        for (size_t r = 0; r < n; ++r)
-            for (size_t j = 0; j < d; ++j) residual[r * d + j] = k[(first + r) * d + j] - mean[j];
-        codec.quantize_rows(residual.data(), n, out.rows.data() + first * codec.row_bytes());
+        codec.quantize_rows(rows, n, block);
     }
     return out;
 }
@@ -87,54 +137,27 @@ void softmax_rows(float* s, int n_q, size_t n, size_t stride) {
 }
 
 void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values, const std::vector<uint8_t>& v,
-                         const float* q, int n_q, size_t first, size_t n_rows, float scale, std::vector<uint8_t>& prep,
-                         float* scores, float* weights, float* out) {
-    const size_t d = keys.head_dim(), n = n_rows - first;
+                         const float* q, int n_q, size_t first, size_t n_rows, float scale, float* scores, float* weights,
+                         float* out) {
+    const size_t d = keys.head_dim(), n = n_rows - first, total = size_t(n_q) * n;
     if (k.channel_bits) {
-        // Per block: q·min once, then the codes against q scaled channel by channel by the steps.
-        const size_t bt = k.block_tokens;
-        std::vector<float> qs(d);
-        for (int i = 0; i < n_q; ++i) {
-            for (size_t start = first; start < n_rows;) {
-                const size_t block = start / bt, end = std::min(n_rows, (block + 1) * bt);
-                const float* mn = k.mins.data() + block * d;
-                const float* st = k.steps.data() + block * d;
-                float base = 0;
-                for (size_t j = 0; j < d; ++j) base += q[i * d + j] * mn[j], qs[j] = q[i * d + j] * st[j];
-                for (size_t r = start; r < end; ++r) {
-                    const uint8_t* code = k.rows.data() + r * d;
-                    float dot = 0;
-                    for (size_t j = 0; j < d; ++j) dot += qs[j] * static_cast<float>(code[j]);
-                    scores[i * n + (r - first)] = base + dot;
-                }
-                start = end;
-            }
-        }
-    } else {
-        prep.resize(size_t(n_q) * keys.query_bytes());
-        keys.prepare_queries(q, n_q, prep.data());
-        keys.score_rows(prep.data(), n_q, k.rows.data() + first * keys.row_bytes(), n, scores, n);
+        // The decode engine cannot hold per-channel keys (its key codecs code rows; here a block's rows share
+        // one minimum and step per channel): their path stays this loop of its own.
+        channel_scores(k, q, n_q, d, first, n_rows, scores);
+        for (size_t i = 0; i < total; ++i) weights[i] = scores[i] *= scale;
+        softmax_rows(weights, n_q, n, n);
+        std::fill(out, out + size_t(n_q) * d, 0.0f);
+        values.accumulate_rows(weights, n, n_q, v.data() + first * values.row_bytes(), n, out);
+        values.finish_accumulate(out, n_q);
+        return;
     }
-    if (!k.means.empty()) {
-        // The score of a centered key adds q·mean of its block back (one dot product per block).
-        const size_t bt = k.block_tokens;
-        for (int i = 0; i < n_q; ++i) {
-            for (size_t start = first; start < n_rows;) {
-                const size_t block = start / bt, end = std::min(n_rows, (block + 1) * bt);
-                const float* mean = k.means.data() + block * d;
-                float dot = 0;
-                for (size_t j = 0; j < d; ++j) dot += q[i * d + j] * mean[j];
-                for (size_t r = start; r < end; ++r) scores[i * n + (r - first)] += dot;
-                start = end;
-            }
-        }
-    }
-    const size_t total = size_t(n_q) * n;
-    for (size_t i = 0; i < total; ++i) weights[i] = scores[i] *= scale;
+    std::vector<uint8_t*> key_blocks, value_blocks;
+    const RowSource src = row_source(keys, k, values, v, first, n_rows, key_blocks, value_blocks);
+    const AttentionShape shape{n_q, 1, static_cast<int>(d), scale, 0.0f};
+    attention_scores(shape, src, q, scores);
+    decode_attention(shape, std::span<const RowSource>(&src, 1), q, out, nullptr, 1);
+    std::copy(scores, scores + total, weights);
     softmax_rows(weights, n_q, n, n);
-    std::fill(out, out + size_t(n_q) * d, 0.0f);
-    values.accumulate_rows(weights, n, n_q, v.data() + first * values.row_bytes(), n, out);
-    values.finish_accumulate(out, n_q);
 }
 
 }  // namespace kvq::detail

@@ -1,6 +1,8 @@
-// Decode attention on quantized rows, shared by the sweep's error measurement and its timing: keys
-// (optionally centered per block, as the cache's center_keys does) scored by the key codec, values
-// accumulated by the value codec.
+// Decode attention on quantized rows for the sweep's error measurement: keys (optionally centered per
+// block, as the cache's center_keys does) and values laid out as row sources of the cache's decode engine
+// (lib/attention/decode_attention.hpp), which computes the output; its scoring step gives the scores.
+// Per-channel keys (chanB) are the exception: the engine has no codec for them (a block's keys share one
+// minimum and step per channel), so they keep a loop of their own here.
 #pragma once
 
 #include <cstddef>
@@ -12,9 +14,13 @@
 namespace kvq::detail {
 
 struct QuantizedKeys {
+    // Row-wise keys: blocks of block_tokens rows (the last may hold fewer), block b at rows + b·block_bytes,
+    // the key codec's rows first; centered keys have the block's head_dim fp16 means at mean_offset.
     std::vector<uint8_t> rows;
-    std::vector<float> means;  // n_blocks × head_dim fp16-rounded block means; empty when not centered
     int block_tokens = 0;
+    size_t block_bytes = 0;
+    bool centered = false;
+    size_t mean_offset = 0;
     // Per-channel keys (KVFormat::channel_bits): rows holds one code per value (n_rows × head_dim bytes),
     // mins and steps the fp16-rounded per-channel minimum and step of each block (n_blocks × head_dim).
     int channel_bits = 0;
@@ -32,12 +38,14 @@ std::vector<uint8_t> quantize_values(const Codec& codec, const float* v, size_t 
 // Row-wise softmax in place over n columns of rows `stride` floats apart.
 void softmax_rows(float* s, int n_q, size_t n, size_t stride);
 
-// Decode attention of n_q queries (q: n_q × head_dim) over rows first..n_rows−1 (first > 0: a sliding
-// window; centering blocks stay aligned to row 0, as in the cache); writes the scaled scores and weights
-// (n_q × (n_rows − first)) and out (n_q × head_dim). prep: scratch of n_q × query_bytes(). For per-channel
-// keys (k.channel_bits) the key codec is not used but for its head_dim.
+// Decode attention of n_q queries (q: n_q × head_dim, finite) over rows first..n_rows−1 (first > 0: a
+// sliding window; blocks stay aligned to row 0, as in the cache); writes the scaled scores and weights
+// (n_q × (n_rows − first)) and out (n_q × head_dim). Row-wise keys: the output is the decode engine's (one
+// thread), bit for bit what KVCache::attend gives on the same bytes; the weights are a plain softmax of
+// the scores (a measurement). For per-channel keys (k.channel_bits) the key codec is not used but for its
+// head_dim.
 void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values,
                          const std::vector<uint8_t>& v, const float* q, int n_q, size_t first, size_t n_rows,
-                         float scale, std::vector<uint8_t>& prep, float* scores, float* weights, float* out);
+                         float scale, float* scores, float* weights, float* out);
 
 }  // namespace kvq::detail

@@ -1,4 +1,4 @@
-// FP32 reference attention with Eigen, and attention on quantized rows through the codec operations.
+// FP32 reference attention with Eigen, and attention on quantized rows through the decode engine.
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
@@ -49,6 +49,9 @@ AttentionErrors attention_error(const float* q, int n_q, const float* k, const f
     if (value_codec.head_dim() != d) throw std::invalid_argument("attention_error: key and value head_dim differ");
     scale = default_scale(scale, d);
     const size_t nq = static_cast<size_t>(n_q);
+    if (!all_finite(q, nq * d) || !all_finite(k, n_rows * d) || !all_finite(v, n_rows * d)) {
+        throw std::invalid_argument("attention_error: q, k and v must be finite (no NaN or Inf)");
+    }
 
     std::vector<float> ref_scores(nq * n_rows), ref_w(nq * n_rows), ref_out(nq * d);
     const auto n = static_cast<Eigen::Index>(n_rows);
@@ -57,18 +60,11 @@ AttentionErrors attention_error(const float* q, int n_q, const float* k, const f
     detail::softmax_rows(ref_w.data(), n_q, n_rows, n_rows);
     Map(ref_out.data(), n_q, d).noalias() = Map(ref_w.data(), n_q, n) * ConstMap(v, n, d);
 
-    std::vector<uint8_t> kq(n_rows * key_codec.row_bytes()), vq(n_rows * value_codec.row_bytes());
-    key_codec.quantize_rows(k, n_rows, kq.data());
-    value_codec.quantize_rows(v, n_rows, vq.data());
-    std::vector<uint8_t> prep(nq * key_codec.query_bytes());
-    key_codec.prepare_queries(q, n_q, prep.data());
-    std::vector<float> scores(nq * n_rows), w(nq * n_rows), out(nq * d, 0.0f);
-    key_codec.score_rows(prep.data(), n_q, kq.data(), n_rows, scores.data(), n_rows);
-    for (float& s : scores) s *= scale;
-    w = scores;
-    detail::softmax_rows(w.data(), n_q, n_rows, n_rows);
-    value_codec.accumulate_rows(w.data(), n_rows, n_q, vq.data(), n_rows, out.data());
-    value_codec.finish_accumulate(out.data(), n_q);
+    // On the codes, as the tables and engines attend: the cache's decode engine (quantized_attention).
+    const detail::QuantizedKeys kq = detail::quantize_keys(key_codec, k, n_rows, false, 256);
+    const std::vector<uint8_t> vq = detail::quantize_values(value_codec, v, n_rows);
+    std::vector<float> scores(nq * n_rows), w(nq * n_rows), out(nq * d);
+    detail::quantized_attention(key_codec, kq, value_codec, vq, q, n_q, 0, n_rows, scale, scores.data(), w.data(), out.data());
     return compare_attention(ref_scores.data(), ref_w.data(), ref_out.data(), scores.data(), w.data(), out.data(),
                              n_q, n_rows, d, top_k);
 }

@@ -59,6 +59,15 @@ std::string join(const std::vector<std::string>& cells, const char* sep) {
 
 std::string markdown_row(const std::vector<std::string>& cells) { return "| " + join(cells, " | ") + " |\n"; }
 
+std::string escape_bar(const std::string& cell) {
+    std::string out;
+    for (char c : cell) {
+        if (c == '|') out += '\\';
+        out += c;
+    }
+    return out;
+}
+
 std::string model_json(const ModelShape& m) {
     std::string windows = "[";
     for (size_t i = 0; i < m.sliding_window.size(); ++i) {
@@ -77,11 +86,22 @@ const char* kSweepColumns[] = {"dataset", "layers", "key", "value", "key_centere
                                "score_rmse_worst", "topk_mean", "topk_worst", "output_err_mean", "output_err_worst",
                                "cosine_mean", "cosine_worst", "queries", "decode_seconds", "decode_vs_f16", "error"};
 
+// A field of a format, and of its sliding-window layers' format after '|' ("K/V|K2/V2" formats).
+template <class F>
+std::string both(const KVFormat& f, F&& field) {
+    return f.window ? field(f) + "|" + field(*f.window) : field(f);
+}
+std::string key_codecs(const KVFormat& f) { return both(f, [](const KVFormat& x) { return x.key_codec; }); }
+std::string value_codecs(const KVFormat& f) { return both(f, [](const KVFormat& x) { return x.value_codec; }); }
+std::string centered(const KVFormat& f) { return both(f, [](const KVFormat& x) { return std::string(x.center_keys ? "true" : "false"); }); }
+// Markdown cells: a '|' inside one is escaped.
+std::string key_cell(const KVFormat& f) { return both(f, [](const KVFormat& x) { return x.key_label(); }); }
+
 std::vector<std::string> sweep_values(const SweepRow& r) {
     const auto& e = r.errors;
     const bool ok = r.error.empty();
     auto v = [&](double x) { return ok ? num(x) : std::string("null"); };
-    return {r.dataset, r.layers, r.format.key_codec, r.format.value_codec, r.format.center_keys ? "true" : "false",
+    return {r.dataset, r.layers, key_codecs(r.format), value_codecs(r.format), centered(r.format),
             std::to_string(r.head_dim), v(r.key_bits), v(r.value_bits),
             r.bytes_per_token > 0 ? num(r.bytes_per_token) : "null", r.compression > 0 ? num(r.compression) : "null",
             v(e.kl.mean), v(e.kl.worst), v(e.score_rmse.mean), v(e.score_rmse.worst), v(e.topk.mean), v(e.topk.worst),
@@ -141,11 +161,11 @@ std::string format_sweep(const SweepResult& result, TableFormat format) {
         const std::string data = r.layers == "all" ? r.dataset : r.dataset + " [" + r.layers + "]";
         const std::string kib = r.bytes_per_token > 0 ? fixed(r.bytes_per_token / 1024, 1) : "—";
         if (!r.error.empty()) {
-            s += markdown_row({data, r.format.key_label(), r.format.value_codec, "—", "—", kib, times(r.compression),
+            s += markdown_row({data, escape_bar(key_cell(r.format)), escape_bar(value_codecs(r.format)), "—", "—", kib, times(r.compression),
                                "(" + r.error + ")", "", "", "", "", "", "", "", ""});
             continue;
         }
-        s += markdown_row({data, r.format.key_label(), r.format.value_codec, fixed(r.key_bits, 2), fixed(r.value_bits, 2), kib,
+        s += markdown_row({data, escape_bar(key_cell(r.format)), escape_bar(value_codecs(r.format)), fixed(r.key_bits, 2), fixed(r.value_bits, 2), kib,
                            times(r.compression), sci(e.kl.mean), sci(e.kl.worst), fixed(e.score_rmse.mean, 4),
                            fixed(e.score_rmse.worst, 4), fixed(e.topk.mean, 3), fixed(e.topk.worst, 3),
                            fixed(e.output_l2.mean, 4), fixed(e.output_l2.worst, 4), times(r.decode_vs_f16)});
@@ -172,7 +192,7 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
             std::to_string(o.batch) + ", \"block_tokens\": " + std::to_string(o.block_tokens) + ",\n \"rows\": [\n";
         for (size_t i = 0; i < rows.size(); ++i) {
             const auto& r = rows[i];
-            s += "  {\"key\": " + json_string(r.format.key_codec) + ", \"value\": " + json_string(r.format.value_codec) +
+            s += "  {\"key\": " + json_string(key_codecs(r.format)) + ", \"value\": " + json_string(value_codecs(r.format)) +
                  ", \"key_centered\": " + (r.format.center_keys ? "true" : "false") + ", \"supported\": " +
                  (r.supported ? "true" : "false") + ", \"key_bits\": " + num(r.key_bits) + ", \"value_bits\": " +
                  (m.is_mla() ? std::string("null") : num(r.value_bits)) + ", \"bytes_per_token\": " + num(r.bytes_per_token) + ", \"bytes_total\": " +
@@ -186,7 +206,7 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
         s = "model,key,value,key_centered,supported,key_bits,value_bits,bytes_per_token,bytes_total,fp16_bytes_per_token,"
             "fp16_bytes_total,compression_vs_f16,cache_bytes_total,context,batch,error\n";
         for (const auto& r : rows) {
-            s += join({csv_field(m.name), r.format.key_codec, r.format.value_codec, r.format.center_keys ? "true" : "false",
+            s += join({csv_field(m.name), key_codecs(r.format), value_codecs(r.format), r.format.center_keys ? "true" : "false",
                        r.supported ? "true" : "false", num(r.key_bits), m.is_mla() ? "" : num(r.value_bits), num(r.bytes_per_token),
                        num(r.bytes_total), num(r.fp16_bytes_per_token), num(r.fp16_bytes_total), num(r.compression),
                        num(r.cache_bytes_total), std::to_string(o.context), std::to_string(o.batch), csv_field(r.error)},
@@ -203,11 +223,11 @@ std::string format_plan(const ModelShape& m, const std::vector<MemoryPlan>& rows
     s += "|---|--:|--:|--:|--:|--:|--:|--:|--:|\n";
     for (const auto& r : rows) {
         if (!r.supported) {
-            s += markdown_row({r.format.label(), "—", "—", "—", human_bytes(r.fp16_bytes_per_token), "—", human_bytes(r.fp16_bytes_total),
+            s += markdown_row({escape_bar(r.format.label()), "—", "—", "—", human_bytes(r.fp16_bytes_per_token), "—", human_bytes(r.fp16_bytes_total),
                                "(" + r.error + ")", "—"});
             continue;
         }
-        s += markdown_row({r.format.label(), fixed(r.key_bits, 2), m.is_mla() ? "—" : fixed(r.value_bits, 2),
+        s += markdown_row({escape_bar(r.format.label()), fixed(r.key_bits, 2), m.is_mla() ? "—" : fixed(r.value_bits, 2),
                            human_bytes(r.bytes_per_token), human_bytes(r.fp16_bytes_per_token), human_bytes(r.bytes_total),
                            human_bytes(r.fp16_bytes_total), times(r.compression),
                            m.is_mla() ? "—" : human_bytes(r.cache_bytes_total)});

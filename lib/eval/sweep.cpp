@@ -65,7 +65,18 @@ Reference reference(const float* q, int n_q, const float* k, const float* v, siz
 struct Prepared {
     KVFormat format;
     std::optional<Codec> keys, values;
+    std::optional<Codec> window_keys, window_values;  // "K/V|K2/V2": the sliding-window layers' codecs
     std::string error;
+
+    // The format and codecs of a layer.
+    const KVFormat& format_of(bool windowed) const { return format.on_layer(windowed); }
+    const Codec& keys_of(bool windowed) const { return windowed && window_keys ? *window_keys : *keys; }
+    const Codec& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
+    // Whether a KVCache can hold the format: no chanB keys, and every layer's keys centered alike.
+    bool cache_holds() const {
+        return error.empty() && !format.channel_bits &&
+               (!format.window || (!format.window->channel_bits && format.window->center_keys == format.center_keys));
+    }
 };
 
 // Decode time is measured on the first layers only: the ratio to f16 does not need all of them, and one
@@ -88,6 +99,10 @@ std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepar
     c.threads = 1;
     c.seed = seed;
     if (!data.windows.empty()) c.sliding_window.assign(data.windows.begin(), data.windows.begin() + layers);
+    for (int l = 0; p.format.window && l < layers; ++l) {
+        const KVFormat& f = p.format_of(data.window(l) > 0);
+        c.layer_codecs.push_back({f.key_codec, f.value_codec});
+    }
     auto cache = std::make_unique<KVCache>(c);
     const SequenceId seq = cache->add_sequence();
     const size_t layer_floats = size_t(data.tokens) * data.kv_heads * data.head_dim;
@@ -149,7 +164,7 @@ private:
 };
 
 const KVFormat& f16_format() {
-    static const KVFormat f16{"f16", "f16", false};
+    static const KVFormat f16 = KVFormat::parse("f16/f16");
     return f16;
 }
 
@@ -157,11 +172,16 @@ const KVFormat& f16_format() {
 std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int head_dim, uint64_t seed) {
     std::vector<Prepared> prepared;
     for (const auto& f : formats) {
-        Prepared p{f, {}, {}, {}};
+        Prepared p;
+        p.format = f;
         try {
             // chanB keys are quantized by the sweep itself; the f32 codec only carries the head size.
             p.keys = Codec::make(f.channel_bits ? "f32" : f.key_codec, head_dim, seed);
             p.values = Codec::make(f.value_codec, head_dim, seed);
+            if (const KVFormat* w = f.window.get()) {
+                p.window_keys = Codec::make(w->channel_bits ? "f32" : w->key_codec, head_dim, seed);
+                p.window_values = Codec::make(w->value_codec, head_dim, seed);
+            }
         } catch (const std::invalid_argument& e) {
             p.error = e.what();
         }
@@ -179,7 +199,6 @@ struct FormatErrors {
 // Buffers of quantized attention, reused from one query to the next.
 struct Scratch {
     std::vector<float> scores, weights, out;
-    std::vector<uint8_t> prep;
 };
 
 // Every query of one kv head of one layer against the FP32 reference, in every format that was made.
@@ -198,29 +217,33 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
     }
     std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
     std::map<std::string, std::vector<uint8_t>> value_codes;
+    const bool windowed = d.window(l) > 0;
     for (size_t f = 0; f < prepared.size(); ++f) {
         const Prepared& p = prepared[f];
         if (!p.error.empty()) continue;
-        auto kc = key_codes.find(p.format.key_label());
+        const KVFormat& lf = p.format_of(windowed);  // this layer's pair
+        const Codec& keys = p.keys_of(windowed);
+        const Codec& values = p.values_of(windowed);
+        auto kc = key_codes.find(lf.key_label());
         if (kc == key_codes.end())
-            kc = key_codes.emplace(p.format.key_label(),
-                                   p.format.channel_bits
-                                       ? detail::quantize_channel_keys(k.data(), n_rows, dim, p.format.channel_bits, options.block_tokens)
-                                       : detail::quantize_keys(*p.keys, k.data(), n_rows, p.format.center_keys, options.block_tokens))
+            kc = key_codes.emplace(lf.key_label(),
+                                   lf.channel_bits
+                                       ? detail::quantize_channel_keys(k.data(), n_rows, dim, lf.channel_bits, options.block_tokens)
+                                       : detail::quantize_keys(keys, k.data(), n_rows, lf.center_keys, options.block_tokens))
                      .first;
-        auto vc = value_codes.find(p.format.value_codec);
-        if (vc == value_codes.end()) vc = value_codes.emplace(p.format.value_codec, detail::quantize_values(*p.values, v.data(), n_rows)).first;
+        auto vc = value_codes.find(lf.value_codec);
+        if (vc == value_codes.end()) vc = value_codes.emplace(lf.value_codec, detail::quantize_values(values, v.data(), n_rows)).first;
         for (int i = 0; i < d.n_queries(); ++i) {
             const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
             s.scores.resize(size_t(g) * (n - first));
             s.weights.resize(size_t(g) * (n - first));
-            detail::quantized_attention(*p.keys, kc->second, *p.values, vc->second, q[i].data(), g, first, n, scale,
-                                        s.prep, s.scores.data(), s.weights.data(), s.out.data());
+            detail::quantized_attention(keys, kc->second, values, vc->second, q[i].data(), g, first, n, scale,
+                                        s.scores.data(), s.weights.data(), s.out.data());
             const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
                                                         s.scores.data(), s.weights.data(), s.out.data(), g, n - first, dim,
                                                         options.top_k);
             errors[f].all.add(e);
-            (d.window(l) > 0 ? errors[f].window : errors[f].full).add(e);
+            (windowed ? errors[f].window : errors[f].full).add(e);
         }
     }
 }
@@ -250,11 +273,14 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
     std::vector<const Prepared*> timed;
     size_t baseline_index = SIZE_MAX;
     for (const auto& p : prepared) {
-        if (!p.error.empty() || p.format.channel_bits) continue;  // KVCache cannot hold chanB keys: not timed
+        if (!p.cache_holds()) continue;  // KVCache cannot hold chanB keys (or keys centered in some layers): not timed
         if (p.format.label() == f16_format().label()) baseline_index = timed.size();
         timed.push_back(&p);
     }
-    Prepared baseline{f16_format(), Codec::make("f16", d.head_dim, options.seed), Codec::make("f16", d.head_dim, options.seed), {}};
+    Prepared baseline;
+    baseline.format = f16_format();
+    baseline.keys = Codec::make("f16", d.head_dim, options.seed);
+    baseline.values = Codec::make("f16", d.head_dim, options.seed);
     if (baseline_index == SIZE_MAX) {
         baseline_index = timed.size();
         timed.push_back(&baseline);
@@ -262,7 +288,7 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
     const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens, options.seed);
     DecodeTimes times{std::vector<double>(prepared.size(), 0.0), t[baseline_index]};
     for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
-        if (prepared[f].error.empty() && !prepared[f].format.channel_bits) times.seconds[f] = t[j++];
+        if (prepared[f].cache_holds()) times.seconds[f] = t[j++];
     }
     return times;
 }
@@ -284,8 +310,11 @@ void add_rows(SweepResult& result, const KVData& d, const std::vector<Prepared>&
         row.head_dim = dim;
         row.error = p.error;
         if (p.error.empty()) {
-            row.key_bits = p.format.key_bits(dim, block_tokens);
-            row.value_bits = p.format.value_bits(dim);
+            // The mean over the data set's layers (a "K/V|K2/V2" format differs by layer).
+            for (int l = 0; l < d.layers; ++l) {
+                row.key_bits += p.format_of(d.window(l) > 0).key_bits(dim, block_tokens) / d.layers;
+                row.value_bits += p.format_of(d.window(l) > 0).value_bits(dim) / d.layers;
+            }
             row.errors = errors[f].all.result();
             row.decode_seconds = times.seconds[f];
             row.decode_vs_f16 = times.f16_seconds > 0 ? times.seconds[f] / times.f16_seconds : 0.0;
@@ -302,6 +331,10 @@ void add_rows(SweepResult& result, const KVData& d, const std::vector<Prepared>&
             full.errors = errors[f].full.result();
             window.layers = "window";
             window.errors = errors[f].window.result();
+            for (auto [r, windowed] : {std::pair{&full, false}, std::pair{&window, true}}) {
+                r->key_bits = p.format_of(windowed).key_bits(dim, block_tokens);
+                r->value_bits = p.format_of(windowed).value_bits(dim);
+            }
             result.rows.push_back(std::move(row));
             result.rows.push_back(std::move(full));
             result.rows.push_back(std::move(window));

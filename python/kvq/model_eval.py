@@ -10,7 +10,8 @@ token has at least ctx/2 tokens of context; llama-perplexity does the same). The
 on an f32/f32 kvq cache (``baseline="f32/f32"``, attention on float32 rows: the difference is the codecs
 alone) or on transformers' own cache and sdpa attention (``baseline="hf"``).
 
-``per_layer=True`` adds, for each pair and each layer, the KL when only that layer is quantized with the pair
+A pair "K/V|K2/V2" stores the sliding-window layers with K2/V2 and the others with K/V (as ``kvq table``
+and ``kvq plan`` read it). ``per_layer=True`` adds, for each pair and each layer, the KL when only that layer is quantized with the pair
 and every other layer is kept in f32 (``KVQCache(layer_codecs=...)``).
 
 Needs torch and transformers (``pip install '.[hf]' (distribution kvq-cache)``).
@@ -31,6 +32,13 @@ DEFAULT_EVAL_PAIRS = [
     "q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q4_0+rot/q4_0", "q4_0+rot+center/q4_0",
     "turbo4/turbo4", "turbo3.5/turbo3.5", "polar/polar",
 ]
+
+
+def _on_layer(pair: str, window: int) -> str:
+    """The pair a layer uses: of "K/V|K2/V2", K2/V2 on a sliding-window layer (window > 0) and K/V on the
+    others; a plain "K/V" everywhere."""
+    full, _, windowed = pair.partition("|")
+    return windowed if windowed and window else full
 
 
 def load_model(spec: str | Path, dtype: str = "float32"):
@@ -158,10 +166,11 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
 
     config = model.config
     n_layers = config.get_text_config(decoder=True).num_hidden_layers
+    windows = hf._layer_windows(config.get_text_config(decoder=True))
     layer_pairs = list(per_layer_pairs) if per_layer_pairs is not None else pairs
     runs: list[tuple[str, str | None, dict | None, int | None]] = [(p, p, None, None) for p in pairs]
     if per_layer:
-        runs += [(p, "f32/f32", {l: p}, l) for p in layer_pairs for l in range(n_layers)]
+        runs += [(p, "f32/f32", {l: _on_layer(p, windows[l])}, l) for p in layer_pairs for l in range(n_layers)]
     stats = {i: _Stats() for i in range(len(runs))}
     base = _Stats()
     total, done = n_chunks * (1 + len(runs)), 0
@@ -175,7 +184,9 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                 return logits, time.perf_counter() - t0, None
             finally:
                 model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
-        k, v = hf._pair(pair)
+        if "|" in pair:  # "K/V|K2/V2": K2/V2 on the sliding-window layers
+            layer_codecs = {l: _on_layer(pair, w) for l, w in enumerate(windows) if w} | (layer_codecs or {})
+        k, v = hf._pair(_on_layer(pair, 0))
         cache = hf.KVQCache(config, k, v, max_batch_size=1, layer_codecs=layer_codecs, **cache_config)
         t0 = time.perf_counter()
         logits = model(ids, use_cache=True, logits_to_keep=keep, **{cache_kw: cache}).logits[0, :-1]
@@ -225,7 +236,6 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
     base_row = base.row(base_label, None)
     base_row["same_top"], base_row["kl_mean"], base_row["kl_p99"] = 100.0, 0.0, 0.0
     rows = [base_row] + [stats[i].row(r[0], base_row["ppl"]) for i, r in enumerate(runs) if r[3] is None]
-    windows = hf._layer_windows(config.get_text_config(decoder=True))
     layer_rows = []
     for i, (label, _, _, layer) in enumerate(runs):
         if layer is None:

@@ -60,6 +60,25 @@ std::string fs_path(const py::object& path) {
     return p;
 }
 
+// None, or one entry per layer: None (the default codecs) or a (key, value) pair whose items may be None.
+std::vector<LayerCodecs> parse_layer_codecs(const py::object& o) {
+    std::vector<LayerCodecs> out;
+    if (o.is_none()) return out;
+    const auto name = [](const py::handle& x) { return x.is_none() ? std::string() : py::cast<std::string>(x); };
+    for (const py::handle& entry : o) {
+        if (entry.is_none()) {
+            out.emplace_back();
+            continue;
+        }
+        if (py::isinstance<py::str>(entry) || !py::isinstance<py::sequence>(entry) || py::len(entry) != 2) {
+            raise_value_error("layer_codecs: each entry must be None or a (key codec, value codec) pair");
+        }
+        const py::sequence pair = py::reinterpret_borrow<py::sequence>(entry);
+        out.push_back({name(pair[0]), name(pair[1])});
+    }
+    return out;
+}
+
 class PyKVCache {
 public:
     explicit PyKVCache(const CacheConfig& config) : cache_(config) {}
@@ -67,10 +86,12 @@ public:
         for (SequenceId s : cache_.sequences()) locks_.add(s);
     }
 
-    static std::unique_ptr<PyKVCache> load(const py::object& path, int64_t max_blocks, int64_t grow_blocks, int threads) {
+    static std::unique_ptr<PyKVCache> load(const py::object& path, int64_t max_blocks, int64_t max_bytes, int64_t grow_blocks,
+                                           int threads) {
         const std::string p = fs_path(path);
         LoadOptions options;
         options.max_blocks = non_negative(max_blocks, "load: max_blocks");
+        options.max_bytes = non_negative(max_bytes, "load: max_bytes");
         options.grow_blocks = non_negative(grow_blocks, "load: grow_blocks");
         options.threads = threads;
         py::gil_scoped_release unlocked;
@@ -247,7 +268,8 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
                                       int64_t max_blocks, int64_t initial_blocks, int64_t grow_blocks,
                                       std::optional<float> scale, float softcap, const py::object& sliding_window,
                                       const std::string& seal, bool center_keys, const std::string& nan_policy,
-                                      int threads, uint64_t seed, const std::string& staging) {
+                                      int threads, uint64_t seed, const std::string& staging,
+                                      const py::object& layer_codecs, int64_t max_bytes) {
     CacheConfig c;
     c.n_layers = n_layers;
     c.n_kv_heads = n_kv_heads;
@@ -257,6 +279,8 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
     c.value_codec = std::move(value_codec);
     c.block_tokens = block_tokens;
     c.max_blocks = non_negative(max_blocks, "max_blocks");
+    c.max_bytes = non_negative(max_bytes, "max_bytes");
+    c.layer_codecs = parse_layer_codecs(layer_codecs);
     c.initial_blocks = non_negative(initial_blocks, "initial_blocks");
     c.grow_blocks = non_negative(grow_blocks, "grow_blocks");
     c.scale = scale.value_or(0.0f);  // 0 (or None) = 1/sqrt(head_dim); validate_config checks the rest
@@ -281,6 +305,17 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
     d["value_codec"] = c.value_codec;
     d["block_tokens"] = c.block_tokens;
     d["max_blocks"] = c.max_blocks;
+    d["max_bytes"] = c.max_bytes;
+    py::object layers = py::none();
+    if (!c.layer_codecs.empty()) {
+        py::list l;
+        for (const LayerCodecs& x : c.layer_codecs) {
+            l.append(py::make_tuple(x.key.empty() ? py::object(py::none()) : py::str(x.key),
+                                    x.value.empty() ? py::object(py::none()) : py::str(x.value)));
+        }
+        layers = l;
+    }
+    d["layer_codecs"] = layers;
     d["initial_blocks"] = c.initial_blocks;
     d["grow_blocks"] = c.grow_blocks;
     d["scale"] = c.scale > 0 ? py::object(py::float_(c.scale)) : py::object(py::none());
@@ -298,8 +333,9 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
 py::dict pool_stats_dict(const PoolStats& s) {
     return py::dict("block_bytes"_a = s.block_bytes, "blocks_total"_a = s.blocks_total,
                     "blocks_used"_a = s.blocks_used, "blocks_shared"_a = s.blocks_shared,
-                    "blocks_reserved"_a = s.blocks_reserved,
-                    "max_blocks"_a = s.max_blocks);
+                    "blocks_reserved"_a = s.blocks_reserved, "max_blocks"_a = s.max_blocks,
+                    "bytes_total"_a = s.bytes_total, "bytes_used"_a = s.bytes_used,
+                    "bytes_reserved"_a = s.bytes_reserved, "max_bytes"_a = s.max_bytes);
 }
 
 void bind_cache(py::module_& m) {
@@ -329,7 +365,7 @@ may be used from different threads at once (the GIL is released while kvq works)
              "max_blocks"_a = 0, "initial_blocks"_a = 0, "grow_blocks"_a = 64, "scale"_a = py::none(),
              "softcap"_a = 0.0f, "sliding_window"_a = py::none(), "seal"_a = "on_block_full",
              "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed,
-             "staging"_a = "f32")
+             "staging"_a = "f32", "layer_codecs"_a = py::none(), "max_bytes"_a = 0)
         .def_property_readonly("config", [](const PyKVCache& c) { return config_dict(c.config(), c.n_heads()); },
                                "The configuration as a dict (the constructor's keyword arguments).")
         .def_property_readonly("n_layers", [](const PyKVCache& c) { return c.config().n_layers; })
@@ -338,6 +374,14 @@ may be used from different threads at once (the GIL is released while kvq works)
         .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.config().head_dim; })
         .def_property_readonly("key_codec", [](const PyKVCache& c) { return c.cache().key_codec().name(); })
         .def_property_readonly("value_codec", [](const PyKVCache& c) { return c.cache().value_codec().name(); })
+        .def(
+            "layer_codecs",
+            [](const PyKVCache& c) {
+                std::vector<std::pair<std::string, std::string>> out;
+                for (int l = 0; l < c.config().n_layers; ++l) out.emplace_back(c.cache().key_codec(l).name(), c.cache().value_codec(l).name());
+                return out;
+            },
+            "Each layer's (key codec, value codec) names.")
         .def("add_sequence", &PyKVCache::add_sequence, "A new empty sequence; returns its id.")
         .def("fork", &PyKVCache::fork, "seq"_a = py::none(),
              "A new sequence with the same tokens as seq (full blocks shared, the open block copied); returns its id.")
@@ -364,10 +408,10 @@ may be used from different threads at once (the GIL is released while kvq works)
              "Writes every sequence (seq=None) or one to path (str or os.PathLike): a temporary file beside it,\n"
              "synced and renamed over path, so an existing file is replaced whole or not at all. Raises\n"
              "kvq.FileIOError (an OSError) if the file cannot be written.")
-        .def_static("load", &PyKVCache::load, "path"_a, py::kw_only(), "max_blocks"_a = 0, "grow_blocks"_a = 64,
+        .def_static("load", &PyKVCache::load, "path"_a, py::kw_only(), "max_blocks"_a = 0, "max_bytes"_a = 0, "grow_blocks"_a = 64,
                     "threads"_a = 1,
                     "A new cache with the file's configuration and sequences (ids 0, 1, ... in the file's order).\n"
-                    "Files store no pool limits: max_blocks (0 = no limit), grow_blocks and threads are as for the\n"
+                    "Files store no pool limits: max_blocks, max_bytes (0 = no limit), grow_blocks and threads are as for the\n"
                     "constructor; the pool takes exactly the file's blocks, and a file with more than max_blocks\n"
                     "raises kvq.PoolExhausted before anything is allocated. Raises kvq.FileIOError (OSError; also for\n"
                     "anything but a regular file) or kvq.BadCacheFile (ValueError: wrong magic or version,\n"
@@ -384,11 +428,16 @@ may be used from different threads at once (the GIL is released while kvq works)
              "the per-sequence bookkeeping (metadata_bytes()).")
         .def("metadata_bytes", [](const PyKVCache& c) { return c.cache().metadata_bytes(); },
              "Bytes of the per-sequence bookkeeping (per-layer state of every sequence), part of bytes_used().")
-        .def("bytes_per_token", [](const PyKVCache& c) { return c.cache().bytes_per_token(); },
-             "Key + value bytes per token, all layers and kv heads, as stored.")
+        .def(
+            "bytes_per_token",
+            [](const PyKVCache& c, std::optional<int> layer) {
+                return layer ? c.cache().bytes_per_token(*layer) : c.cache().bytes_per_token();
+            },
+            "layer"_a = py::none(), "Key + value bytes per token, all layers (or one) and kv heads, as stored.")
         .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },
-             "The block pool: block_bytes, blocks_total, blocks_used, blocks_shared, max_blocks, and\n"
-             "blocks_reserved (the open blocks' float staging, counted against max_blocks).")
+             "The block pool: block_bytes (of layer 0's codecs), blocks_total, blocks_used, blocks_shared,\n"
+             "max_blocks, blocks_reserved (the open blocks' float staging, counted against max_blocks), and the\n"
+             "same in bytes: bytes_total, bytes_used, bytes_reserved, max_bytes.")
         .def("dump", [](const PyKVCache& c) { return c.cache().dump(); }, "Block tables, for debugging.")
         .def("__repr__", [](const PyKVCache& c) {
             const auto& k = c.config();

@@ -2,11 +2,14 @@
  * store (its fp16 scale or norm would overflow) is KVQ_ERR_INVALID_ARGUMENT naming the row and the
  * limit, with nothing written; under KVQ_NAN_PROPAGATE non-finite keys and values are stored and the
  * heads that read them attend to NaN, while other sequences and kv heads stay finite. */
+#define _POSIX_C_SOURCE 200809L /* getpid */
 #include <kvq/kvq.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "helpers.h"
@@ -151,7 +154,99 @@ static void test_cache_nan_propagate(void) {
     kvq_cache_destroy(cache);
 }
 
+/* Layers with codecs of their own: each layer's codecs, attention as a one-layer cache of those codecs
+ * gives, a byte limit that holds, and a file that keeps them. */
+static void test_layer_codecs(void) {
+    const char* keys[2] = {NULL, "q4_0"};
+    const char* values[2] = {NULL, "f16"};
+    kvq_cache_params p = test_cache_params(2, KVH, QH, BT);
+    p.layer_key_codecs = keys;
+    p.layer_value_codecs = values;
+    p.n_layer_codecs = 2;
+    kvq_cache* cache;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    CHECK(kvq_codec_row_bytes(kvq_cache_layer_key_codec(cache, 0)) == kvq_codec_row_bytes(kvq_cache_key_codec(cache)));
+    CHECK(kvq_codec_row_bytes(kvq_cache_layer_key_codec(cache, 1)) != kvq_codec_row_bytes(kvq_cache_key_codec(cache)));
+    CHECK(kvq_cache_layer_value_codec(cache, 2) == NULL);
+    CHECK(kvq_cache_layer_key_codec(NULL, 0) == NULL);
+
+    kvq_cache_params one = test_cache_params(1, KVH, QH, BT);
+    one.key_codec = "q4_0";
+    one.value_codec = "f16";
+    kvq_cache* alone;
+    CHECK_OK(kvq_cache_create(&one, &alone));
+    float k[20 * KVH * D], v[20 * KVH * D], q[QH * D], out[QH * D], want[QH * D];
+    fill_gaussian(k, 20 * KVH * D, 41);
+    fill_gaussian(v, 20 * KVH * D, 42);
+    fill_gaussian(q, QH * D, 43);
+    int64_t s, t;
+    CHECK_OK(kvq_cache_add_sequence(cache, &s));
+    CHECK_OK(kvq_cache_add_sequence(alone, &t));
+    CHECK_OK(kvq_cache_append(cache, 0, s, k, v, 20));
+    CHECK_OK(kvq_cache_append(cache, 1, s, k, v, 20));
+    CHECK_OK(kvq_cache_append(alone, 0, t, k, v, 20));
+    CHECK_OK(kvq_cache_attend(cache, 1, s, q, out));
+    CHECK_OK(kvq_cache_attend(alone, 0, t, q, want));
+    CHECK(memcmp(out, want, sizeof out) == 0);
+
+    kvq_pool_stats st = kvq_pool_stats_init();
+    CHECK_OK(kvq_cache_pool_stats(cache, &st));
+    CHECK(st.blocks_used == 6);
+    CHECK(st.bytes_used > 3 * st.block_bytes); /* layer 1's blocks are larger (f16 values) */
+    CHECK(kvq_cache_bytes_used(cache) >= st.bytes_used);
+
+    /* Saved and loaded with a byte limit the file fits in, and one it does not. */
+    /* One file per process: the test runs once per SIMD level, in parallel. */
+    char path[256];
+    const char* tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/kvq_capi_layer_codecs_%ld.kvq", tmp ? tmp : "/tmp", (long)getpid());
+    CHECK_OK(kvq_cache_save(cache, path, -1));
+    kvq_cache* back;
+    CHECK_OK(kvq_cache_load_bounded(path, 0, st.bytes_used, 1, &back));
+    CHECK(kvq_codec_row_bytes(kvq_cache_layer_value_codec(back, 1)) == kvq_codec_row_bytes(kvq_cache_value_codec(alone)));
+    float again[QH * D];
+    CHECK_OK(kvq_cache_attend(back, 1, 0, q, again));
+    CHECK(memcmp(out, again, sizeof out) == 0);
+    kvq_cache* none = NULL;
+    CHECK_STATUS(kvq_cache_load_bounded(path, 0, st.bytes_used - 1, 1, &none), KVQ_ERR_POOL_EXHAUSTED, "max_bytes");
+    CHECK(none == NULL);
+    remove(path);
+    kvq_cache_destroy(back);
+
+    /* max_bytes: two of layer 1's blocks; the third is refused and nothing changes. */
+    kvq_pool_stats one_st = kvq_pool_stats_init();
+    CHECK_OK(kvq_cache_pool_stats(alone, &one_st));
+    kvq_cache_params bounded = p;
+    bounded.max_bytes = 2 * one_st.block_bytes + 64;
+    kvq_cache* small;
+    CHECK_OK(kvq_cache_create(&bounded, &small));
+    int64_t a;
+    CHECK_OK(kvq_cache_add_sequence(small, &a));
+    CHECK_STATUS(kvq_cache_append(small, 1, a, k, v, 20), KVQ_ERR_POOL_EXHAUSTED, "max_bytes");
+    size_t n = 1;
+    CHECK_OK(kvq_cache_n_tokens(small, a, 1, &n));
+    CHECK(n == 0);
+    CHECK_OK(kvq_cache_append(small, 1, a, k, v, 16));
+    kvq_pool_stats sb = kvq_pool_stats_init();
+    CHECK_OK(kvq_cache_pool_stats(small, &sb));
+    CHECK(sb.max_bytes == bounded.max_bytes);
+    CHECK(sb.bytes_total + sb.bytes_reserved <= sb.max_bytes);
+
+    /* A count that is neither 0 nor n_layers, and an unknown codec in a layer. */
+    kvq_cache* bad = NULL;
+    p.n_layer_codecs = 1;
+    CHECK_STATUS(kvq_cache_create(&p, &bad), KVQ_ERR_BAD_PARAMS, "n_layer_codecs");
+    p.n_layer_codecs = 2;
+    keys[1] = "q9_9";
+    CHECK_STATUS(kvq_cache_create(&p, &bad), KVQ_ERR_UNKNOWN_CODEC, "q9_9");
+    CHECK(bad == NULL);
+    kvq_cache_destroy(small);
+    kvq_cache_destroy(alone);
+    kvq_cache_destroy(cache);
+}
+
 int main(void) {
+    test_layer_codecs();
     test_codec_ranges();
     test_cache_range_reject();
     test_cache_nan_propagate();

@@ -307,3 +307,53 @@ def test_f16_staging_halves_the_open_block_and_reads_back_rounded(rng):
     with pytest.raises(ValueError, match="range"):
         half.append(0, big, v)
     assert half.n_tokens() == 20
+
+
+def test_layer_codecs_give_each_layer_the_attention_of_its_own_codecs(rng, tmp_path):
+    layers = [None, ("q4_0+rot", None), ("turbo4", "q8_0")]
+    cache = kvq.KVCache(3, KV, D, n_heads=H, block_tokens=16, layer_codecs=layers)
+    assert cache.layer_codecs() == [("q8_0", "q4_0"), ("q4_0+rot", "q4_0"), ("turbo4", "q8_0")]
+    assert cache.config["layer_codecs"] == [(None, None), ("q4_0+rot", None), ("turbo4", "q8_0")]
+    seq = cache.add_sequence()
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    for layer, (key, value) in enumerate(cache.layer_codecs()):
+        k, v = kv(rng, 40)
+        cache.append(layer, k, v, seq=seq)
+        alone = kvq.KVCache(1, KV, D, H, key, value, block_tokens=16)
+        alone.append(0, k, v, seq=alone.add_sequence())
+        assert np.array_equal(cache.attend(layer, q, seq=seq), alone.attend(0, q))
+    stats = cache.pool_stats()
+    assert stats["blocks_used"] == 6 and stats["bytes_used"] > 0
+    path = tmp_path / "mixed.kvq"
+    cache.save(path)
+    back = kvq.KVCache.load(path, max_bytes=stats["bytes_used"] + stats["bytes_reserved"])
+    assert back.layer_codecs() == cache.layer_codecs()
+    assert np.array_equal(back.attend(2, q), cache.attend(2, q, seq=seq))
+    with pytest.raises(kvq.PoolExhausted):
+        kvq.KVCache.load(path, max_bytes=stats["bytes_used"] - 1)
+    with pytest.raises(kvq.ConfigMismatch, match="codecs of layer 2"):
+        kvq.KVCache(3, KV, D, n_heads=H, block_tokens=16, layer_codecs=layers[:2] + [("turbo4", "q4_0")]).load_into(path)
+
+
+@pytest.mark.parametrize("layers, error, message", [
+    ([None], kvq.BadParams, "layer_codecs has 1 entries"),
+    ([None, None, ("q9_9", None)], kvq.UnknownCodec, "q9_9"),
+    ([None, None, "q8_0"], ValueError, "a \\(key codec, value codec\\) pair"),
+    ([None, None, ("q8_0",)], ValueError, "a \\(key codec, value codec\\) pair"),
+])
+def test_bad_layer_codecs_are_value_errors(layers, error, message):
+    with pytest.raises(error, match=message):
+        kvq.KVCache(3, KV, D, n_heads=H, layer_codecs=layers)
+
+
+def test_max_bytes_bounds_blocks_and_staging(rng):
+    cache = kvq.KVCache(2, KV, D, n_heads=H, block_tokens=16, layer_codecs=[None, ("f16", "f16")],
+                        max_bytes=200_000)
+    seq = cache.add_sequence()
+    k, v = kv(rng, 16)
+    with pytest.raises(kvq.PoolExhausted):
+        for _ in range(100):
+            cache.append(1, k, v, seq=seq)
+    stats = cache.pool_stats()
+    assert stats["bytes_total"] + stats["bytes_reserved"] <= 200_000
+    assert stats["max_bytes"] == 200_000

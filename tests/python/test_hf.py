@@ -195,6 +195,12 @@ def test_center_keys_and_layer_codecs():
     # Layer 1 (f32) costs 2 * 2 heads * 32 * 4 bytes per token; the other two store q4_0 (+ fp16 means).
     assert cache.bytes_per_token() == pytest.approx(
         (2 * caches[0].bytes_per_token() + caches[1].bytes_per_token()) / 3)
+    # Layers of other codecs but keys centered alike: one kvq cache with per-layer codecs.
+    one = kvq.hf.KVQCache(model.config, "q8_0", "q4_0", layer_codecs={1: "q4_0+rot/q8_0"})
+    assert len(one.kvq_caches) == 1
+    assert one.kvq_caches[0].layer_codecs() == [("q8_0", "q4_0"), ("q4_0+rot", "q8_0"), ("q8_0", "q4_0")]
+    generate(model, prompt(40), one)
+    assert one.bytes_per_token() == pytest.approx(one.kvq_caches[0].bytes_per_token())
     with pytest.raises(ValueError, match="keys only"):
         kvq.hf.KVQCache(model.config, "q8_0", "q4_0+center")
     with pytest.raises(ValueError, match="layer 7"):

@@ -95,6 +95,17 @@ def test_eval_per_layer_and_formats(loaded, tiny_dir, tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 1000
 
 
+def test_eval_a_pair_for_sliding_window_layers(loaded, tiny_dir):
+    # "K/V|K2/V2": K2/V2 on sliding-window layers only; this Llama has none, so the first pair is everywhere.
+    model, tok = loaded
+    text = (tiny_dir / "text.txt").read_text()
+    r = kvq.eval_model(model, tok, text=text, pairs=["q4_0/q4_0", "q4_0/q4_0|f32/f32", "f32/f32|q4_0/q4_0"],
+                       ctx=64, max_chunks=1)
+    assert [x["pair"] for x in r.rows[1:]] == ["q4_0/q4_0", "q4_0/q4_0|f32/f32", "f32/f32|q4_0/q4_0"]
+    assert r.rows[2]["kl_mean"] == r.rows[1]["kl_mean"] > 0
+    assert r.rows[3]["kl_mean"] == 0
+
+
 def test_eval_rejects_bad_arguments(loaded):
     model, tok = loaded
     with pytest.raises(ValueError, match="KEY/VALUE"):

@@ -85,7 +85,7 @@ def test_load_takes_pool_limits_and_threads(tmp_path):
         kvq.KVCache.load(path, max_blocks=2)
     staging = loaded.pool_stats()["blocks_reserved"]  # the open block's float staging, in blocks' worth
     assert staging > 0
-    with pytest.raises(kvq.PoolExhausted, match="held by staging"):
+    with pytest.raises(kvq.PoolExhausted, match="staging holding"):
         kvq.KVCache.load(path, max_blocks=3 + staging - 1)
     capped = kvq.KVCache.load(path, max_blocks=3 + staging, threads=2)
     assert capped.pool_stats()["max_blocks"] == 3 + staging and capped.config["threads"] == 2

@@ -57,7 +57,9 @@ def test_window_equals_the_cut_dump(tmp_path):
     ra = kvq.sweep([f"npy:{tmp_path / 'a'},query_positions=1"], ["turbo4/q4_0"], timing=False).rows
     rb = kvq.sweep([f"npy:{tmp_path / 'b'},query_positions=1"], ["turbo4/q4_0"], timing=False).rows
     assert ra[0]["kl_mean"] == pytest.approx(rb[0]["kl_mean"], rel=1e-9)
-    assert ra[0]["output_err_mean"] == pytest.approx(rb[0]["output_err_mean"], rel=1e-9)
+    # The output is the decode engine's online softmax, block by block: the window (rows 56..95) and the cut
+    # dump (rows 0..39) fall into 32-row blocks differently, so the sums agree to float rounding only.
+    assert ra[0]["output_err_mean"] == pytest.approx(rb[0]["output_err_mean"], rel=1e-6)
 
 
 @pytest.mark.parametrize("meta,message", [

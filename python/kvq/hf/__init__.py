@@ -33,7 +33,8 @@ needed. Errors found before anything is stored (shapes, devices, the attention i
 nothing.
 
 Key codecs may end in ``+center`` (per-block key centering, ``center_keys=True``), as in ``kvq table``.
-``layer_codecs={layer: "K/V"}`` stores some layers with another pair (a second kvq cache holds them): the
+``layer_codecs={layer: "K/V"}`` stores some layers with another pair (kvq's own per-layer codecs in the
+same cache; a second cache only when some layers center their keys and others do not): the
 per-layer sensitivity runs of ``kvq eval --per-layer`` quantize one layer and keep the others in f32.
 
 Layout: _config.py reads the model (layer shapes, windows, scale, the cache keyword), _layer.py holds the

@@ -43,17 +43,23 @@ class KVQCache(Cache):
         scale, softcap = _scale_and_softcap(text, shape.head_dim, cache_config.pop("scale", None),
                                             cache_config.pop("softcap", None))
         pairs = _layer_pairs(key_codec, value_codec, layer_codecs, shape.n_layers)
-        groups: dict[tuple[str, str], _Group] = {}
-        for pair in dict.fromkeys(pairs):
-            k_name, center = split_key_spec(pair[0])
-            if split_key_spec(pair[1])[1]:
-                raise ValueError(f"kvq.hf.KVQCache: '+center' applies to keys only, got value codec {pair[1]!r}")
-            groups[pair] = _Group(_core.KVCache(
-                shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.n_heads, k_name, pair[1], scale=scale,
-                softcap=softcap, sliding_window=shape.windows, center_keys=center, **cache_config))
+        # One kvq.KVCache holds every layer (each with its own codecs: its layer_codecs) whose keys are
+        # centered alike; a second one only when some layers center their keys and others do not.
+        groups: dict[bool, _Group] = {}
+        centered = []
+        for k, v in pairs:
+            if split_key_spec(v)[1]:
+                raise ValueError(f"kvq.hf.KVQCache: '+center' applies to keys only, got value codec {v!r}")
+            centered.append(split_key_spec(k)[1])
+        for center in dict.fromkeys(centered):
+            own = [(split_key_spec(k)[0], v) if c == center else None for (k, v), c in zip(pairs, centered)]
+            groups[center] = _Group(_core.KVCache(
+                shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.n_heads, key_codec=next(p for p in own if p)[0],
+                value_codec=next(p for p in own if p)[1], layer_codecs=own, scale=scale, softcap=softcap,
+                sliding_window=shape.windows, center_keys=center, **cache_config))
         self._config = config
         self._groups = list(groups.values())
-        self._layer_group = [groups[p] for p in pairs]
+        self._layer_group = [groups[c] for c in centered]
         self._pairs = pairs
         self.max_batch_size = max_batch_size
         self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
@@ -78,16 +84,13 @@ class KVQCache(Cache):
 
     @property
     def kvq_caches(self) -> list:
-        """The kvq.KVCache objects (one per distinct codec pair) with the data."""
+        """The kvq.KVCache objects with the data: one, or two when some layers' keys are centered and others'
+        are not (kvq centers every layer of a cache or none)."""
         return [g.cache for g in self._groups]
 
     def bytes_per_token(self) -> float:
         """Bytes of one token over all layers as stored (each layer with its own pair)."""
-        total = 0.0
-        for g in self._groups:
-            share = sum(1 for x in self._layer_group if x is g) / len(self._layer_group)
-            total += g.cache.bytes_per_token() * share
-        return total
+        return sum(g.cache.bytes_per_token(layer=l) for l, g in enumerate(self._layer_group))
 
     def bytes_used(self) -> int:
         return sum(g.cache.bytes_used() for g in self._groups)
