@@ -175,18 +175,6 @@ void quantize_q8_0(const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
-// The value of largest magnitude, the first one on ties: the scalar specification's own loop.
-inline float signed_extreme(const float* xb) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < kQK; ++j) {
-        if (amax < std::fabs(xb[j])) {
-            amax = std::fabs(xb[j]);
-            max = xb[j];
-        }
-    }
-    return max;
-}
-
 // NaN and Inf: a block holding Inf but no NaN has exact maxima, so an infinite extreme and an infinite
 // scale; a block holding NaN (whatever its maxima became) has NaN among its products x·id, which are
 // otherwise finite (|x·id| <= half + a few ulps). Both go through the specification.
@@ -227,7 +215,7 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
             extreme_v.store_aligned(ext);
             xsimd::select(pos || neg, F(0.0f), F(1.0f)).store_aligned(tie);
             for (int c = 0; c < count; ++c) {
-                if (tie[c] != 0.0f) ext[c] = signed_extreme(x + (i0 + c) * kQK);
+                if (tie[c] != 0.0f) ext[c] = detail::signed_extreme(x + (i0 + c) * kQK);
             }
             extreme_v = F::load_aligned(ext);
         }

@@ -15,6 +15,7 @@
 // costs one integer dot product, as ggml's vec_dot does.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 // Rows are plain bytes at any address (callers may stride them by any byte count), so every block
@@ -74,5 +75,18 @@ struct __attribute__((packed)) BlockQ8Query {
 };
 static_assert(sizeof(BlockQ8Query) == 40, "prepared query block");
 static_assert(alignof(BlockQ8_0) == 1 && alignof(BlockQ5_1) == 1 && alignof(BlockQ8Query) == 1);
+
+// The value of largest |x| in a block, the first of equals (ggml's amax/max loop of q4_0, q5_0, iq4_nl);
+// the SIMD quantizers take it for blocks with ties. static: SIMD levels include it with their own flags.
+static inline float signed_extreme(const float* xb) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK; ++j) {
+        if (amax < std::fabs(xb[j])) {
+            amax = std::fabs(xb[j]);
+            max = xb[j];
+        }
+    }
+    return max;
+}
 
 }  // namespace kvq::detail

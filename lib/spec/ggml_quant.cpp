@@ -29,18 +29,6 @@ inline bool all_finite(const float* xb) {
     return true;
 }
 
-// The value of largest |x| in a block, the first of equals (ggml's amax/max loop of q4_0, q5_0, iq4_nl).
-inline float signed_extreme(const float* xb) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < kQK; ++j) {
-        if (amax < std::fabs(xb[j])) {
-            amax = std::fabs(xb[j]);
-            max = xb[j];
-        }
-    }
-    return max;
-}
-
 // x -> x/d as ggml computes it: times the inverse scale, or 0 for a zero block. When d is so small
 // (subnormal) that 1/d overflows, ggml's product is Inf or NaN and its integer cast undefined; there we
 // divide instead, which is defined and exact enough (such a d is 0 once stored as fp16, so the stored
