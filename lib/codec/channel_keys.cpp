@@ -72,14 +72,21 @@ public:
     void score_rows(const uint8_t* prep, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows, float* scores,
                     size_t score_stride) const override {
         thread_local std::vector<uint8_t> codes;
-        if (codes.size() < static_cast<size_t>(d_)) codes.resize(static_cast<size_t>(d_));
+        thread_local std::vector<float> values;
+        if (codes.size() < static_cast<size_t>(d_)) codes.resize(static_cast<size_t>(d_)), values.resize(static_cast<size_t>(d_));
         const auto* qs = reinterpret_cast<const float*>(prep);
+        const int whole = d_ / 16 * 16;
         for (size_t r = 0; r < n_rows; ++r) {
             unpack_codes(rows + r * row_stride, d_, bits_, codes.data());
+            for (int j = 0; j < d_; ++j) values[j] = static_cast<float>(codes[j]);
             for (int i = 0; i < n_q; ++i) {
                 const float* qi = qs + static_cast<size_t>(i) * d_;
                 float partial[16] = {};
-                for (int j = 0; j < d_; ++j) partial[j & 15] += qi[j] * static_cast<float>(codes[j]);
+                // Lanes of 16 (the compiler keeps them in vector registers), then the tail to its lanes.
+                for (int j0 = 0; j0 < whole; j0 += 16) {
+                    for (int l = 0; l < 16; ++l) partial[l] += qi[j0 + l] * values[j0 + l];
+                }
+                for (int j = whole; j < d_; ++j) partial[j - whole] += qi[j] * values[j];
                 scores[i * score_stride + r] = sum16_float(partial);
             }
         }
