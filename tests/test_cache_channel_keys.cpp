@@ -123,6 +123,13 @@ TEST_CASE("chanB keys in KVCache: sealed blocks attend as min + step·code, the 
         MESSAGE("chan" << bits << ": against the stored keys " << err << ", the quantization itself " << quantization);
         CHECK(err < 2e-5);
         CHECK(quantization > 10 * err);  // the check above tells the stored keys from the exact ones
+        // Scores that overflow float: the head again in double precision from min + step·code, which
+        // puts all the weight on the best stored key (a query of ~1e36: the softmax is one-hot).
+        std::vector<float> big(q.size());
+        for (size_t i = 0; i < q.size(); ++i) big[i] = q[i] * 1e36f;
+        const auto capped = attend(cache, 0, seq, big);
+        CHECK(kvq::all_finite(capped.data(), capped.size()));
+        CHECK(relative_error(capped, attention(big, expected_keys(k, n, bits), v, n)) < 1e-5);
     }
 }
 
