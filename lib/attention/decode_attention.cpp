@@ -77,26 +77,25 @@ struct KeyBlocks {
     // (prepare_channel_queries, lib/codec/channel_keys.hpp). scratch: scratch_floats() floats.
     const uint8_t* block_query(const uint8_t* prep, size_t b, int h, const float* q, float* scratch,
                                const float** offsets) const {
+        *offsets = nullptr;
+        if (!per_channel() && !centered()) return prep + static_cast<size_t>(h) * g * qb;
         const float* qh = q + static_cast<size_t>(h) * g * d;
         float* off = scratch + scratch_floats() - g;
-        *offsets = nullptr;
         if (per_channel()) {
             const auto* params = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.channel_offset) + h * 2 * d;
             prepare_channel_queries(qh, g, d, params, scratch, off);
             *offsets = off;
             return reinterpret_cast<const uint8_t*>(scratch);
         }
-        if (centered()) {
-            const auto* m16 = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.mean_offset) + h * d;
-            for (int j = 0; j < d; ++j) scratch[j] = f16_to_f32(m16[j]);
-            for (int i = 0; i < g; ++i) {
-                const float* qi = qh + static_cast<size_t>(i) * d;
-                float dot = 0.0f;
-                for (int j = 0; j < d; ++j) dot += qi[j] * scratch[j];
-                off[i] = dot;
-            }
-            *offsets = off;
+        const auto* m16 = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.mean_offset) + h * d;
+        for (int j = 0; j < d; ++j) scratch[j] = f16_to_f32(m16[j]);
+        for (int i = 0; i < g; ++i) {
+            const float* qi = qh + static_cast<size_t>(i) * d;
+            float dot = 0.0f;
+            for (int j = 0; j < d; ++j) dot += qi[j] * scratch[j];
+            off[i] = dot;
         }
+        *offsets = off;
         return prep + static_cast<size_t>(h) * g * qb;
     }
     // q·k of g prepared queries (block_query's) against n rows at keys; query i's at scores + i·stride.
