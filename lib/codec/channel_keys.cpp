@@ -18,17 +18,27 @@ namespace {
 
 float round_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
 
-// Row r's d codes into out (d bytes): eight codes fill `bits` bytes, read as one little-endian word.
-void unpack_codes(const uint8_t* row, int d, int bits, uint8_t* out) {
-    if (bits == 8) {
-        std::memcpy(out, row, static_cast<size_t>(d));
-        return;
-    }
-    const uint64_t mask = (uint64_t(1) << bits) - 1;
-    for (int j = 0; j < d; j += 8, row += bits) {
+// Row r's d codes into out (d bytes): eight codes fill B bytes, read as one little-endian word (a
+// constant-size copy: the compiler makes it one load, where a run-time size called memcpy per 8 codes).
+template <int B>
+void unpack_codes_b(const uint8_t* row, int d, uint8_t* out) {
+    constexpr uint64_t mask = (uint64_t(1) << B) - 1;
+    for (int j = 0; j < d; j += 8, row += B) {
         uint64_t word = 0;
-        std::memcpy(&word, row, static_cast<size_t>(bits));  // little-endian hosts (x86-64, arm64)
-        for (int i = 0; i < 8; ++i) out[j + i] = static_cast<uint8_t>((word >> (i * bits)) & mask);
+        std::memcpy(&word, row, B);  // little-endian hosts (x86-64, arm64)
+        for (int i = 0; i < 8; ++i) out[j + i] = static_cast<uint8_t>((word >> (i * B)) & mask);
+    }
+}
+
+void unpack_codes(const uint8_t* row, int d, int bits, uint8_t* out) {
+    switch (bits) {
+        case 2: return unpack_codes_b<2>(row, d, out);
+        case 3: return unpack_codes_b<3>(row, d, out);
+        case 4: return unpack_codes_b<4>(row, d, out);
+        case 5: return unpack_codes_b<5>(row, d, out);
+        case 6: return unpack_codes_b<6>(row, d, out);
+        case 7: return unpack_codes_b<7>(row, d, out);
+        default: std::memcpy(out, row, static_cast<size_t>(d));  // 8 bits: the codes are the bytes
     }
 }
 
