@@ -273,3 +273,27 @@ TEST_CASE("finite_max_abs: the largest |x|, or NaN for any NaN or Inf, at every 
     }
     kvq::force_simd_level(active);
 }
+
+// The chanB score kernel of every level against its specification, bit for bit: every code width, head
+// sizes with and without a last group of 8 codes, one row to a few chunks, 1 to 5 queries (a query with
+// a -0 first value), rows at a stride one byte past their end.
+TEST_CASE("every SIMD level scores chanB codes as the scalar specification, bit for bit") {
+    for (auto level : simd_levels()) {
+        for (int bits = 2; bits <= 8; ++bits) {
+            for (int d : {8, 16, 24, 120, 128, 136, 256}) {
+                for (size_t rows : {size_t(1), size_t(2), size_t(33)}) {
+                    for (int n_q : {1, 4, 5}) {
+                        size_t checks = 0;
+                        CAPTURE(kvq::simd_level_name(level));
+                        CAPTURE(bits);
+                        CAPTURE(d);
+                        CAPTURE(rows);
+                        CAPTURE(n_q);
+                        CHECK(kvq::detail::check_channel_score(level, bits, d, rows, n_q, 1000 * bits + d + rows, checks) == "");
+                        CHECK(checks == rows * n_q);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -118,6 +118,18 @@ SelftestLine check_softmax_all(SimdLevel level) {
     return line.finish();
 }
 
+SelftestLine check_channel_scores(SimdLevel level) {
+    Line line(level, "chanB scores");
+    for (int bits = 2; bits <= 8; ++bits) {
+        for (int d : {8, 16, 24, 128, 136}) {
+            line.run("chan" + std::to_string(bits) + " d=" + std::to_string(d), [&](size_t& checks) {
+                return detail::check_channel_score(level, bits, d, 7, 5, 17 * bits + d, checks);
+            });
+        }
+    }
+    return line.finish();
+}
+
 SelftestLine check_primitives(SimdLevel level) {
     Line line(level, "primitives");
     line.run("Ops contracts", [&](size_t& checks) { return detail::check_primitives(level, checks); });
@@ -245,6 +257,7 @@ SelftestResult selftest(const std::function<void(const SelftestLine&)>& on_line)
             add(check_rotated(level, "turbo", turbo));
             add(check_rotated(level, "polar", polar));
             add(check_softmax_all(level));
+            add(check_channel_scores(level));
         }
         add(check_caches(level));
     }

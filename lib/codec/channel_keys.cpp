@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "../simd/dispatch.hpp"
 #include "../spec/bit_codes.hpp"
+#include "../spec/channel_codes.hpp"
 #include "../spec/half.hpp"
 #include "../spec/rotated_quantize.hpp"
 #include "codec_impl.hpp"
@@ -18,35 +20,11 @@ namespace {
 
 float round_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
 
-// Row r's d codes into out (d bytes): eight codes fill B bytes, read as one little-endian word (a
-// constant-size copy: the compiler makes it one load, where a run-time size called memcpy per 8 codes).
-template <int B>
-void unpack_codes_b(const uint8_t* row, int d, uint8_t* out) {
-    constexpr uint64_t mask = (uint64_t(1) << B) - 1;
-    for (int j = 0; j < d; j += 8, row += B) {
-        uint64_t word = 0;
-        std::memcpy(&word, row, B);  // little-endian hosts (x86-64, arm64)
-        for (int i = 0; i < 8; ++i) out[j + i] = static_cast<uint8_t>((word >> (i * B)) & mask);
-    }
-}
-
-void unpack_codes(const uint8_t* row, int d, int bits, uint8_t* out) {
-    switch (bits) {
-        case 2: return unpack_codes_b<2>(row, d, out);
-        case 3: return unpack_codes_b<3>(row, d, out);
-        case 4: return unpack_codes_b<4>(row, d, out);
-        case 5: return unpack_codes_b<5>(row, d, out);
-        case 6: return unpack_codes_b<6>(row, d, out);
-        case 7: return unpack_codes_b<7>(row, d, out);
-        default: std::memcpy(out, row, static_cast<size_t>(d));  // 8 bits: the codes are the bytes
-    }
-}
-
 void pack_code(uint8_t* row, int j, int bits, uint32_t code) { put_code(row, static_cast<size_t>(j) * bits, bits, code); }
 
 // The codes as a CodecImpl, for the engine: a prepared query is d floats, the query already scaled by a
-// block's steps (prepare_channel_queries), and score_rows is Σ_j scaled_j·code_j over 16 partial sums
-// (value j to partial j mod 16, then the tree of sum16_float), an order a vector unit can follow. Rows
+// block's steps (prepare_channel_queries), and score_rows is Σ_j scaled_j·code_j, the active level's
+// kernel of the specification channel_score_scalar (lib/spec/channel_codes.hpp). Rows
 // hold codes only: quantize_rows packs values that are codes already (rounded, clamped), dequantize_rows
 // gives the codes, accumulate_rows weights the codes; the cache and the tables never use these three on
 // keys (their Codec refuses them), but every kernel stays total.
@@ -72,7 +50,7 @@ public:
     void dequantize_rows(const uint8_t* src, size_t src_stride, size_t n_rows, float* y) const override {
         std::vector<uint8_t> codes(static_cast<size_t>(d_));
         for (size_t r = 0; r < n_rows; ++r) {
-            unpack_codes(src + r * src_stride, d_, bits_, codes.data());
+            unpack_channel_codes(src + r * src_stride, d_, bits_, codes.data());
             for (int j = 0; j < d_; ++j) y[r * d_ + j] = codes[j];
         }
     }
@@ -81,31 +59,14 @@ public:
     }
     void score_rows(const uint8_t* prep, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows, float* scores,
                     size_t score_stride) const override {
-        thread_local std::vector<uint8_t> codes;
-        thread_local std::vector<float> values;
-        if (codes.size() < static_cast<size_t>(d_)) codes.resize(static_cast<size_t>(d_)), values.resize(static_cast<size_t>(d_));
-        const auto* qs = reinterpret_cast<const float*>(prep);
-        const int whole = d_ / 16 * 16;
-        for (size_t r = 0; r < n_rows; ++r) {
-            unpack_codes(rows + r * row_stride, d_, bits_, codes.data());
-            for (int j = 0; j < d_; ++j) values[j] = static_cast<float>(codes[j]);
-            for (int i = 0; i < n_q; ++i) {
-                const float* qi = qs + static_cast<size_t>(i) * d_;
-                float partial[16] = {};
-                // Lanes of 16 (the compiler keeps them in vector registers), then the tail to its lanes.
-                for (int j0 = 0; j0 < whole; j0 += 16) {
-                    for (int l = 0; l < 16; ++l) partial[l] += qi[j0 + l] * values[j0 + l];
-                }
-                for (int j = whole; j < d_; ++j) partial[j - whole] += qi[j] * values[j];
-                scores[i * score_stride + r] = sum16_float(partial);
-            }
-        }
+        active_channel_score()(reinterpret_cast<const float*>(prep), n_q, d_, bits_, rows, row_stride, n_rows, scores,
+                               score_stride);
     }
     void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows,
                          float* acc) const override {
         std::vector<uint8_t> codes(static_cast<size_t>(d_));
         for (size_t r = 0; r < n_rows; ++r) {
-            unpack_codes(rows + r * row_stride, d_, bits_, codes.data());
+            unpack_channel_codes(rows + r * row_stride, d_, bits_, codes.data());
             for (int i = 0; i < n_q; ++i) {
                 for (int j = 0; j < d_; ++j) acc[i * d_ + j] += w[i * w_stride + r] * static_cast<float>(codes[j]);
             }
@@ -187,7 +148,7 @@ void dequantize_channel_rows(const uint8_t* codes, size_t code_stride, size_t n,
                              float* out) {
     std::vector<uint8_t> c(static_cast<size_t>(d));
     for (size_t r = 0; r < n; ++r) {
-        unpack_codes(codes + r * code_stride, d, bits, c.data());
+        unpack_channel_codes(codes + r * code_stride, d, bits, c.data());
         for (int j = 0; j < d; ++j) out[r * d + j] = f16_to_f32(params[j]) + f16_to_f32(params[d + j]) * static_cast<float>(c[j]);
     }
 }

@@ -48,6 +48,7 @@ LevelKernels scalar_level() {
     k.rotated = scalar_rotated_kernels();
     k.rotated_quantize = scalar_rotated_quantize();
     k.softmax = softmax_update_scalar;
+    k.channel_score = channel_score_scalar;
     return k;
 }
 
@@ -75,6 +76,7 @@ void fill_missing(LevelKernels& k, const LevelKernels& spec) {
     fill(k.rotated_quantize.turbo, spec.rotated_quantize.turbo);
     fill(k.rotated_quantize.polar, spec.rotated_quantize.polar);
     fill(k.softmax, spec.softmax);
+    fill(k.channel_score, spec.channel_score);
 }
 
 struct LevelState {
@@ -250,6 +252,12 @@ const RotatedQuantizeKernels* level_rotated_quantize(SimdLevel level) {
     if (!s) return nullptr;
     if (level == SimdLevel::scalar) return &scalar_rotated_quantize();
     return s->own_rotated_quantize ? &s->kernels.rotated_quantize : nullptr;
+}
+
+ChannelScore active_channel_score() { return active_level().channel_score; }
+ChannelScore level_channel_score(SimdLevel level) {
+    const LevelState* s = present_level(level);
+    return s ? s->kernels.channel_score : nullptr;
 }
 
 SoftmaxUpdate level_softmax(SimdLevel level) {

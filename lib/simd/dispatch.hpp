@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../spec/block_codecs.hpp"
+#include "../spec/channel_codes.hpp"
 #include "../spec/rotated_kernels.hpp"
 #include "../spec/softmax.hpp"
 #include "../spec/rotated_quantize.hpp"
@@ -24,6 +25,7 @@ struct LevelKernels {
     RotatedKernels rotated{};  // polar and turbo codecs
     RotatedQuantizeKernels rotated_quantize{};  // their quantizers
     SoftmaxUpdate softmax = nullptr;
+    ChannelScore channel_score = nullptr;  // chanB key scores
     // The contract check of the level's primitives (ops_check.hpp): null if all hold, else the first
     // broken one. Null pointer: nothing to check (scalar).
     const char* (*check_ops)() = nullptr;
@@ -58,6 +60,9 @@ const RotatedQuantizeKernels* level_rotated_quantize(SimdLevel level);
 // The online softmax's block update at the active level, and at a given one (nullptr as above).
 SoftmaxUpdate active_softmax();
 SoftmaxUpdate level_softmax(SimdLevel level);
+// The chanB score kernel at the active level, and at a given one (nullptr as above).
+ChannelScore active_channel_score();
+ChannelScore level_channel_score(SimdLevel level);
 // The contract check of a level's primitives (ops_check.hpp); nullptr if it has none.
 const char* (*level_check_ops(SimdLevel level))();
 

@@ -5,6 +5,7 @@
 #include "dispatch.hpp"
 #include "ops_avx512.hpp"
 #include "kernels_impl.hpp"
+#include "channel_avx512.hpp"
 #include "quantize_polar_impl.hpp"
 #include "rotated_avx2.hpp"
 
@@ -13,6 +14,7 @@ namespace kvq::detail {
 const LevelKernels& level_avx512() {
     static const LevelKernels kernels = [] {
         LevelKernels k = simd::make_level<xsimd::avx512bw>();
+        k.channel_score = simd::channel_score_avx512;  // chanB key scores
         k.rotated = simd::rotated_kernels_avx2();  // polar and turbo: 256-bit kernels at this level too
         k.rotated_quantize = simd::rotated_quantize_kernels<xsimd::avx512bw>();  // polar and turbo quantize
         return k;

@@ -310,6 +310,27 @@ std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_
     return {};
 }
 
+std::string check_channel_score(SimdLevel level, int bits, int d, size_t rows, int n_q, uint64_t seed, size_t& checks) {
+    const ChannelScore simd = level_channel_score(level);
+    if (!simd) return "level not available";
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    const size_t stride = static_cast<size_t>(d) * bits / 8 + 1;
+    std::vector<uint8_t> codes(rows * stride);
+    for (auto& c : codes) c = static_cast<uint8_t>(rng());
+    std::vector<float> q(static_cast<size_t>(n_q) * d);
+    for (float& x : q) x = normal(rng);
+    if (!q.empty()) q[0] = -0.0f;
+    std::vector<float> want(static_cast<size_t>(n_q) * rows), got(want.size(), 1.0f);
+    channel_score_scalar(q.data(), n_q, d, bits, codes.data(), stride, rows, want.data(), rows);
+    simd(q.data(), n_q, d, bits, codes.data(), stride, rows, got.data(), rows);
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (!same_float(got[i], want[i])) return "chan" + std::to_string(bits) + " " + differs("score", i, got[i], want[i]);
+    }
+    checks += want.size();
+    return {};
+}
+
 std::string check_primitives(SimdLevel level, size_t& checks) {
     const auto check = level_check_ops(level);
     if (!check) return {};

@@ -34,6 +34,9 @@ std::string check_codec_quantize(SimdLevel level, const std::string& spec, int d
 // The online softmax's block update at `level`: the same bits as the specification (weights, states and
 // rescaled accumulators) for g queries and n scores.
 std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_t& checks);
+// The level's chanB score kernel against channel_score_scalar, bit for bit: n_q queries, rows of d
+// B-bit codes (random bytes, any of which is a code row) at a stride one byte past the row.
+std::string check_channel_score(SimdLevel level, int bits, int d, size_t rows, int n_q, uint64_t seed, size_t& checks);
 
 // Rows of n values for parity checks, each row a different kind of data, cycling through the kinds:
 // zeros, signed zeros, equal values, exact rounding ties, alternating signs, huge, tiny, subnormal

@@ -37,6 +37,9 @@ std::string quick_check_level(SimdLevel level) {
         if (bad.empty()) fail(spec, check_codec_quantize(level, spec, 128, 12, 78, checks));
     }
     if (bad.empty()) fail("softmax", check_softmax(level, 4, 37, 5, checks));
+    for (int bits : {3, 4, 8}) {
+        if (bad.empty()) fail("chan score", check_channel_score(level, bits, 136, 5, 4, 90 + bits, checks));
+    }
     return bad;
 }
 
