@@ -154,14 +154,26 @@ void dequantize_channel_rows(const uint8_t* codes, size_t code_stride, size_t n,
 }
 
 void prepare_channel_queries(const float* q, int n_q, int d, const uint16_t* params, float* scaled, float* offsets) {
+    // The block's minimums and steps converted once (not once per query), this thread's buffer.
+    thread_local std::vector<float> p;
+    if (p.size() < 2 * static_cast<size_t>(d)) p.resize(2 * static_cast<size_t>(d));
+    for (int j = 0; j < 2 * d; ++j) p[j] = f16_to_f32(params[j]);
+    const float* mn = p.data();
+    const float* step = mn + d;
     for (int i = 0; i < n_q; ++i) {
         const float* qi = q + static_cast<size_t>(i) * d;
-        float base = 0.0f;
+        float* si = scaled + static_cast<size_t>(i) * d;
+        for (int j = 0; j < d; ++j) si[j] = qi[j] * step[j];
+    }
+    // q_i·min in increasing j, four queries' sums side by side (each in its own order: the same bits as
+    // one query at a time, with four dependency chains in flight instead of one).
+    for (int i0 = 0; i0 < n_q; i0 += 4) {
+        const int n = std::min(4, n_q - i0);
+        float base[4] = {};
         for (int j = 0; j < d; ++j) {
-            base += qi[j] * f16_to_f32(params[j]);
-            scaled[static_cast<size_t>(i) * d + j] = qi[j] * f16_to_f32(params[d + j]);
+            for (int k = 0; k < n; ++k) base[k] += q[static_cast<size_t>(i0 + k) * d + j] * mn[j];
         }
-        offsets[i] = base;
+        for (int k = 0; k < n; ++k) offsets[i0 + k] = base[k];
     }
 }
 

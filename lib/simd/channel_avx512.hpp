@@ -5,7 +5,8 @@
 // shuffle that gives code l's two bytes to dword l, a variable shift, a mask and a conversion, where the
 // specification spends a shift and a mask per code on scalar words. Per query a product and then a sum
 // into its 16 partials (no fma, as the specification), the last 8 codes of a row whose d is not a
-// multiple of 16 into partials 0..7 under a mask, then the specification's tree of the partials.
+// multiple of 16 into partials 0..7 under a mask, then the specification's tree of the partials in
+// registers.
 #pragma once
 
 #include <immintrin.h>
@@ -61,9 +62,11 @@ void channel_score_avx512(const float* q, int n_q, int d, int bits, const uint8_
                 const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(0xFF, qi + 16 * groups), _mm512_load_ps(values + 16 * groups));
                 acc = _mm512_mask_add_ps(acc, 0xFF, acc, p);
             }
-            alignas(64) float partial[16];
-            _mm512_store_ps(partial, acc);
-            scores[i * score_stride + r] = detail::sum16_float(partial);
+            // sum16_float's tree in registers: p[i] + p[i + 8], then + 4, + 2, + 1.
+            const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+            const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+            scores[i * score_stride + r] = _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
         }
     }
 }
