@@ -27,7 +27,7 @@ struct PolarQuantize : RotatedQuantize<A> {
     // #{k < 2^M − 1 : x·t[k] < y} for ascending t: a binary search as rank_fixed's (Steps::build_search's
     // tables), whose predicate is monotone in k (x, y ≥ 0 here), so it counts as the specification does.
     template <int M>
-    static I rank_below(F x, F y, const float* t, const Steps& steps) {
+    [[gnu::always_inline]] static inline I rank_below(F x, F y, const float* t, const Steps& steps) {
         I r(0);
         if constexpr (M >= 1) {
             const F x0 = x * F(t[(1 << (M - 1)) - 1]);
@@ -55,7 +55,7 @@ struct PolarQuantize : RotatedQuantize<A> {
     // The level-1 code of B bits of the pairs (a, b), by its bit masks. The specification's g ? ay : ax
     // and g ? ax : ay are max and min (no NaN reaches here).
     template <int B>
-    static I level1_code(F a, F b, const float* t, const Steps& steps) {
+    [[gnu::always_inline]] static inline I level1_code(F a, F b, const float* t, const Steps& steps) {
         if constexpr (B == 0) {
             return I(0);
         } else {
@@ -130,9 +130,18 @@ struct PolarQuantize : RotatedQuantize<A> {
             polar_group<B, Full, K, Direct>(l, level, st, y, buf, i0, regs, rest - (regs - 1) * N, codes);
         }
         if constexpr (!Direct) {
+            const size_t at = l.bit_off[level - 1];
             for (int k = 0; k < K; ++k) {
+                if (nodes * B <= 56) {  // the deepest levels, a few codes: or-ed in as one word
+                    uint64_t w = 0, cur;
+                    for (int i = 0; i < nodes; ++i) w |= uint64_t(uint32_t(codes[k][i])) << (i * B);
+                    std::memcpy(&cur, buf[k] + at / 8, 8);
+                    cur |= w << (at % 8);
+                    std::memcpy(buf[k] + at / 8, &cur, 8);
+                    continue;
+                }
                 Base::zero_tail(codes[k], nodes);
-                Base::pack(codes[k], nodes, B, buf[k], l.bit_off[level - 1]);
+                Base::pack(codes[k], nodes, B, buf[k], at);
             }
         }
     }
