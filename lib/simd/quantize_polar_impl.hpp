@@ -132,12 +132,11 @@ struct PolarQuantize : RotatedQuantize<A> {
         if constexpr (!Direct) {
             const size_t at = l.bit_off[level - 1];
             for (int k = 0; k < K; ++k) {
-                if (nodes * B <= 56) {  // the deepest levels, a few codes: or-ed in as one word
-                    uint64_t w = 0, cur;
+                if (nodes * B <= 56) {  // the deepest levels, a few codes: one word, or-ed in byte by byte
+                    uint64_t w = 0;     // (a wider load would straddle the previous level's store)
                     for (int i = 0; i < nodes; ++i) w |= uint64_t(uint32_t(codes[k][i])) << (i * B);
-                    std::memcpy(&cur, buf[k] + at / 8, 8);
-                    cur |= w << (at % 8);
-                    std::memcpy(buf[k] + at / 8, &cur, 8);
+                    w <<= at % 8;
+                    for (size_t j = 0; j < (at % 8 + size_t(nodes) * B + 7) / 8; ++j) buf[k][at / 8 + j] |= uint8_t(w >> (8 * j));
                     continue;
                 }
                 Base::zero_tail(codes[k], nodes);
