@@ -30,18 +30,18 @@ void* allocate_aligned(std::size_t n, std::align_val_t a) {
     throw std::bad_alloc();
 }
 
-// Allocations made by f after a few calls that let every thread's buffers grow (a pool worker may take
-// its first part of a call only in a later one).
+// Allocations made by f once every thread's buffers have grown.
 template <class F>
 long allocations_of(F&& f) {
-    // Warm until a call allocates nothing (a pool worker grows its buffers the first time it takes a
-    // part, which may be several calls in), at most 100 calls: a per-call allocation still shows below.
-    for (int i = 0; i < 100; ++i) {
+    // A pool worker grows its buffers the first time it takes a part, and on a loaded machine it may sit
+    // out many calls in a row (the caller takes every part while it waits to be scheduled). So warm until
+    // 50 calls in a row allocate nothing, at most 2000 calls: a per-call allocation still shows below.
+    for (int i = 0, quiet = 0; i < 2000 && quiet < 50; ++i) {
         allocations = 0;
         counting = true;
         f();
         counting = false;
-        if (i >= 8 && allocations.load() == 0) break;
+        quiet = allocations.load() == 0 ? quiet + 1 : 0;
     }
     allocations = 0;
     counting = true;

@@ -110,7 +110,7 @@ SelftestLine check_rotated(SimdLevel level, const std::string& family, const std
 SelftestLine check_softmax_all(SimdLevel level) {
     Line line(level, "softmax");
     for (int g = 1; g <= 8; ++g) {
-        for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(64), size_t(129)}) {
+        for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(16), size_t(24), size_t(32), size_t(64), size_t(129)}) {
             line.run("softmax g=" + std::to_string(g) + " n=" + std::to_string(n),
                      [&](size_t& checks) { return detail::check_softmax(level, g, n, 31 * g + n, checks); });
         }

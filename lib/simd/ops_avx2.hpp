@@ -118,6 +118,23 @@ struct Avx2Blocks {
     }
     static IDot idot_sub(IDot a, IDot b) { return _mm256_sub_epi32(a, b); }
     static Bytes zero_bytes() { return _mm256_setzero_si256(); }
+    // The same sums with the offset taken out as they are made: each query's vpdpbusd accumulates into
+    // the negative of its own offset lanes (neg_offsets4, once per block of the queries), so a block
+    // costs no zeroed register and no subtraction; the integers are dot4_signed_offset's minus its
+    // offset, exactly.
+    static void neg_offsets4(const int8_t* const* y, IDot* neg) {
+        const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+        for (int i = 0; i < 4; ++i) {
+            const __m256i off = _mm256_dpbusd_epi32(_mm256_setzero_si256(), flip, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i])));
+            neg[i] = _mm256_sub_epi32(_mm256_setzero_si256(), off);
+        }
+    }
+    static IDot dot4_signed_less(Bytes k, const int8_t* const* y, const IDot* neg) {
+        const __m256i uk = _mm256_xor_si256(k, _mm256_set1_epi8(static_cast<char>(0x80)));
+        IDot p[4];
+        for (int i = 0; i < 4; ++i) p[i] = _mm256_dpbusd_epi32(neg[i], uk, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i])));
+        return reduce4(p);
+    }
     // Unsigned codes (q4_0 block pairs): code·y summed four at a time, no int16 stage.
     static IDot dot4_pair_vnni(__m256i lo, __m256i hi, const int8_t (*ylo)[32], const int8_t (*yhi)[32]) {
         IDot p[4];

@@ -66,14 +66,14 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
             if constexpr (L::unsigned_raw) sq[b][l] = l < 4 ? q[l][b].s * L::kBiasScale : 0.0f;
         }
     }
-    // VNNI, signed keys: the part of each block's sums that the unsigned key adds (ops_avx2.hpp)
+    // VNNI, signed keys: minus the part of each block's sums that the unsigned key adds, per query (ops_avx2.hpp)
     constexpr bool vnni = requires { O::kVnni; };
-    typename O::IDot offset[vnni ? kMaxGroupBlocks : 1];
+    typename O::IDot neg_offset[vnni ? kMaxGroupBlocks : 1][4];
     if constexpr (vnni) {
         if constexpr (!L::unsigned_raw) {
             for (int64_t b = 0; b < nb; ++b) {
                 const int8_t* y[4] = {q[0][b].qs, q[1][b].qs, q[2][b].qs, q[3][b].qs};
-                offset[b] = O::dot4_signed_offset(O::zero_bytes(), y);
+                O::neg_offsets4(y, neg_offset[b]);
             }
         }
     }
@@ -87,7 +87,7 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
             p = O::dot4_unsigned(O::ukey(L::template raw<O>(blk[b])), y);
             bias = xsimd::fma(FD(L::template bias<O>(blk[b], dk)), FD::load_aligned(sq[b]), bias);
         } else if constexpr (requires { O::kVnni; }) {
-            p = O::idot_sub(O::dot4_signed_offset(L::template raw<O>(blk[b]), y), offset[b]);
+            p = O::dot4_signed_less(L::template raw<O>(blk[b]), y, neg_offset[b]);
         } else {
             p = O::dot4_signed(O::key(L::template raw<O>(blk[b])), y);
         }
