@@ -92,6 +92,7 @@ TEST_CASE("polar's level-1 codes are the cells of the exact angle but within a r
                 CHECK(dist < 1e-6);
             }
         }
+        MESSAGE(bits << "-bit level 1: " << differ << " of " << n << " codes differ from the exact angle's cell");
         CHECK(differ < n / 100000 + 2);
     }
 }
@@ -117,6 +118,7 @@ TEST_CASE("polar's codes above level 1 are the ranks of the exact angle but with
                     CHECK(dist < 1e-6);
                 }
             }
+            if (differ) MESSAGE("level " << level << ", " << bits << " bits: " << differ << " of " << n << " differ");
             CHECK(differ < n / 10000 + 2);
         }
     }

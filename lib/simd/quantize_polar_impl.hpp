@@ -136,7 +136,9 @@ struct PolarQuantize : RotatedQuantize<A> {
                     uint64_t w = 0;     // (a wider load would straddle the previous level's store)
                     for (int i = 0; i < nodes; ++i) w |= uint64_t(uint32_t(codes[k][i])) << (i * B);
                     w <<= at % 8;
-                    for (size_t j = 0; j < (at % 8 + size_t(nodes) * B + 7) / 8; ++j) buf[k][at / 8 + j] |= uint8_t(w >> (8 * j));
+                    uint8_t* p = buf[k] + at / 8;
+                    const int n = static_cast<int>(at % 8 + size_t(nodes) * B + 7) / 8;  // ≤ 8
+                    for (int j = 0; j < n && j < 8; ++j) p[j] |= uint8_t(w >> (8 * j));
                     continue;
                 }
                 Base::zero_tail(codes[k], nodes);
