@@ -124,7 +124,7 @@ struct RotOps<xsimd::avx512bw> {
     // or dword permute gathers those bytes.
     static constexpr bool kPackCodes = true;
     template <int B>
-    static void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
+    [[gnu::always_inline]] static inline void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
         static_assert(B >= 1 && B <= 4);
         const __m512i w = _mm512_packs_epi16(_mm512_packs_epi32(r[0], r[1]), _mm512_packs_epi32(r[2], r[3]));
         __m512i b = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
@@ -208,7 +208,7 @@ struct RotOps<xsimd::fma3<xsimd::avx2>> {
     // to bytes 0..2B−1 (lane 0) and 2B..4B−1 (lane 1), and the lanes or-ed.
     static constexpr bool kPackCodes = true;
     template <int B>
-    static void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
+    [[gnu::always_inline]] static inline void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
         static_assert(B >= 1 && B <= 4);
         const __m256i a = _mm256_packs_epi32(r[0], r[1]), c = _mm256_packs_epi32(r[2], r[3]);
         __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, c), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
