@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <stdexcept>
+#include <string_view>
 
 #include "cache_model.hpp"
 #include "fuzz_common.hpp"
@@ -46,19 +47,33 @@ std::string observe(const KVCache& c, const std::map<SequenceId, ModelSeq>& mode
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
     static const char* codecs[] = {"q8_0", "q4_0", "f16", "q4_1+rot", "polar", "turbo3"};
+    // Keys may also be per-channel (chanB), which a cache holds only when it seals a block at a time.
+    static const char* key_codecs[] = {"q8_0", "q4_0", "f16", "q4_1+rot", "polar", "turbo3", "chan3", "chan8"};
     CacheConfig cfg;
     cfg.n_layers = in.ConsumeIntegralInRange<int>(1, 2);
     cfg.n_kv_heads = in.ConsumeIntegralInRange<int>(1, 2);
     cfg.n_heads = cfg.n_kv_heads * in.ConsumeIntegralInRange<int>(1, 2);
     cfg.head_dim = 32;
-    cfg.key_codec = codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)];
+    cfg.key_codec = key_codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(key_codecs) - 1)];
     cfg.value_codec = codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)];
     cfg.block_tokens = in.ConsumeBool() ? 4 : 8;
     cfg.seal = in.ConsumeBool() ? SealPolicy::on_append : SealPolicy::on_block_full;
     // Layer 1 may have codecs of its own (blocks of another size in the same pool).
     if (cfg.n_layers == 2 && in.ConsumeBool()) {
-        cfg.layer_codecs = {{}, {codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)],
+        cfg.layer_codecs = {{}, {key_codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(key_codecs) - 1)],
                                  codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)]}};
+    }
+    bool per_channel = std::string_view(cfg.key_codec).starts_with("chan");
+    for (const auto& lc : cfg.layer_codecs) per_channel |= lc.key.starts_with("chan");
+    if (per_channel && cfg.seal == SealPolicy::on_append) {  // refused, as it must be; then sealed per block
+        bool refused = false;
+        try {
+            KVCache refused_cache(cfg);
+        } catch (const BadParams&) {
+            refused = true;
+        }
+        require(refused, "chanB keys were accepted with SealPolicy::on_append");
+        cfg.seal = SealPolicy::on_block_full;
     }
     cfg.max_blocks = in.ConsumeIntegralInRange<size_t>(0, 12);
     // A byte limit: 0, or up to about twelve blocks of the largest kind.
@@ -97,13 +112,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 for (float& x : k) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
                 for (float& x : v) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
                 cache.append(layer, id, k.data(), v.data(), n);
-                const size_t old_n = ml.tok.n(), n_final = old_n + n;
+                const size_t old_n = ml.tok.n(), n_final = old_n + n, old_pool_end = ml.pool_end;
                 ml.tok.add(k.data(), v.data(), n);
                 if (cfg.seal == SealPolicy::on_append) {
                     ml.pool_end = n_final;
                 } else {  // a block partly filled after a truncate is quantized as it fills, then staging
                     const size_t boundary = (ml.pool_end + bt - 1) / bt * bt;
                     ml.pool_end = ml.pool_end % bt && n_final <= boundary ? n_final : std::max(boundary, n_final / bt * bt);
+                }
+                // chanB: the blocks sealed from staging by this append fix their minimums and steps.
+                if (const int bits = test::channel_bits(cache.key_codec(layer))) {
+                    for (size_t b = (old_pool_end + bt - 1) / bt; (b + 1) * bt <= ml.pool_end; ++b) ml.tok.seal_channels(b, bt, bits);
                 }
             } else if (op == 2) {
                 const SequenceId child = cache.fork(id);
@@ -118,6 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     const size_t keep = std::min(n, l.tok.n());
                     l.tok.truncate(keep);
                     l.pool_end = std::min(l.pool_end, keep);
+                    std::erase_if(l.tok.chan_params, [&](const auto& e) { return e.first * bt >= l.pool_end; });
                 }
             } else if (op == 4) {
                 cache.remove(id);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "spec/half.hpp"
@@ -38,7 +39,27 @@ struct LayerTokens {
     }
     const float* krow(size_t t, int h) const { return &k[(t * n_kv + h) * d]; }
     const float* vrow(size_t t, int h) const { return &v[(t * n_kv + h) * d]; }
+
+    // Per-channel keys (chanB): each sealed block's per-channel minimum and step (per kv head: d minimums,
+    // d steps, fp16-rounded), fixed when the block is sealed: rows written into it after a truncate take them.
+    std::map<size_t, std::vector<float>> chan_params;
+    void seal_channels(size_t block, size_t bt, int bits) {
+        std::vector<float>& p = chan_params[block];
+        p.assign(static_cast<size_t>(n_kv) * 2 * d, 0.0f);
+        const auto f16 = [](float x) { return detail::f16_to_f32(detail::f32_to_f16(x)); };
+        for (int h = 0; h < n_kv; ++h) {
+            for (int j = 0; j < d; ++j) {
+                float lo = krow(block * bt, h)[j], hi = lo;
+                for (size_t t = block * bt; t < (block + 1) * bt; ++t) lo = std::min(lo, krow(t, h)[j]), hi = std::max(hi, krow(t, h)[j]);
+                p[(h * 2) * d + j] = f16(lo);
+                p[(h * 2 + 1) * d + j] = f16((hi - lo) / static_cast<float>((1 << bits) - 1));
+            }
+        }
+    }
 };
+
+// B of a chanB key codec, 0 for any other.
+inline int channel_bits(const Codec& kc) { return kc.info().per_channel ? kc.name()[4] - '0' : 0; }
 
 // Random tokens: keys N(0,1) plus an optional per-channel bias (a k_proj bias), values N(0,1).
 inline void random_tokens(size_t n, int n_kv, int d, uint64_t seed, std::vector<float>& k, std::vector<float>& v,
@@ -66,7 +87,11 @@ inline std::vector<float> expected_attention(const CacheConfig& cfg, const Codec
         std::vector<float> qq(static_cast<size_t>(g) * 2 * d), kk(n * 2 * d, 0.0f), vv(n * 2 * d, 0.0f);
         for (int i = 0; i < g; ++i) {
             const float* qi = q + static_cast<size_t>(h * g + i) * d;
-            kc.effective_query(qi, &qq[i * 2 * d]);
+            if (channel_bits(kc)) {
+                std::copy(qi, qi + d, &qq[i * 2 * d]);  // scored against the query itself (scaled per block)
+            } else {
+                kc.effective_query(qi, &qq[i * 2 * d]);
+            }
             std::copy(qi, qi + d, &qq[i * 2 * d + d]);
         }
         std::vector<float> mean(d, 0.0f), row(d);
@@ -87,6 +112,17 @@ inline std::vector<float> expected_attention(const CacheConfig& cfg, const Codec
                     for (size_t u = mean_block * bt; u < (mean_block + 1) * bt; ++u) s += tok.krow(u, h)[j];
                     mean[j] = detail::f16_to_f32(detail::f32_to_f16(static_cast<float>(s / bt)));
                 }
+            }
+            if (const int bits = channel_bits(kc)) {  // min + step·(nearest code, clamped)
+                const float* p = &tok.chan_params.at(t / bt)[static_cast<size_t>(h) * 2 * d];
+                const float top = static_cast<float>((1 << bits) - 1);
+                for (int j = 0; j < d; ++j) {
+                    const float inv = p[d + j] > 0 ? 1.0f / p[d + j] : 0.0f;
+                    kr[j] = p[j] + p[d + j] * std::clamp(std::round((tok.krow(t, h)[j] - p[j]) * inv), 0.0f, top);
+                }
+                vc.quantize_rows(tok.vrow(t, h), 1, vb.data());
+                vc.dequantize_rows(vb.data(), 1, vr);
+                continue;
             }
             for (int j = 0; j < d; ++j) row[j] = tok.krow(t, h)[j] - mean[j];
             kc.quantize_rows(row.data(), 1, kb.data());

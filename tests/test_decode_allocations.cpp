@@ -67,7 +67,7 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::f
 
 TEST_CASE("decode: attend and attend_batch allocate nothing once warm, on one thread and on the pool") {
     for (int threads : {1, 2}) {
-        for (const std::string codecs : {"q8_0/q4_0", "f16/f16", "q4_0+rot/q4_0+rot", "turbo4/q4_0", "turbo4_qjl/turbo4", "polar/polar"}) {
+        for (const std::string codecs : {"q8_0/q4_0", "f16/f16", "q4_0+rot/q4_0+rot", "turbo4/q4_0", "turbo4_qjl/turbo4", "polar/polar", "chan3/q4_0"}) {
             CAPTURE(threads);
             CAPTURE(codecs);
             kvq::CacheConfig cfg;

@@ -166,7 +166,8 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
     m.head_dim = 64;
     m.sliding_window = {0, 96, 0, 96};
     for (const kvq::KVFormat& f : {kvq::KVFormat::parse("q8_0/q4_0"), kvq::KVFormat::parse("q4_0+center/q4_0"),
-                                   kvq::KVFormat::parse("q8_0/q8_0|q4_0+rot/q4_0")}) {
+                                   kvq::KVFormat::parse("q8_0/q8_0|q4_0+rot/q4_0"),
+                                   kvq::KVFormat::parse("chan3/q4_0"), kvq::KVFormat::parse("q8_0/q4_0|chan4/polar:budget=3.5")}) {
       for (const kvq::StagingType staging : {kvq::StagingType::f32, kvq::StagingType::f16}) {
         for (size_t context : {size_t(40), size_t(1040)}) {
             CAPTURE(f.label());

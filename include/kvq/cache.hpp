@@ -85,6 +85,10 @@ struct CacheConfig {
     int n_kv_heads = 1;
     int n_heads = 0;      // query heads; 0 means n_kv_heads. Must be a multiple of n_kv_heads (GQA)
     int head_dim = 128;
+    // A codec spec of the codec table (kvq/codec.hpp), or, for keys only, "chan2" .. "chan8": per-channel
+    // keys (KIVI-style), per block and kv head an fp16 minimum and step per channel and a B-bit code per
+    // value, scored as q·min + (q ⊙ step)·codes. They need seal = on_block_full (a block's ranges are known
+    // when it is full; the open block stays in float) and take no center_keys; head_dim a multiple of 8.
     std::string key_codec = "q8_0";
     std::string value_codec = "q4_0";
     // Per layer: empty (every layer uses key_codec and value_codec), or one entry per layer giving that

@@ -43,6 +43,7 @@ class Codec;
 namespace detail {
 class CodecImpl;
 const CodecImpl& impl_of(const Codec& c);  // the library's own access to a codec's implementation
+Codec make_channel_key_codec(int bits, int head_dim);  // KVCache's per-channel keys (lib/codec/channel_keys.hpp)
 }
 
 // What happens to NaN or Inf in rows or queries.
@@ -80,6 +81,9 @@ struct CodecInfo {
     std::string layout;       // one-line description of the bytes
     bool rotates = false;     // always rotates (polar, turbo*): "+rot" is accepted and changes nothing
     bool plain = false;       // values stored as they are (f32, f16, bf16): NaN and Inf can be stored too
+    // Per-channel keys ("chanB", a KVCache key codec, not in the table): a row's codes mean nothing without
+    // its block's per-channel minimums and steps, so the row operations below throw std::invalid_argument.
+    bool per_channel = false;
 };
 
 // Names in the codec table, in table order.
@@ -102,7 +106,8 @@ CodecSpec parse_codec_spec(std::string_view spec);
 class Codec {
 public:
     // spec: a table name, optionally followed by "+rot"; head_dim: values per row.
-    // Throws UnknownCodec, BadHeadDim or BadParams (kvq/errors.hpp).
+    // Throws UnknownCodec, BadHeadDim or BadParams (kvq/errors.hpp); BadParams for "chanB", which only
+    // KVCache stores (CacheConfig::key_codec).
     static Codec make(std::string_view spec, int head_dim, uint64_t seed = kDefaultSeed);
 
     const std::string& name() const { return name_; }  // the spec as given, normalized
@@ -141,6 +146,8 @@ public:
 
 private:
     friend const detail::CodecImpl& detail::impl_of(const Codec& c);
+    friend Codec detail::make_channel_key_codec(int bits, int head_dim);
+    void check_rows_operation(const char* what) const;  // throws for per-channel keys
     void check_range(const float* x, size_t n_rows) const;  // throws for a row beyond input_limit()
 
     std::shared_ptr<const detail::CodecImpl> impl_;

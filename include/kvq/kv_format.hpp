@@ -8,8 +8,8 @@
 // The key part may instead be "chanB" (B = 2..8): per-channel keys within a block, as KIVI (arXiv
 // 2402.02750) and KVQuant (arXiv 2401.18079) quantize keys: for each channel of a block's keys, an fp16
 // minimum and an fp16 step over the block's tokens, and a B-bit code per value, x̃ = min + step·code
-// (B + 32 / block_tokens bits per key value). The score is q·min + Σ_c (q_c·step_c)·code_c. It is
-// measured by the sweep (kvq table) only: KVCache does not store chanB keys yet.
+// (B + 32 / block_tokens bits per key value). The score is q·min + Σ_c (q_c·step_c)·code_c. KVCache
+// stores them (CacheConfig::key_codec "chanB", sealed a block at a time; lib/codec/channel_keys.hpp).
 //
 // "K/V|K2/V2" gives the sliding-window layers of a model (Gemma 3's local layers) the pair K2/V2 and the
 // full-attention layers K/V, as CacheConfig::layer_codecs does in a KVCache; bits per value are then the
@@ -28,7 +28,7 @@ struct KVFormat {
     std::string key_codec;    // a kvq::Codec spec, e.g. "q4_0+rot"
     std::string value_codec;  // a kvq::Codec spec
     bool center_keys = false;
-    int channel_bits = 0;     // "chanB" keys: B; key_codec is then "chanB" (not a Codec spec)
+    int channel_bits = 0;     // "chanB" keys: B; key_codec is then "chanB" (a KVCache key codec, not in the table)
     // The format of sliding-window layers ("K/V|K2/V2"); null: every layer has this one.
     std::shared_ptr<const KVFormat> window;
 

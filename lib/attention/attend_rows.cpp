@@ -21,6 +21,10 @@ constexpr size_t kChunkTokens = 256;
 void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_heads, const float* q, RowsView k,
                  RowsView v, size_t n_tokens, float* out, float scale, float softcap) {
     const int d = keys.head_dim();
+    if (keys.info().per_channel || values.info().per_channel) {
+        bad("'" + (keys.info().per_channel ? keys : values).name() +
+            "' is a per-channel key codec: its rows need their block's minimums and steps, which only a KVCache holds");
+    }
     if (values.head_dim() != d) {
         bad("the key codec has head_dim " + std::to_string(d) + ", the value codec " + std::to_string(values.head_dim()));
     }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "../codec/channel_keys.hpp"
 #include "../spec/half.hpp"
 #include "online_softmax.hpp"
 
@@ -44,7 +45,8 @@ void soft_cap(float* s, size_t n, float softcap) {
 }
 
 // The key side of a source, shared by attend_blocks and attention_scores: which rows of each block it
-// holds, where a kv head's key rows are, their scores, and q·mean of centered keys.
+// holds, where a kv head's key rows are, the query they are scored against (per block for per-channel
+// keys) and what is added to their scores (q·mean of centered keys, q·min of per-channel ones).
 struct KeyBlocks {
     const RowSource& src;
     int g, d;
@@ -55,6 +57,11 @@ struct KeyBlocks {
           krb(s.key->row_bytes()), krs(s.layout.k_row_stride ? s.layout.k_row_stride : krb), qb(s.key->query_bytes()) {}
 
     bool centered() const { return src.layout.mean_offset != kNoMeans; }
+    bool per_channel() const { return src.layout.channel_offset != kNoMeans; }
+    // Floats of scratch block_query needs: a block's key mean, or its g scaled queries; then g offsets.
+    size_t scratch_floats() const {
+        return per_channel() ? static_cast<size_t>(g) * d + g : centered() ? static_cast<size_t>(d + g) : 0;
+    }
     // Block b holds rows [lo(b), lo(b) + rows(b)) of the source.
     size_t lo(size_t b) const { return b == 0 ? src.first_row : 0; }
     size_t rows(size_t b) const {
@@ -64,23 +71,36 @@ struct KeyBlocks {
     const uint8_t* keys(size_t b, int h, size_t lo) const {
         return src.blocks[b] + src.layout.k_offset + h * src.layout.k_head_stride + lo * krs;
     }
-    // q·k of kv head h's g queries (prepared: prep) against n rows at keys; query i's at scores + i·stride.
-    void score(const uint8_t* prep, int h, const uint8_t* keys, size_t n, float* scores, size_t stride) const {
-        src.key->score_rows(prep + static_cast<size_t>(h) * g * qb, g, keys, krs, n, scores, stride);
-    }
-    // q·mean of block b's kv head h for its g queries, into offsets (mean: d floats of scratch), to be
-    // added back to the scores of keys stored minus their block mean; null when the keys are not centered.
-    const float* mean_offsets(size_t b, int h, const float* q, float* mean, float* offsets) const {
-        if (!centered()) return nullptr;
-        const auto* m16 = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.mean_offset) + h * d;
-        for (int j = 0; j < d; ++j) mean[j] = f16_to_f32(m16[j]);
-        for (int i = 0; i < g; ++i) {
-            const float* qi = q + static_cast<size_t>(h * g + i) * d;
-            float dot = 0.0f;
-            for (int j = 0; j < d; ++j) dot += qi[j] * mean[j];
-            offsets[i] = dot;
+    // The prepared queries of kv head h's g queries for block b (prep: the source's, from
+    // prepare_queries), and in *offsets what to add to their scores (null: nothing). Centered keys: q·mean
+    // of the block's mean; per-channel keys: the queries scaled by the block's steps and q·min
+    // (prepare_channel_queries, lib/codec/channel_keys.hpp). scratch: scratch_floats() floats.
+    const uint8_t* block_query(const uint8_t* prep, size_t b, int h, const float* q, float* scratch,
+                               const float** offsets) const {
+        *offsets = nullptr;
+        if (!per_channel() && !centered()) return prep + static_cast<size_t>(h) * g * qb;
+        const float* qh = q + static_cast<size_t>(h) * g * d;
+        float* off = scratch + scratch_floats() - g;
+        if (per_channel()) {
+            const auto* params = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.channel_offset) + h * 2 * d;
+            prepare_channel_queries(qh, g, d, params, scratch, off);
+            *offsets = off;
+            return reinterpret_cast<const uint8_t*>(scratch);
         }
-        return offsets;
+        const auto* m16 = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.mean_offset) + h * d;
+        for (int j = 0; j < d; ++j) scratch[j] = f16_to_f32(m16[j]);
+        for (int i = 0; i < g; ++i) {
+            const float* qi = qh + static_cast<size_t>(i) * d;
+            float dot = 0.0f;
+            for (int j = 0; j < d; ++j) dot += qi[j] * scratch[j];
+            off[i] = dot;
+        }
+        *offsets = off;
+        return prep + static_cast<size_t>(h) * g * qb;
+    }
+    // q·k of g prepared queries (block_query's) against n rows at keys; query i's at scores + i·stride.
+    void score(const uint8_t* prep, const uint8_t* keys, size_t n, float* scores, size_t stride) const {
+        src.key->score_rows(prep, g, keys, krs, n, scores, stride);
     }
 };
 
@@ -106,13 +126,14 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
     const size_t vrb = src.value->row_bytes();
     const size_t vrs = lay.v_row_stride ? lay.v_row_stride : vrb;
 
-    // g × block_tokens scores, the block's key mean and q·mean: this thread's scratch, grown once.
+    // g × block_tokens scores and block_query's scratch: this thread's, grown once (the block queries on
+    // a cache line: the score kernels read them as vectors).
     thread_local std::vector<float> scratch;
-    const size_t need = static_cast<size_t>(g) * bt + (kb.centered() ? static_cast<size_t>(d + g) : 0);
+    const size_t score_floats = round_up(static_cast<size_t>(g) * bt, kLine / sizeof(float));
+    const size_t need = score_floats + kb.scratch_floats() + kLine / sizeof(float);
     if (scratch.size() < need) scratch.resize(need);
-    float* scores = scratch.data();
-    float* mean = scores + static_cast<size_t>(g) * bt;
-    float* offset_buf = mean + d;
+    float* scores = align_line(scratch.data());
+    float* block_scratch = scores + score_floats;
 
     for (size_t b = b0; b < b1; ++b) {
         const size_t lo = kb.lo(b), n = kb.rows(b);
@@ -128,7 +149,9 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
                 const size_t span = vrs == vrb ? n * vrb : vrb;
                 for (size_t o = 0; o < span; o += 64) __builtin_prefetch(values + r * vrs + o, 0, 3);
             }
-            kb.score(prep, h, keys, n, scores, n);
+            const float* offsets = nullptr;
+            const uint8_t* head_prep = kb.block_query(prep, b, h, q, block_scratch, &offsets);
+            kb.score(head_prep, keys, n, scores, n);
             // And the first half of the next head's keys (the hardware prefetcher streams the rest once it
             // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
             // (all of them, or at score time, was no better or slower).
@@ -139,7 +162,6 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
                 for (size_t o = 0; o < bt * krb / 2; o += 64) __builtin_prefetch(next_keys + o, 0, 3);
             }
             float* head_acc = acc + static_cast<size_t>(h) * g * d;
-            const float* offsets = kb.mean_offsets(b, h, q, mean, offset_buf);
             if (shape.softcap > 0) {  // the cap applies after the scale, before the softmax
                 scale_scores(shape, scores, n, g, n, offsets);
                 softmax_update(scores, g, n, nullptr, 1.0f, st + h * g, head_acc, d);
@@ -295,14 +317,17 @@ void attention_scores(const AttentionShape& shape, const RowSource& src, const f
     src.key->prepare_queries(q, shape.n_heads, prep);
     size_t total = 0;
     for (size_t b = 0; b < src.blocks.size(); ++b) total += kb.rows(b);
-    std::vector<float> mean(kb.d), offsets(kb.g);
+    std::vector<float> block_scratch(kb.scratch_floats() + kLine / sizeof(float));
+    float* const aligned_scratch = align_line(block_scratch.data());
     for (size_t b = 0, at = 0; b < src.blocks.size(); ++b) {
         const size_t lo = kb.lo(b), n = kb.rows(b);
         if (n == 0) continue;
         for (int h = 0; h < shape.n_kv_heads; ++h) {
             float* s = scores + static_cast<size_t>(h) * kb.g * total + at;
-            kb.score(prep, h, kb.keys(b, h, lo), n, s, total);
-            scale_scores(shape, s, total, kb.g, n, kb.mean_offsets(b, h, q, mean.data(), offsets.data()));
+            const float* offsets = nullptr;
+            const uint8_t* head_prep = kb.block_query(prep, b, h, q, aligned_scratch, &offsets);
+            kb.score(head_prep, kb.keys(b, h, lo), n, s, total);
+            scale_scores(shape, s, total, kb.g, n, offsets);
         }
         at += n;
     }

@@ -28,6 +28,10 @@ struct BlockLayout {
     size_t k_offset = 0, k_head_stride = 0;
     size_t v_offset = 0, v_head_stride = 0;
     size_t mean_offset = kNoMeans;
+    // Per-channel keys (chanB, lib/codec/channel_keys.hpp): each kv head's fp16 minimums and steps at
+    // channel_offset + h·4·head_dim; the key codec scores the codes against the query scaled by the
+    // block's steps, and q·min is added to each score.
+    size_t channel_offset = kNoMeans;
     // Bytes from one token's row to the next within a head; 0: the codec's row_bytes() (rows packed, as
     // in pool blocks). A ggml KV tensor has its nb[2] here.
     size_t k_row_stride = 0, v_row_stride = 0;

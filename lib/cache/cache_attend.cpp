@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../codec/channel_keys.hpp"
 #include "../spec/half.hpp"
 #include "cache_impl.hpp"
 
@@ -116,7 +117,11 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
         }
         const uint8_t* block = st.data[(p - st.first_pos) / bt];
         const size_t r = (p - st.first_pos) % bt;
-        if (keys) {
+        if (const int bits = detail::channel_bits_of(kind.key); keys && bits) {
+            const auto* params = reinterpret_cast<const uint16_t*>(block + lay.channel_offset) + h * 2 * d;
+            detail::dequantize_channel_rows(block + lay.k_offset + h * lay.k_head_stride + r * kind.key.row_bytes(),
+                                            kind.key.row_bytes(), 1, static_cast<int>(d), bits, params, row.data());
+        } else if (keys) {
             kind.key.dequantize_rows(block + lay.k_offset + h * lay.k_head_stride + r * kind.key.row_bytes(), 1, row.data());
             if (cfg.center_keys) {
                 const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;

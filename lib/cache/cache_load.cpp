@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../codec/channel_keys.hpp"
 #include "../spec/half.hpp"
 #include "cache_file.hpp"
 #include "cache_impl.hpp"
@@ -93,7 +94,13 @@ BadRows bad_block_rows(const detail::CacheImpl& c, const detail::LayerKind& kind
             const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
             for (size_t j = 0; j < d; ++j) mean_bad |= !std::isfinite(detail::f16_to_f32(m16[j]));
         }
-        kind.key.dequantize_rows(block + lay.k_offset + h * lay.k_head_stride, live, rows.data());
+        if (const int bits = detail::channel_bits_of(kind.key)) {  // minimums and steps of a file not written by kvq
+            const auto* params = reinterpret_cast<const uint16_t*>(block + lay.channel_offset) + h * 2 * d;
+            detail::dequantize_channel_rows(block + lay.k_offset + h * lay.k_head_stride, kind.key.row_bytes(), live,
+                                            static_cast<int>(d), bits, params, rows.data());
+        } else {
+            kind.key.dequantize_rows(block + lay.k_offset + h * lay.k_head_stride, live, rows.data());
+        }
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= mean_bad || !all_finite(rows.data() + r * d, d);
         kind.value.dequantize_rows(block + lay.v_offset + h * lay.v_head_stride, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../codec/channel_keys.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -79,8 +80,29 @@ CacheConfig validate_config(CacheConfig c) {
 
 namespace {
 
+// A key codec: "chanB" (per-channel keys, lib/codec/channel_keys.hpp), which only a cache that seals a
+// block at a time can hold (a block's minimums and steps are known only when it is full), or a table codec.
+Codec make_key_codec(const CacheConfig& c, const std::string& spec) {
+    const int bits = detail::channel_key_bits(spec);
+    if (!bits) return Codec::make(spec, c.head_dim, c.seed);
+    if (c.seal != SealPolicy::on_block_full) {
+        bad_config("key codec '" + spec + "' needs seal = SealPolicy::on_block_full (a block's per-channel minimums and "
+                   "steps are known only when the block is full)");
+    }
+    if (c.center_keys) {
+        bad_config("key codec '" + spec + "' stores a per-channel minimum per block already; center_keys does not apply to it");
+    }
+    return detail::make_channel_key_codec(bits, c.head_dim);
+}
+
+Codec make_value_codec(const CacheConfig& c, const std::string& spec) {
+    if (detail::channel_key_bits(spec)) bad_config("'" + spec + "' is a key codec (per-channel keys); values need a row codec");
+    return Codec::make(spec, c.head_dim, c.seed);
+}
+
 // The block layout of one pair of codecs: each kv head's key rows, the value rows from a 64-byte aligned
-// offset, then (centered keys) each kv head's fp16 key means. Returns the block's bytes.
+// offset, then (centered keys) each kv head's fp16 key means or (per-channel keys) its fp16 minimums and
+// steps. Returns the block's bytes.
 size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, detail::BlockLayout& layout) {
     const size_t h = static_cast<size_t>(c.n_kv_heads), d = static_cast<size_t>(c.head_dim);
     const size_t bt = static_cast<size_t>(c.block_tokens);
@@ -94,6 +116,10 @@ size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, 
         layout.mean_offset = align_up(bytes, detail::BlockPool::kAlignment);
         bytes = layout.mean_offset + h * d * sizeof(uint16_t);
     }
+    if (key.info().per_channel) {
+        layout.channel_offset = align_up(bytes, detail::BlockPool::kAlignment);
+        bytes = layout.channel_offset + h * detail::channel_params_bytes(c.head_dim);
+    }
     return bytes;  // the pool rounds it up to its alignment
 }
 
@@ -101,8 +127,8 @@ size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, 
 
 detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     : cfg(checked_fields(config)),  // with the codecs made below: validate_config's rules, codecs made once
-      key(Codec::make(cfg.key_codec, cfg.head_dim, cfg.seed)),
-      value(Codec::make(cfg.value_codec, cfg.head_dim, cfg.seed)),
+      key(make_key_codec(cfg, cfg.key_codec)),
+      value(make_value_codec(cfg, cfg.value_codec)),
       exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)) {
     const size_t h = static_cast<size_t>(cfg.n_kv_heads);
     staging_layout.block_tokens = cfg.block_tokens;
@@ -116,8 +142,8 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     std::vector<size_t> class_bytes, layers_of;
     for (int l = 0; l < cfg.n_layers; ++l) {
         const LayerCodecs own = cfg.layer_codecs.empty() ? LayerCodecs{} : cfg.layer_codecs[l];
-        Codec k = own.key.empty() ? key : Codec::make(own.key, cfg.head_dim, cfg.seed);
-        Codec v = own.value.empty() ? value : Codec::make(own.value, cfg.head_dim, cfg.seed);
+        Codec k = own.key.empty() ? key : make_key_codec(cfg, own.key);
+        Codec v = own.value.empty() ? value : make_value_codec(cfg, own.value);
         size_t found = 0;
         while (found < kinds.size() && (kinds[found].key.name() != k.name() || kinds[found].value.name() != v.name())) ++found;
         kind_of.push_back(found);
@@ -304,6 +330,7 @@ double KVCache::bytes_per_token(int layer) const {
     const detail::LayerKind& k = impl_->kind(layer);
     double per_head = static_cast<double>(k.key.row_bytes() + k.value.row_bytes());
     if (c.center_keys) per_head += static_cast<double>(c.head_dim * sizeof(uint16_t)) / c.block_tokens;
+    if (k.key.info().per_channel) per_head += static_cast<double>(detail::channel_params_bytes(c.head_dim)) / c.block_tokens;
     return per_head * c.n_kv_heads;
 }
 

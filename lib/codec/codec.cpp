@@ -94,6 +94,10 @@ CodecSpec parse_codec_spec(std::string_view spec) {
 }
 
 Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
+    if (spec.starts_with("chan")) {
+        throw BadParams("codec '" + std::string(spec) + "': chanB keys (per-channel minimum and step per block of tokens) "
+                        "are a KVCache key codec (CacheConfig::key_codec), not a row codec");
+    }
     CodecSpec parsed = parse_codec_spec(spec);
     if (head_dim <= 0 || head_dim > 65536) {
         throw BadHeadDim("codec '" + std::string(spec) + "': head_dim must be in 1..65536, got " +
@@ -110,6 +114,13 @@ Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
     c.rotated_ = parsed.rot || row->rotates;
     c.seed_ = seed;
     return c;
+}
+
+void Codec::check_rows_operation(const char* what) const {
+    if (info_.per_channel) {
+        fail(name_, std::string(what) + ": per-channel keys have no row operations (a row's codes need its block's "
+                                        "per-channel minimums and steps, which KVCache keeps with the block)");
+    }
 }
 
 size_t Codec::row_bytes() const { return impl_->row_bytes(); }
@@ -139,6 +150,7 @@ bool sizes_overflow(size_t n_rows, int head_dim, size_t stride) {
 }  // namespace
 
 void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_stride, NanPolicy nan) const {
+    check_rows_operation("quantize_rows");
     if (n_rows == 0) return;
     require(x && dst, name_, "quantize_rows: null pointer");
     if (dst_stride == 0) dst_stride = row_bytes();
@@ -168,6 +180,7 @@ void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_s
 }
 
 void Codec::dequantize_rows(const void* src, size_t n_rows, float* y, size_t src_stride) const {
+    check_rows_operation("dequantize_rows");
     if (n_rows == 0) return;
     require(src && y, name_, "dequantize_rows: null pointer");
     if (src_stride == 0) src_stride = row_bytes();
@@ -179,6 +192,7 @@ void Codec::dequantize_rows(const void* src, size_t n_rows, float* y, size_t src
 }
 
 void Codec::prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan) const {
+    check_rows_operation("prepare_queries");
     require(n_q >= 0, name_, "prepare_queries: n_q is negative");
     if (n_q == 0) return;
     require(q && prep, name_, "prepare_queries: null pointer");
@@ -197,6 +211,7 @@ void Codec::prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan) 
 
 void Codec::score_rows(const void* prep, int n_q, const void* rows, size_t n_rows, float* scores,
                        size_t score_stride, size_t row_stride) const {
+    check_rows_operation("score_rows");
     require(n_q >= 0, name_, "score_rows: n_q is negative");
     if (n_q == 0 || n_rows == 0) return;
     require(prep && rows && scores, name_, "score_rows: null pointer");
@@ -214,6 +229,7 @@ void Codec::score_rows(const void* prep, int n_q, const void* rows, size_t n_row
 
 void Codec::accumulate_rows(const float* w, size_t w_stride, int n_q, const void* rows, size_t n_rows,
                             float* acc, size_t row_stride) const {
+    check_rows_operation("accumulate_rows");
     require(n_q >= 0, name_, "accumulate_rows: n_q is negative");
     if (n_q == 0 || n_rows == 0) return;
     require(w && rows && acc, name_, "accumulate_rows: null pointer");
@@ -224,6 +240,7 @@ void Codec::accumulate_rows(const float* w, size_t w_stride, int n_q, const void
 }
 
 void Codec::finish_accumulate(float* acc, int n_q) const {
+    check_rows_operation("finish_accumulate");
     require(n_q >= 0, name_, "finish_accumulate: n_q is negative");
     if (n_q == 0) return;
     require(acc != nullptr, name_, "finish_accumulate: null pointer");
@@ -231,6 +248,7 @@ void Codec::finish_accumulate(float* acc, int n_q) const {
 }
 
 void Codec::effective_query(const float* q, float* out) const {
+    check_rows_operation("effective_query");
     require(q && out, name_, "effective_query: null pointer");
     impl_->effective_query(q, out);
 }

@@ -111,7 +111,7 @@ std::vector<KVFormat> default_kv_formats() {
     // 8-bit keys with 3-bit values.
     // Then the pairs that real dumps chose (docs/accuracy.md, Gemma 3 270M): centered turbo keys, 5-bit
     // rotated centered keys with 3-bit polar values (4.5 bits per value, the best that KVCache holds), and
-    // per-channel keys (chanB: measured here, not yet in KVCache) at 4.25 and 3.5 bits per value.
+    // per-channel keys (chanB) at 4.25 and 3.5 bits per value.
     static const char* const rotating[][2] = {{"polar", "polar"},
                                               {"turbo4", "turbo4"},
                                               {"turbo3", "turbo3"},
@@ -123,7 +123,7 @@ std::vector<KVFormat> default_kv_formats() {
                                               {"chan3", "polar:budget=3"}};
     auto base = [](std::string_view spec) {
         spec = spec.substr(0, spec.find_first_of(":+"));
-        return spec.starts_with("chan") ? std::string_view("f32") : spec;  // chanB keys need no codec
+        return spec.starts_with("chan") ? std::string_view("f32") : spec;  // chanB keys are not in the table
     };
     for (const auto& [k, v] : rotating) {
         if (have(base(k)) && have(base(v))) out.push_back(KVFormat::parse(std::string(k) + "/" + v));

@@ -1,8 +1,8 @@
 // Decode attention on quantized rows for the sweep's error measurement: keys (optionally centered per
 // block, as the cache's center_keys does) and values laid out as row sources of the cache's decode engine
 // (lib/attention/decode_attention.hpp), which computes the output; its scoring step gives the scores.
-// Per-channel keys (chanB) are the exception: the engine has no codec for them (a block's keys share one
-// minimum and step per channel), so they keep a loop of their own here.
+// Per-channel keys (chanB, lib/codec/channel_keys.hpp) are laid out as the cache seals them too: a
+// block's codes, then its fp16 minimums and steps.
 #pragma once
 
 #include <cstddef>
@@ -21,18 +21,15 @@ struct QuantizedKeys {
     size_t block_bytes = 0;
     bool centered = false;
     size_t mean_offset = 0;
-    // Per-channel keys (KVFormat::channel_bits): rows holds one code per value (n_rows × head_dim bytes),
-    // mins and steps the fp16-rounded per-channel minimum and step of each block (n_blocks × head_dim).
-    int channel_bits = 0;
-    std::vector<float> mins, steps;
+    // Per-channel keys (a chanB codec): the block's fp16 minimums and steps at channel_offset.
+    bool per_channel = false;
+    size_t channel_offset = 0;
 };
 
-// k: n_rows × head_dim floats.
+// k: n_rows × head_dim floats. A chanB codec (detail::make_channel_key_codec): per block and channel an
+// fp16 minimum and step (a partial last block: over its own rows); throws std::invalid_argument if one
+// does not fit fp16.
 QuantizedKeys quantize_keys(const Codec& codec, const float* k, size_t n_rows, bool center, int block_tokens);
-// Per-channel keys: each block of block_tokens rows (the last may be shorter) gets, per channel, an fp16
-// minimum and step (max − min)/(2^bits − 1), and codes round((x − min)/step) clamped to 0..2^bits − 1.
-// Throws std::invalid_argument if a minimum or step does not fit fp16.
-QuantizedKeys quantize_channel_keys(const float* k, size_t n_rows, int head_dim, int bits, int block_tokens);
 std::vector<uint8_t> quantize_values(const Codec& codec, const float* v, size_t n_rows);
 
 // Row-wise softmax in place over n columns of rows `stride` floats apart.
@@ -42,8 +39,7 @@ void softmax_rows(float* s, int n_q, size_t n, size_t stride);
 // sliding window; blocks stay aligned to row 0, as in the cache); writes the scaled scores and weights
 // (n_q × (n_rows − first)) and out (n_q × head_dim). Row-wise keys: the output is the decode engine's (one
 // thread), bit for bit what KVCache::attend gives on the same bytes; the weights are a plain softmax of
-// the scores (a measurement). For per-channel keys (k.channel_bits) the key codec is not used but for its
-// head_dim.
+// the scores (a measurement).
 void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values,
                          const std::vector<uint8_t>& v, const float* q, int n_q, size_t first, size_t n_rows,
                          float scale, float* scores, float* weights, float* out);

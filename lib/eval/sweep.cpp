@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "kvq/cache.hpp"
+#include "codec/channel_keys.hpp"
 #include "quantized_attention.hpp"
 
 namespace kvq {
@@ -72,10 +73,9 @@ struct Prepared {
     const KVFormat& format_of(bool windowed) const { return format.on_layer(windowed); }
     const Codec& keys_of(bool windowed) const { return windowed && window_keys ? *window_keys : *keys; }
     const Codec& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
-    // Whether a KVCache can hold the format: no chanB keys, and every layer's keys centered alike.
+    // Whether a KVCache can hold the format: every layer's keys centered alike.
     bool cache_holds() const {
-        return error.empty() && !format.channel_bits &&
-               (!format.window || (!format.window->channel_bits && format.window->center_keys == format.center_keys));
+        return error.empty() && (!format.window || format.window->center_keys == format.center_keys);
     }
 };
 
@@ -168,6 +168,11 @@ const KVFormat& f16_format() {
     return f16;
 }
 
+// A format's key codec: chanB (lib/codec/channel_keys.hpp, as KVCache makes it) or a table codec.
+Codec key_codec(const KVFormat& f, int head_dim, uint64_t seed) {
+    return f.channel_bits ? detail::make_channel_key_codec(f.channel_bits, head_dim) : Codec::make(f.key_codec, head_dim, seed);
+}
+
 // The codecs of every format at the data set's head size; a format they cannot make carries the reason.
 std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int head_dim, uint64_t seed) {
     std::vector<Prepared> prepared;
@@ -175,11 +180,10 @@ std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int 
         Prepared p;
         p.format = f;
         try {
-            // chanB keys are quantized by the sweep itself; the f32 codec only carries the head size.
-            p.keys = Codec::make(f.channel_bits ? "f32" : f.key_codec, head_dim, seed);
+            p.keys = key_codec(f, head_dim, seed);
             p.values = Codec::make(f.value_codec, head_dim, seed);
             if (const KVFormat* w = f.window.get()) {
-                p.window_keys = Codec::make(w->channel_bits ? "f32" : w->key_codec, head_dim, seed);
+                p.window_keys = key_codec(*w, head_dim, seed);
                 p.window_values = Codec::make(w->value_codec, head_dim, seed);
             }
         } catch (const std::invalid_argument& e) {
@@ -226,10 +230,7 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
         const Codec& values = p.values_of(windowed);
         auto kc = key_codes.find(lf.key_label());
         if (kc == key_codes.end())
-            kc = key_codes.emplace(lf.key_label(),
-                                   lf.channel_bits
-                                       ? detail::quantize_channel_keys(k.data(), n_rows, dim, lf.channel_bits, options.block_tokens)
-                                       : detail::quantize_keys(keys, k.data(), n_rows, lf.center_keys, options.block_tokens))
+            kc = key_codes.emplace(lf.key_label(), detail::quantize_keys(keys, k.data(), n_rows, lf.center_keys, options.block_tokens))
                      .first;
         auto vc = value_codes.find(lf.value_codec);
         if (vc == value_codes.end()) vc = value_codes.emplace(lf.value_codec, detail::quantize_values(values, v.data(), n_rows)).first;
@@ -273,7 +274,7 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
     std::vector<const Prepared*> timed;
     size_t baseline_index = SIZE_MAX;
     for (const auto& p : prepared) {
-        if (!p.cache_holds()) continue;  // KVCache cannot hold chanB keys (or keys centered in some layers): not timed
+        if (!p.cache_holds()) continue;  // KVCache cannot center the keys of some layers only: not timed
         if (p.format.label() == f16_format().label()) baseline_index = timed.size();
         timed.push_back(&p);
     }

@@ -357,7 +357,9 @@ decode attention directly on the stored bytes.
     cache.append(layer, k, v, seq=seq)      # k, v: (tokens, n_kv_heads, head_dim) float32
     out = cache.attend(layer, q, seq=seq)   # q: (n_heads, head_dim) -> (n_heads, head_dim) float32
 
-seq=None means the cache's only sequence. Bad input raises ValueError and changes nothing; a pool with
+key_codec is a codec of kvq.codecs() or, for keys only, "chan2" .. "chan8" (per-channel keys: per block
+an fp16 minimum and step per channel; seal="on_block_full" only). seq=None means the cache's only
+sequence. Bad input raises ValueError and changes nothing; a pool with
 max_blocks that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing. Different sequences
 may be used from different threads at once (the GIL is released while kvq works).)doc")
         .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),

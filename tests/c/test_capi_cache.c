@@ -297,8 +297,60 @@ static void test_attend_batch(void) {
     kvq_cache_destroy(cache);
 }
 
+/* Per-channel keys (chanB): a key codec name of the cache, refused unless blocks are sealed when full;
+ * chan8 keys attend within 1% of f32 keys; non-finite keys and row operations on the codec are refused. */
+static void test_channel_keys(void) {
+    enum { T = 2 * BT + 3 };
+    kvq_cache* cache = NULL;
+    kvq_cache_params p = small_params();
+    p.key_codec = "chan3";
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "on_block_full"); /* small_params: on_append */
+    p.value_codec = "chan3";
+    p.seal = KVQ_SEAL_ON_BLOCK_FULL;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "key codec");
+    kvq_codec* codec = NULL;
+    CHECK_STATUS(kvq_codec_create("chan3", D, KVQ_DEFAULT_SEED, &codec), KVQ_ERR_BAD_PARAMS, "KVCache key codec");
+    float* k = make_rows(T, 31);
+    float* v = make_rows(T, 32);
+    float q[QH * D], out[QH * D], exact[QH * D];
+    fill_gaussian(q, QH * D, 33);
+    const char* keys[] = {"f32", "chan8"};
+    for (int i = 0; i < 2; ++i) {
+        p = small_params();
+        p.key_codec = keys[i];
+        p.value_codec = "f32";
+        p.seal = KVQ_SEAL_ON_BLOCK_FULL;
+        CHECK_OK(kvq_cache_create(&p, &cache));
+        CHECK_STR_EQ(kvq_codec_name(kvq_cache_key_codec(cache)), keys[i]);
+        int64_t seq = -1;
+        CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+        CHECK_OK(kvq_cache_append(cache, 0, seq, k, v, T));
+        CHECK_OK(kvq_cache_attend(cache, 0, seq, q, i == 0 ? exact : out));
+        if (i == 1) {
+            double diff = 0, norm = 0;
+            for (int j = 0; j < QH * D; ++j) diff += (out[j] - exact[j]) * (out[j] - exact[j]), norm += exact[j] * exact[j];
+            CHECK(diff > 0 && sqrt(diff / norm) < 0.01);
+            float* bad = make_rows(1, 34);
+            bad[5] = NAN;
+            CHECK_STATUS(kvq_cache_append(cache, 0, seq, bad, v, 1), KVQ_ERR_NON_FINITE, "");
+            size_t n = 0;
+            CHECK_OK(kvq_cache_n_tokens(cache, seq, 0, &n));
+            CHECK(n == T);
+            unsigned char row[D];
+            CHECK_STATUS(kvq_codec_quantize_rows(kvq_cache_key_codec(cache), bad + D, 1, row, 0), KVQ_ERR_INVALID_ARGUMENT,
+                         "no row operations");
+            free(bad);
+        }
+        kvq_cache_destroy(cache);
+        cache = NULL;
+    }
+    free(k);
+    free(v);
+}
+
 int main(void) {
     test_cache_params_errors();
+    test_channel_keys();
     test_cache_life();
     test_attend_batch();
     return check_report("test_capi_cache");

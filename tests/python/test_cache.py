@@ -357,3 +357,41 @@ def test_max_bytes_bounds_blocks_and_staging(rng):
     stats = cache.pool_stats()
     assert stats["bytes_total"] + stats["bytes_reserved"] <= 200_000
     assert stats["max_bytes"] == 200_000
+
+
+def test_per_channel_keys_chanB(rng, tmp_path):
+    """chanB keys: a key codec name of the cache (sealed a block at a time); chan8 within 1% of f32 keys,
+    chan3 further; saved and loaded bit for bit; refused where a block's ranges cannot be known."""
+    k, v = kv(rng, 90)
+    k += np.linspace(-8, 8, D, dtype=np.float32)  # a per-channel bias, which the per-channel minimum takes
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    outs = {}
+    for key in ("f32", "chan8", "chan3"):
+        cache = kvq.KVCache(1, KV, D, n_heads=H, key_codec=key, value_codec="f32", block_tokens=32)
+        assert cache.key_codec == key
+        seq = cache.add_sequence()
+        cache.append(0, k, v, seq=seq)
+        outs[key] = cache.attend(0, q, seq=seq)
+        if key == "chan3":
+            # 3-bit codes and 32 bits of fp16 minimum and step per channel per block, f32 values.
+            assert cache.bytes_per_token() == pytest.approx(KV * (D * 3 / 8 + 4 * D / 32 + 4 * D))
+            cache.save(str(tmp_path / "chan.kvq"))
+            loaded = kvq.KVCache.load(str(tmp_path / "chan.kvq"))
+            assert loaded.key_codec == "chan3"
+            np.testing.assert_array_equal(loaded.attend(0, q, seq=loaded.sequences()[0]), outs[key])
+            bad = k[:1].copy()
+            bad[0, 1, 3] = np.nan
+            with pytest.raises(ValueError, match="NaN"):
+                cache.append(0, bad, v[:1], seq=seq)
+            assert cache.n_tokens(seq) == 90
+    assert 0 < relative_l2(outs["chan8"], outs["f32"]) < 0.01 < relative_l2(outs["chan3"], outs["f32"])
+    with pytest.raises(ValueError, match="on_block_full"):
+        kvq.KVCache(1, KV, D, key_codec="chan3", seal="on_append")
+    with pytest.raises(ValueError, match="is a key codec"):
+        kvq.KVCache(1, KV, D, value_codec="chan3")
+    with pytest.raises(ValueError, match="chan2 .. chan8"):
+        kvq.KVCache(1, KV, D, key_codec="chan9")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kvq.KVCache(1, KV, 12, key_codec="chan3")
+    with pytest.raises(ValueError, match="KVCache key codec"):
+        kvq.quantize(np.ascontiguousarray(k[:, 0]), "chan3")

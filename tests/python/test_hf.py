@@ -276,3 +276,20 @@ def test_import_kvq_does_not_import_torch():
     code = "import sys, kvq; kvq.reference_attention; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
+
+
+def test_per_channel_keys_go_through_kvqcache():
+    model = tiny("gemma3")
+    model.set_attn_implementation("kvq")
+    ids = prompt(70)  # two sealed 32-token blocks, the rest staged
+    with torch.no_grad():
+        ref = model(ids, use_cache=True, **cache_kw(model, kvq.hf.KVQCache(model.config, "f32", "f32"))).logits
+        errs = {}
+        for k in ("chan8", "chan3"):
+            cache = kvq.hf.KVQCache(model.config, k, "f32", layer_codecs={1: "q8_0/f32"})
+            assert cache.kvq_caches[0].layer_codecs()[0] == (k, "f32")
+            out = model(ids, use_cache=True, **cache_kw(model, cache)).logits
+            errs[k] = (out - ref).abs().max().item()
+    assert 0 < errs["chan8"] < errs["chan3"] / 4, errs
+    with pytest.raises(ValueError, match="on_block_full"):
+        kvq.hf.KVQCache(model.config, "chan3", "q4_0", seal="on_append")

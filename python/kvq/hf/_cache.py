@@ -22,7 +22,8 @@ class KVQCache(Cache):
 
     Args:
         config: the model's config (``model.config``; the text config of a multimodal model is used).
-        key_codec, value_codec: kvq codec names (``kvq.codecs()``); a key codec may end in ``+center``.
+        key_codec, value_codec: kvq codec names (``kvq.codecs()``); a key codec may end in ``+center``, or be
+            ``chan2`` .. ``chan8`` (per-channel keys, sealed a block at a time).
         max_batch_size: the most batch rows (beams included) the cache accepts; None = no limit.
         layer_codecs: optional ``{layer: "K/V"}`` for layers stored with another pair.
         **cache_config: any other ``kvq.KVCache`` keyword (block_tokens, seal, threads, max_blocks, scale,
