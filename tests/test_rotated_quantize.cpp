@@ -3,11 +3,12 @@
 // levels and 0..8 bits (wide codes and small heads take the specification's own path), head sizes whose
 // rotation has one or several Hadamard blocks, rows of every kind of parity_rows (zeros, ties, huge,
 // tiny, subnormal) and NaN/Inf rows under NanPolicy::propagate, into strided rows whose gaps must stay
-// untouched. And kvq's own atan2 (polar_angle) is the C library's to within 3e-7.
+// untouched, and rows whose rotated pairs lie exactly on polar's thresholds (axes, diagonals, equal
+// radii: test_polar_codes.cpp says which cells those take).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,9 +44,15 @@ std::vector<std::string> specs() {
     return s;
 }
 
-// parity_rows' kinds, then a row with a NaN, one with an Inf, one with both infinities.
+// parity_rows' kinds, rows of one or two ±1s (rotated: every pair on a diagonal or an axis, radii equal,
+// so polar's angles are on thresholds), then a row with a NaN, one with an Inf, one with both infinities.
 std::vector<float> rows_for(size_t n, int d, uint64_t seed) {
     auto x = kvq::detail::parity_rows(n, d, seed, true);
+    for (size_t r = 0; r + 3 < n; r += 7) {
+        std::fill(x.begin() + r * d, x.begin() + (r + 1) * d, 0.0f);
+        x[r * d + r % d] = 1.0f;
+        if (r % 2) x[r * d + (r * 5 + 1) % d] = r % 4 == 1 ? -1.0f : 1.0f;
+    }
     x[(n - 3) * d + d / 3] = NAN;
     x[(n - 2) * d + 1] = -INFINITY;
     x[(n - 1) * d] = INFINITY;
@@ -169,25 +176,4 @@ TEST_CASE("the SIMD quantizers give the specification's bytes for 1..17 rows, a 
         }
     }
     CHECK((quantize_levels().empty() || compared > 1000000));
-}
-
-TEST_CASE("polar_angle is atan2 in 0..2π and polar_angle_q1 in 0..π/2 to within 3e-7") {
-    std::mt19937_64 rng(11);
-    std::normal_distribution<float> normal;
-    double worst = 0;
-    for (int i = 0; i < 200000; ++i) {
-        float x = normal(rng), y = normal(rng);
-        if (i % 7 == 0) x = 0.0f;
-        if (i % 11 == 0) y *= 1e-6f;
-        double want = std::atan2(double(y), double(x));
-        if (want < 0) want += 2 * std::numbers::pi;
-        worst = std::max(worst, std::fabs(kvq::detail::polar_angle(y, x) - want));
-        const double want_q1 = std::atan2(std::fabs(double(y)), std::fabs(double(x)));
-        worst = std::max(worst, std::fabs(kvq::detail::polar_angle_q1(std::fabs(y), std::fabs(x)) - want_q1));
-    }
-    CHECK(worst < 3e-7 * 2 * std::numbers::pi);
-    CHECK(kvq::detail::polar_angle(0.0f, 0.0f) == 0.0f);
-    CHECK(kvq::detail::polar_angle(0.0f, -1.0f) == doctest::Approx(std::numbers::pi));
-    CHECK(kvq::detail::polar_angle(-1.0f, 0.0f) == doctest::Approx(1.5 * std::numbers::pi));
-    CHECK(kvq::detail::polar_angle_q1(1.0f, 0.0f) == doctest::Approx(std::numbers::pi / 2));
 }

@@ -62,10 +62,10 @@ public:
         q_.rot = rotation_layout(rot_);
         q_.levels = levels_;
         for (int level = 1; level <= levels_; ++level) {
-            const auto& b = codebooks_[level - 1]->boundaries;
-            bounds_[level - 1].assign(std::max<size_t>(b.size(), 16), 0.0f);
-            std::copy(b.begin(), b.end(), bounds_[level - 1].begin());
-            q_.bounds[level - 1] = bounds_[level - 1].data();
+            const auto t = polar_tangents(level, l_.bits[level - 1], codebooks_[level - 1]->boundaries.data());
+            tangents_[level - 1].assign(std::max<size_t>(t.size(), 32), 0.0f);
+            std::copy(t.begin(), t.end(), tangents_[level - 1].begin());
+            q_.tangents[level - 1] = tangents_[level - 1].data();
             q_.bits[level - 1] = l_.bits[level - 1];
             q_.bit_off[level - 1] = l_.bit_off[level - 1];
         }
@@ -168,7 +168,7 @@ private:
     std::vector<float> cossin_[kPolarMaxLevels];
     std::vector<float> batch_factors_[3], batch_factors34_;
     PolarLayout l_;
-    std::vector<float> bounds_[kPolarMaxLevels];  // each level's thresholds, zero-padded to 16
+    std::vector<float> tangents_[kPolarMaxLevels];  // each level's polar_tangents, zero-padded to 32
     PolarQuantizeLayout q_;
     size_t row_bytes_ = 0;
 };

@@ -4,7 +4,9 @@
 // values. In each group, level 1 turns the pairs (y₂ⱼ, y₂ⱼ₊₁) into radii and angles in [0, 2π); level
 // ℓ ≥ 2 turns pairs of radii (r, r′) into a radius and the angle atan2(r′, r) in [0, π/2]. After L levels
 // one radius per group is left. Every angle is stored as a code of its level's Lloyd-Max codebook
-// (lloyd_max.hpp: uniform at level 1, density ∝ sin^(2^(ℓ−1)−1)(2ψ) above); the radius as fp16.
+// (lloyd_max.hpp: uniform at level 1, density ∝ sin^(2^(ℓ−1)−1)(2ψ) above); the radius as fp16. The
+// quantizer decides each code by compares against the thresholds' tangents, without computing the angle
+// (lib/spec/rotated_quantize.hpp).
 //
 // | section (per row of d values)             | size                       |
 // |-------------------------------------------|----------------------------|

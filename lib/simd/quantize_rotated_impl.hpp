@@ -5,7 +5,7 @@
 // because they do its float operations in its order (lib/spec/rotated_quantize.hpp says which order):
 // the rotation's butterflies lane by lane (rotate_impl.hpp), the 16 partial sums register by register
 // and added by the same tree, the rank of a value as the exact count of thresholds below it (by buckets
-// or a binary search, below), polar_angle's operations one for one. fma only where a product is exact
+// or a binary search, below), polar's code compares one for one. fma only where a product is exact
 // (x² in double, v·(±1)), so that it rounds as the specification's separate add does. One liberty: a
 // butterfly's a − b is computed as a + (−b), which differs from it only in which NaN a NaN operand
 // gives; so a row is taken here only when it is finite after the rotation (turbo: its norm is at most
@@ -68,7 +68,9 @@ struct RotatedQuantize {
         }
         // Per call of a quantizer: only the tables its rank search reads.
         void build(const float* bounds, int bits) {
-            if (R::kLookup32 && build_buckets(bounds, bits)) return;
+            if (!(R::kLookup32 && build_buckets(bounds, bits))) build_search(bounds, bits);
+        }
+        void build_search(const float* bounds, int bits) {
             for (int k = 2; k < bits && k <= 3; ++k) {  // step 1 reads no table
                 const int s = 1 << (bits - 1 - k);
                 for (int r = 0; r < 16; ++r) {

@@ -14,6 +14,8 @@
 //                         for the L lanes left, halving L, to one (sum16_float / sum16_double's order)
 //   add_unless_less(r, v, t, s)  r + s in the lanes where !(v < t) (NaN v included), r elsewhere
 //   select_unless_less(v, t, a, b)  a where !(v < t), b elsewhere
+//   add_if_less(r, v, t, s), select_if_less(v, t, a, b)  the same where v < t (false for NaN)
+//   bits_if_less(v, t, s)  s where v < t, 0 elsewhere
 //   kPackCodes, pack_codes<B>(r, map, out)  (AVX2, AVX-512) the 4N ranks of r[0..3] (0..2^B−1), each
 //                         mapped through map (16 bytes; null: the rank itself), as B-bit codes packed
 //                         back to back from bit 0 of out (bit_codes.hpp); writes out[0, 2N): the N·B/2
@@ -110,6 +112,11 @@ struct RotOps<xsimd::avx512bw> {
     static F select_unless_less(F v, F t, F a, F b) {
         return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, t, _CMP_NLT_UQ), b, a);
     }
+    static I add_if_less(I r, F v, F t, int s) {
+        return _mm512_mask_add_epi32(r, _mm512_cmp_ps_mask(v, t, _CMP_LT_OQ), r, _mm512_set1_epi32(s));
+    }
+    static F select_if_less(F v, F t, F a, F b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, t, _CMP_LT_OQ), b, a); }
+    static I bits_if_less(F v, F t, int s) { return _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(v, t, _CMP_LT_OQ), _mm512_set1_epi32(s)); }
 
     // Saturating packs work per 128-bit lane (byte 4k + i of lane L is value 16k + 4L + i): a dword
     // transpose puts value j at byte j. Then pairs of codes are summed into 16 bits and pairs of those
@@ -117,7 +124,7 @@ struct RotOps<xsimd::avx512bw> {
     // or dword permute gathers those bytes.
     static constexpr bool kPackCodes = true;
     template <int B>
-    static void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
+    [[gnu::always_inline]] static inline void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
         static_assert(B >= 1 && B <= 4);
         const __m512i w = _mm512_packs_epi16(_mm512_packs_epi32(r[0], r[1]), _mm512_packs_epi32(r[2], r[3]));
         __m512i b = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
@@ -189,6 +196,11 @@ struct RotOps<xsimd::fma3<xsimd::avx2>> {
         return _mm256_add_epi32(r, _mm256_and_si256(m, _mm256_set1_epi32(s)));
     }
     static F select_unless_less(F v, F t, F a, F b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(v, t, _CMP_NLT_UQ)); }
+    static I bits_if_less(F v, F t, int s) {
+        return _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, t, _CMP_LT_OQ)), _mm256_set1_epi32(s));
+    }
+    static I add_if_less(I r, F v, F t, int s) { return _mm256_add_epi32(r, bits_if_less(v, t, s)); }
+    static F select_if_less(F v, F t, F a, F b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(v, t, _CMP_LT_OQ)); }
     static float sum_lanes(F v) { return sum_lanes8(v); }
     static double sum_lanes(D v) { return sum_lanes4(v); }
 
@@ -196,7 +208,7 @@ struct RotOps<xsimd::fma3<xsimd::avx2>> {
     // to bytes 0..2B−1 (lane 0) and 2B..4B−1 (lane 1), and the lanes or-ed.
     static constexpr bool kPackCodes = true;
     template <int B>
-    static void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
+    [[gnu::always_inline]] static inline void pack_codes(const I* r, const uint8_t* map, uint8_t* out) {
         static_assert(B >= 1 && B <= 4);
         const __m256i a = _mm256_packs_epi32(r[0], r[1]), c = _mm256_packs_epi32(r[2], r[3]);
         __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, c), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -258,6 +270,12 @@ struct RotOps<xsimd::sse2> {
         const __m128 m = _mm_cmpnlt_ps(v, t);
         return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b));
     }
+    static I bits_if_less(F v, F t, int s) { return _mm_and_si128(_mm_castps_si128(_mm_cmplt_ps(v, t)), _mm_set1_epi32(s)); }
+    static I add_if_less(I r, F v, F t, int s) { return _mm_add_epi32(r, bits_if_less(v, t, s)); }
+    static F select_if_less(F v, F t, F a, F b) {
+        const __m128 m = _mm_cmplt_ps(v, t);
+        return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b));
+    }
     static float sum_lanes(F v) { return sum_lanes4(v); }
     static double sum_lanes(D v) { return sum_lanes2(v); }
     static constexpr bool kPackCodes = false;
@@ -293,6 +311,9 @@ struct RotOps<xsimd::neon64> {
         return vaddq_s32(r, vbicq_s32(vdupq_n_s32(s), vreinterpretq_s32_u32(vcltq_f32(v, t))));
     }
     static F select_unless_less(F v, F t, F a, F b) { return vbslq_f32(vcltq_f32(v, t), b, a); }
+    static I bits_if_less(F v, F t, int s) { return vandq_s32(vdupq_n_s32(s), vreinterpretq_s32_u32(vcltq_f32(v, t))); }
+    static I add_if_less(I r, F v, F t, int s) { return vaddq_s32(r, bits_if_less(v, t, s)); }
+    static F select_if_less(F v, F t, F a, F b) { return vbslq_f32(vcltq_f32(v, t), a, b); }
     static float sum_lanes(F v) {
         const float32x2_t c = vadd_f32(vget_low_f32(v), vget_high_f32(v));
         return vget_lane_f32(c, 0) + vget_lane_f32(c, 1);

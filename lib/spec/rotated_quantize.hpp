@@ -12,14 +12,19 @@
 //   level whose register holds 1, 2, 4, 8 or 16 of them accumulates the same partials in the same order;
 // - a code is the rank of the value among its codebook's ascending thresholds, the number of thresholds
 //   t with !(v < t) (what std::upper_bound returns, NaN included); a binary search gives the same rank;
-// - polar's angles come from polar_angle (below), kvq's own atan2 of one division and a fixed polynomial,
-//   instead of the C library's (whose bits differ between libraries and from any vector version).
+// - polar computes no angle: a code is the number of thresholds an angle is past, and "the angle of
+//   (x, y) is past t" is y > x·tan t (x, y ≥ 0), so the code is a count of products and compares
+//   against a table of tangents (polar_level1_code, polar_node_code below): no division, no polynomial,
+//   no C library function whose bits differ between libraries and from any vector version. Nodes above
+//   level 1 compare squared radii against squared tangents, so no radius needs a square root but the
+//   row's last ones.
 // Rows a SIMD level does not take (a NaN, an Inf or a huge value, where the order of a NaN's operands
 // would show in its bits) go through the specification's row function.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "rotated_kernels.hpp"
 
@@ -62,7 +67,7 @@ struct PolarQuantizeLayout {
     int levels = 0;
     int bits[8] = {};
     size_t bit_off[8] = {};
-    const float* bounds[8] = {};  // level ℓ+1: 2^bits − 1 ascending thresholds (zero-padded to 16)
+    const float* tangents[8] = {};  // level ℓ+1: polar_tangents (ascending, zero-padded to 32)
     size_t radius_off = 0, row_bytes = 0;
 };
 
@@ -88,11 +93,36 @@ void turbo_store_scale(const TurboQuantizeLayout& l, double norm, float cu, floa
 // 1/norm as the row's float multiplier: 0 for a zero row or one so small that 1/norm overflows.
 float turbo_inverse_norm(double norm);
 
-// kvq's atan2: the angle of (x, y) in [0, 2π) (polar_angle) or, for x, y ≥ 0, in [0, π/2]
-// (polar_angle_q1). One division and the Cephes atanf polynomial (|error| < 2e-7), in an order every
-// SIMD level repeats (quantize_rotated_impl.hpp). NaN gives some angle; the row's radius is NaN then.
-float polar_angle(float y, float x);
-float polar_angle_q1(float y, float x);
+// Polar's codes without angles (PolarQuant, arXiv 2502.02617, quantizes the angles themselves; a code is
+// the same cell of the same codebook, decided by compares).
+//
+// Level 1 (bits B, 2^B uniform cells of [0, 2π), the pair (a, b) of rotated values): the octant by exact
+// compares, then the cell within it from the tangents of the octant's thresholds. With the quadrant
+// 2X + Y (X = b < 0, Y = (a < 0) ≠ X, counterclockwise) and Z = (|a| < |b|) ≠ Y (past the quadrant's
+// diagonal, from its first axis), the octant is o = 4X + 2Y + Z; B ≤ 3: code = o >> (3 − B); B ≥ 4,
+// h = 2^(B−3) cells per octant: i = #{k < h − 1 : min(|a|, |b|) > max(|a|, |b|)·T_k}
+// (T_k = fl(tan((k + 1)·π/2^(B−1))), ascending), and code = o·h + (Z ? h − 1 − i : i) (the odd octants
+// are the even ones mirrored). Computed as bit masks: code = (b < 0 ? 2^B − 1 : 0) ^ (a < 0 ? 2^(B−1) − 1
+// : 0) ^ (|a| < |b| ? 2^(B−2) − 1 : 0) ^ i (B ≥ 2 for the third term, i = 0 for B ≤ 3).
+// Only the octants' own boundaries (the axes and diagonals, where tan is 0, 1 or ∞) can hold a pair
+// exactly; a pair there takes one of the two cells beside it (zeros count as positive, (±0, ±0) is code
+// 0), and both are equally far from it. Elsewhere a code differs from the cell of the exact angle only
+// within a float rounding of a threshold (the product's rounding and T_k's).
+//
+// Level ℓ ≥ 2 (bits B, the Lloyd-Max thresholds t_k of [0, π/2]): a node of the squared radii s1, s2
+// of its two children (s = a·a + b·b at level 1, then s1 + s2, all in float) has the code
+//   #{k < 2^B − 1 : s2 > s1·U_k}  (U_k = fl(tan²(t_k)), ascending),
+// the rank of atan2(√s2, √s1) among the t_k. A product that underflows to 0 or overflows to ∞ still
+// decides right (s2 > 0 is then past the threshold, s2 ≤ FLT_MAX is not); (0, 0) is code 0.
+// The stored radius is √s of the last level, rounded to fp16.
+//
+// Both counts are binary searches of a predicate monotone in k (x, y ≥ 0 or NaN; x·T is
+// non-decreasing in T), so a search of any order gives the same count; NaN gives 0.
+uint32_t polar_level1_code(float a, float b, int bits, const float* tangents);
+uint32_t polar_node_code(float s1, float s2, int bits, const float* tangents);
+// The tangents a level compares with: level 1, bits ≥ 4: 2^(bits−3) − 1 of them; level ≥ 2: 2^bits − 1
+// (thresholds: the codebook's float boundaries, ascending); computed in double, rounded to float once.
+std::vector<float> polar_tangents(int level, int bits, const float* thresholds);
 
 // The same rotation tables a SIMD level reads.
 RotationLayout rotation_layout(const Rotation& r);

@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <vector>
 
 #include "../rotation/hadamard.hpp"
@@ -20,23 +21,9 @@ int rank_of(const float* bounds, int n_bounds, float v) {
     return static_cast<int>(std::upper_bound(bounds, bounds + n_bounds, v) - bounds);
 }
 
-// The angle of (x, y) folded into [0, π/2] before its quadrant: the Cephes atanf range reduction
-// (min/max ratio, and ± π/4 above tan(π/8)) with one division.
-float angle_first_quadrant(float y, float x, bool& big) {
-    const float ax = std::fabs(x), ay = std::fabs(y);
-    big = ay > ax;
-    const float mx = big ? ay : ax, mn = big ? ax : ay;
-    const bool red = mn > 0.414213562f * mx;
-    const float num = red ? mn - mx : mn, den = red ? mn + mx : mx;
-    float t = num / den;
-    if (!(den > 0.0f)) t = 0.0f;
-    const float z = t * t;
-    float p = ((8.05374449538e-2f * z + -1.38776856032e-1f) * z + 1.99777106478e-1f) * z + -3.33329491539e-1f;
-    p = p * z;
-    p = p * t;
-    p = p + t;
-    if (red) p = p + 0.785398163f;
-    return big ? 1.57079633f - p : p;
+// #{k < n : x·tangents[k] < y}: a prefix of the ascending tangents (rotated_quantize.hpp), so a binary search.
+uint32_t rank_below(const float* tangents, int n, float x, float y) {
+    return static_cast<uint32_t>(std::partition_point(tangents, tangents + n, [&](float t) { return x * t < y; }) - tangents);
 }
 
 void turbo_rows(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
@@ -109,17 +96,33 @@ void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8
     turbo_store_scale(l, norm, sum16_float(cu), sum16_float(cc), row);
 }
 
-float polar_angle_q1(float y, float x) {
-    bool big;
-    return angle_first_quadrant(y, x, big);
+uint32_t polar_level1_code(float a, float b, int bits, const float* tangents) {
+    const float ax = std::fabs(a), ay = std::fabs(b);
+    const bool g = ax < ay;
+    const float mx = g ? ay : ax, mn = g ? ax : ay;
+    const uint32_t i = bits > 3 ? rank_below(tangents, (1 << (bits - 3)) - 1, mx, mn) : 0;
+    const uint32_t x = b < 0.0f ? (1u << bits) - 1 : 0, y = a < 0.0f ? (1u << (bits - 1)) - 1 : 0;
+    const uint32_t z = g && bits >= 2 ? (1u << (bits - 2)) - 1 : 0;
+    return x ^ y ^ z ^ i;
 }
 
-float polar_angle(float y, float x) {
-    bool big;
-    float a = angle_first_quadrant(y, x, big);
-    if (x < 0.0f) a = 3.14159265f - a;
-    if (y < 0.0f) a = 6.28318531f - a;
-    return a;
+uint32_t polar_node_code(float s1, float s2, int bits, const float* tangents) {
+    return rank_below(tangents, (1 << bits) - 1, s1, s2);
+}
+
+std::vector<float> polar_tangents(int level, int bits, const float* thresholds) {
+    std::vector<float> t;
+    if (level == 1) {
+        for (int k = 1; k < (bits >= 3 ? 1 << (bits - 3) : 0); ++k) {
+            t.push_back(static_cast<float>(std::tan(k * std::numbers::pi / double(1 << (bits - 1)))));
+        }
+    } else {
+        for (int k = 0; k < (1 << bits) - 1; ++k) {
+            const double u = std::tan(double(thresholds[k]));
+            t.push_back(static_cast<float>(u * u));
+        }
+    }
+    return t;
 }
 
 void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8_t* row) {
@@ -127,29 +130,28 @@ void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8
     float stack[kMaxRowValues];
     std::vector<float> heap(d > kMaxRowValues ? d : 0);
     float* y = d > kMaxRowValues ? heap.data() : stack;
-    float radius[1 << 7];  // leaves ≤ 2^(kPolarMaxLevels − 1)
+    float sq[1 << 7];  // squared radii; leaves ≤ 2^(kPolarMaxLevels − 1)
     std::memset(row, 0, l.row_bytes);
     l.rot.rotation->apply(x, y);
-    auto put = [&](int level, int node, float angle) {
+    auto put = [&](int level, int node, uint32_t code) {
         const int bits = l.bits[level - 1];
-        const int code = rank_of(l.bounds[level - 1], (1 << bits) - 1, angle);
-        put_code(row, l.bit_off[level - 1] + size_t(node) * bits, bits, static_cast<uint32_t>(code));
+        put_code(row, l.bit_off[level - 1] + size_t(node) * bits, bits, code);
     };
     for (int g = 0; g < d / group; ++g) {
         const float* v = y + g * group;
         for (int j = 0; j < leaves; ++j) {
             const float a = v[2 * j], b = v[2 * j + 1];
-            put(1, g * leaves + j, polar_angle(b, a));
-            radius[j] = std::sqrt(a * a + b * b);
+            put(1, g * leaves + j, polar_level1_code(a, b, l.bits[0], l.tangents[0]));
+            sq[j] = a * a + b * b;
         }
         for (int level = 2, nodes = leaves / 2; level <= l.levels; ++level, nodes /= 2) {
             for (int i = 0; i < nodes; ++i) {
-                const float a = radius[2 * i], b = radius[2 * i + 1];
-                put(level, g * nodes + i, polar_angle_q1(b, a));
-                radius[i] = std::sqrt(a * a + b * b);
+                const float s1 = sq[2 * i], s2 = sq[2 * i + 1];
+                put(level, g * nodes + i, polar_node_code(s1, s2, l.bits[level - 1], l.tangents[level - 1]));
+                sq[i] = s1 + s2;
             }
         }
-        store_half(row + l.radius_off + 2 * g, radius[0]);
+        store_half(row + l.radius_off + 2 * g, std::sqrt(sq[0]));
     }
 }
 
