@@ -35,8 +35,29 @@ run_asan() {
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:strict_init_order=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # The cache-attention tests at the default level only (their every-level repetition is for the
-  # kernels, which kvq::selftest runs at every level under ASan here too).
-  KVQ_TEST_DEFAULT_LEVEL_ONLY=1 "$parent/build-asan/tests/kvq_tests" --no-intro "$@"
+  # kernels, which kvq::selftest runs at every level under ASan here too). The suite runs as two
+  # halves at once where there are cores for them (one doctest process uses one core): the same
+  # shuffled order in both, each taking its range of the test cases.
+  local tests="$parent/build-asan/tests/kvq_tests" n half
+  n=$("$tests" --count "$@" | sed -n 's/.*passing the current filters: \([0-9]*\).*/\1/p')
+  shard() {
+    KVQ_TEST_DEFAULT_LEVEL_ONLY=1 "$tests" --no-intro --order-by=rand --rand-seed=7 --first="$1" --last="$2" "${@:3}"
+  }
+  if [ "$jobs" -gt 1 ] && [ "${n:-0}" -gt 1 ]; then
+    half=$(((n + 1) / 2))
+    shard 1 "$half" "$@" &
+    local first=$!
+    shard $((half + 1)) "$n" "$@" &
+    local second=$! rc1=0 rc2=0
+    wait "$first" || rc1=$?
+    wait "$second" || rc2=$?
+    if [ "$rc1" != 0 ] || [ "$rc2" != 0 ]; then
+      echo "sanitize: AddressSanitizer run failed (halves: exit $rc1, $rc2)" >&2
+      exit 1
+    fi
+  else
+    shard 1 "${n:-1000000}" "$@"
+  fi
   for t in "${c_tests[@]}"; do "$parent/build-asan/tests/c/$t"; done
   passed=$((passed + 1))
 }
