@@ -140,23 +140,22 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     uint8_t* block = st.data[block_index];
     std::vector<float> rows(n * d);
+    const int bits = detail::channel_bits_of(kind.key);
     for (int h = 0; h < n_kv; ++h) {
-        if (const int bits = detail::channel_bits_of(kind.key)) {
+        uint8_t* key_rows = block + kind.layout.k_offset + h * kind.layout.k_head_stride + row * kind.key.row_bytes();
+        if (bits) {
             // A block sealed before a truncate into it: the new rows take its minimums and steps.
             const auto* params = reinterpret_cast<const uint16_t*>(block + kind.layout.channel_offset) + h * 2 * d;
-            detail::quantize_channel_rows(k + h * d, static_cast<size_t>(n_kv) * d, n, d, bits, params,
-                                          block + kind.layout.k_offset + h * kind.layout.k_head_stride + row * kind.key.row_bytes(),
+            detail::quantize_channel_rows(k + h * d, static_cast<size_t>(n_kv) * d, n, d, bits, params, key_rows,
                                           kind.key.row_bytes());
-        } else if (cfg.center_keys) {
-            const auto* mean = reinterpret_cast<const uint16_t*>(block + kind.layout.mean_offset) + h * d;
-            detail::subtract_mean(k + h * d, static_cast<size_t>(n_kv) * d, n, d, mean, rows.data());
         } else {
-            for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
-        }
-        if (!detail::channel_bits_of(kind.key)) {
-            detail::impl_of(kind.key).quantize_rows(rows.data(), n,
-                                                    block + kind.layout.k_offset + h * kind.layout.k_head_stride + row * kind.key.row_bytes(),
-                                                    kind.key.row_bytes());
+            if (cfg.center_keys) {
+                const auto* mean = reinterpret_cast<const uint16_t*>(block + kind.layout.mean_offset) + h * d;
+                detail::subtract_mean(k + h * d, static_cast<size_t>(n_kv) * d, n, d, mean, rows.data());
+            } else {
+                for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
+            }
+            detail::impl_of(kind.key).quantize_rows(rows.data(), n, key_rows, kind.key.row_bytes());
         }
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
         detail::impl_of(kind.value).quantize_rows(rows.data(), n,
@@ -184,20 +183,20 @@ void detail::CacheImpl::seal(const LayerKind& kind, detail::LayerState& st, uint
     for (int h = 0; h < n_kv; ++h) {
         staged_rows(st, true, h, 0, bt(), keys.data());
         staged_rows(st, false, h, 0, bt(), values.data());
-        const float* k = keys.data();
+        uint8_t* key_rows = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
         if (const int bits = detail::channel_bits_of(kind.key)) {
             // The keys were checked at append (finite, |x| <= 65504): the minimums and steps fit fp16.
-            detail::quantize_channel_block(k, d, bt(), d, bits,
+            detail::quantize_channel_block(keys.data(), d, bt(), d, bits,
                                            reinterpret_cast<uint16_t*>(block + kind.layout.channel_offset) + h * 2 * d,
-                                           block + kind.layout.k_offset + h * kind.layout.k_head_stride, kind.key.row_bytes());
-        } else if (cfg.center_keys) {
-            detail::center_block(k, d, bt(), d, reinterpret_cast<uint16_t*>(block + kind.layout.mean_offset) + h * d,
-                                 centered.data());
-            k = centered.data();
-        }
-        if (!detail::channel_bits_of(kind.key)) {
-            detail::impl_of(kind.key).quantize_rows(k, bt(), block + kind.layout.k_offset + h * kind.layout.k_head_stride,
-                                                    kind.key.row_bytes());
+                                           key_rows, kind.key.row_bytes());
+        } else {
+            const float* k = keys.data();
+            if (cfg.center_keys) {
+                detail::center_block(k, d, bt(), d, reinterpret_cast<uint16_t*>(block + kind.layout.mean_offset) + h * d,
+                                     centered.data());
+                k = centered.data();
+            }
+            detail::impl_of(kind.key).quantize_rows(k, bt(), key_rows, kind.key.row_bytes());
         }
         detail::impl_of(kind.value).quantize_rows(values.data(), bt(), block + kind.layout.v_offset + h * kind.layout.v_head_stride,
                                    kind.value.row_bytes());
