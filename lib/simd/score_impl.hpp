@@ -190,6 +190,124 @@ void score_q8_0_vnni512(const uint8_t* const* prep, const uint8_t* rows, size_t 
     }
     O::store_half_sums4(result, n_rows, out);
 }
+
+// q8_0 keys and four queries with AVX512-VNNI, 16 rows per register: each block of 16 rows is loaded (two
+// rows per register: rows r and r + 4, then r + 8 and r + 12) and transposed in registers, 8 × 8 dwords in
+// each 256-bit half, so that dword j of every row shares one register (lane l = row l). Then each query's
+// block sum is 8 vpdpbusd against its dwords broadcast from memory, with no reduction after: one
+// conversion and fma per block serve 16 rows. The transpose costs 24 shuffles per block and 16 rows, where
+// score_q8_0_vnni512 spends 9 per block and 2 rows bringing its sums together. A block's integer sum is
+// exact and the fma per block follows the specification's order (fma(Σ, dk·dq, score) over the blocks),
+// so a score differs from the specification's by rounding only, and never depends on the row's place in
+// the chunk (a short last group is scored as 16 rows of a copy that repeats its last row). Measured on
+// 4096 rows in cache, d = 128: 10.6 → 7.4 ns a row (score_q8_0_vnni512 → this). Its floor is the 8
+// vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4).
+// 16 rows at base, row_stride apart, against the four queries (neg: −128·Σy of each query block), into
+// out[i][0..live).
+template <int NB>
+inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query* const* q, const int32_t (*neg)[4], const uint8_t* base,
+                                   size_t row_stride, int64_t nb, size_t live, float* const* out, size_t at_out) {
+    constexpr size_t kBlock = sizeof(detail::BlockQ8_0);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i at_row = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(static_cast<int>(row_stride)));
+    // the rows of register k: k < 4: rows k, k + 4; k ≥ 4: rows k + 4, k + 8 (so the transposed lanes are
+    // rows 0..15 in order)
+    constexpr int kLow[8] = {0, 1, 2, 3, 8, 9, 10, 11};
+    __m512 acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* const blocks = base + static_cast<size_t>(b) * kBlock;
+        __m512i k8[8];
+        for (int k = 0; k < 8; ++k) {
+            const uint8_t* lo = blocks + kLow[k] * row_stride + 2;
+            const uint8_t* hi = lo + 4 * row_stride;
+            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
+                                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
+            k8[k] = _mm512_xor_si512(v, flip);
+        }
+        // 8 × 8 dword transpose in each 256-bit half
+        __m512i t[8];
+        for (int k = 0; k < 4; ++k) {
+            t[2 * k] = _mm512_unpacklo_epi32(k8[2 * k], k8[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_epi32(k8[2 * k], k8[2 * k + 1]);
+        }
+        __m512i u[8];  // u[4g + j]: rows of registers 4g..4g+3, dword j of each 128-bit lane
+        for (int g = 0; g < 2; ++g) {
+            u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+            u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+        }
+        __m512i kt[8];  // kt[j]: dword j of rows 0..15
+        for (int j = 0; j < 4; ++j) {
+            kt[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);      // lanes 0, 2 of each
+            kt[4 + j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);  // lanes 1, 3 of each
+        }
+        // the 16 rows' fp16 scales: one gather of the dwords that start each block
+        const __m512i d32 = _mm512_i32gather_epi32(at_row, blocks, 1);
+        const __m512 dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));
+        for (int i = 0; i < 4; ++i) {
+            const int8_t* y = q[i][b].qs;
+            auto ydw = [&](int j) {
+                int32_t w;
+                std::memcpy(&w, y + 4 * j, 4);
+                return _mm512_set1_epi32(w);
+            };
+            __m512i s0 = _mm512_set1_epi32(neg[b][i]), s1 = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, kt[j], ydw(j));
+                s1 = _mm512_dpbusd_epi32(s1, kt[j + 1], ydw(j + 1));
+            }
+            const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[i] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dk, _mm512_set1_ps(q[i][b].d)), acc[i]);
+        }
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << live) - 1);
+    for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(out[i] + at_out, keep, acc[i]);
+}
+
+template <int NB>
+void score_q8_0_rows16(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
+                       int64_t nb_run, float* const* out) {
+    const int64_t nb = NB > 0 ? NB : nb_run;
+    constexpr size_t kBlock = sizeof(detail::BlockQ8_0);
+    const size_t row_bytes = static_cast<size_t>(nb) * kBlock;
+    assert(nb <= kMaxGroupBlocks && n_rows <= kRowChunk && 16 * row_stride < (size_t{1} << 31));
+    const BlockQ8Query* q[4];
+    for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep[i]);
+    // −128·Σy per query block: the part of the sums that the unsigned keys (k + 128) add; Σ(y + 128) by
+    // one sum of absolute differences
+    int32_t neg[kMaxGroupBlocks][4];
+    const __m256i flip32 = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int i = 0; i < 4; ++i) {
+            const __m256i y = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[i][b].qs)), flip32);
+            const __m256i sad = _mm256_sad_epu8(y, _mm256_setzero_si256());
+            const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+            const int32_t biased = _mm_cvtsi128_si32(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2)));
+            neg[b][i] = -128 * (biased - 128 * kQK);
+        }
+    }
+    size_t r0 = 0;
+    for (; r0 + 16 <= n_rows; r0 += 16) {
+        const uint8_t* const base = rows + r0 * row_stride;
+        if (row_stride == row_bytes) {
+            for (size_t o = 0; o < 16 * row_bytes; o += 64) __builtin_prefetch(base + 16 * row_stride + o);
+        } else {
+            for (size_t k = 0; k < 16; ++k) {
+                for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(base + (16 + k) * row_stride + o);
+            }
+        }
+        score_q8_0_group16<NB>(q, neg, base, row_stride, nb, 16, out, r0);
+    }
+    if (r0 < n_rows) {  // a short last group: its rows, then its last row again, as 16 rows of a copy
+        alignas(64) uint8_t tail[16 * kMaxGroupBlocks * kBlock];
+        const size_t live = n_rows - r0;
+        for (size_t k = 0; k < 16; ++k) std::memcpy(tail + k * row_bytes, rows + (r0 + std::min(k, live - 1)) * row_stride, row_bytes);
+        score_q8_0_group16<NB>(q, neg, tail, row_bytes, nb, live, out, r0);
+    }
+}
 #endif
 
 // q4_0 keys and four queries, two key blocks per register where Ops has block pairs (AVX2: one block per
@@ -291,8 +409,10 @@ struct ScoreBlocks {
                 if constexpr (std::is_same_v<L, LayoutQ8_0>) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
                     if constexpr (std::is_same_v<A, xsimd::avx512bw>) {
-                        if (nb == 4) return score_q8_0_vnni512<A, 4>(p, rows, row_stride, n_rows, nb, out);
-                        if (nb <= kMaxGroupBlocks) return score_q8_0_vnni512<A, 0>(p, rows, row_stride, n_rows, nb, out);
+                        if (16 * row_stride < (size_t{1} << 31)) {
+                            if (nb == 4) return score_q8_0_rows16<4>(p, rows, row_stride, n_rows, nb, out);
+                            if (nb <= kMaxGroupBlocks) return score_q8_0_rows16<0>(p, rows, row_stride, n_rows, nb, out);
+                        }
                     }
 #endif
                     if (nb == 4) return score_group4<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
