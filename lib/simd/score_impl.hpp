@@ -128,80 +128,17 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// q8_0 keys and four queries with AVX512-VNNI (the avx512 level's VNNI build): score_group4's two rows
-// per step in one zmm register each (row r in the low 256 bits, row r + 1 in the high), so one step's 4
-// vpdpbusd, 9 transposing operations, conversion and fma serve two rows. The 256-bit kernel was bound by
-// the transposes' shuffle port; here each shuffle does two rows' work. Lane for lane the operations of
-// score_group4 at this level (the offsets taken out as in dot4_signed_less, dk · dq, one fma per block),
-// so its bits. NB > 0 fixes the block count (d = 128: 4).
-template <class A, int NB>
-void score_q8_0_vnni512(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
-                        int64_t nb_run, float* const* out) {
-    using O = Ops<A>;
-    using Block = detail::BlockQ8_0;
-    const int64_t nb = NB > 0 ? NB : nb_run;
-    assert(nb <= kMaxGroupBlocks && n_rows <= kRowChunk);
-    const BlockQ8Query* q[4];
-    for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep[i]);
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    alignas(64) float dq[kMaxGroupBlocks][16];
-    alignas(64) int32_t neg[kMaxGroupBlocks][4][16];  // −128·Σy per lane of each query's block, both halves
-    for (int64_t b = 0; b < nb; ++b) {
-        for (int l = 0; l < 16; ++l) dq[b][l] = q[l % 4][b].d;
-        for (int i = 0; i < 4; ++i) {
-            const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[i][b].qs)));
-            _mm512_store_si512(neg[b][i], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, y)));
-        }
-    }
-    // acc += the block scores of rows r0 (low half) and r1 (high half) against the four queries
-    auto rows2 = [&](const uint8_t* r0, const uint8_t* r1) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            const Block* b0 = reinterpret_cast<const Block*>(r0) + b;
-            const Block* b1 = reinterpret_cast<const Block*>(r1) + b;
-            __m512i k = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0->qs))),
-                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1->qs)), 1);
-            k = _mm512_xor_si512(k, flip);
-            __m512i p[4];
-            for (int i = 0; i < 4; ++i) {
-                const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[i][b].qs)));
-                p[i] = _mm512_dpbusd_epi32(_mm512_load_si512(neg[b][i]), k, y);
-            }
-            const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
-            const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
-            const __m512i sum = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-            const __m512 dk = _mm512_insertf32x8(_mm512_set1_ps(O::f16_value(b0->d)), _mm256_set1_ps(O::f16_value(b1->d)), 1);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dk, _mm512_load_ps(dq[b])), acc);
-        }
-        return acc;
-    };
-    alignas(64) float result[kRowChunk][8];
-    size_t r = 0;
-    for (; r + 2 <= n_rows; r += 2) {
-        const uint8_t* row = rows + r * row_stride;
-        for (size_t ahead = 0; ahead < 2 * row_stride; ahead += 64) __builtin_prefetch(row + kPrefetchBytes + ahead);
-        const __m512 acc = rows2(row, row + row_stride);
-        _mm256_store_ps(result[r], _mm512_castps512_ps256(acc));
-        _mm256_store_ps(result[r + 1], _mm512_extractf32x8_ps(acc, 1));
-    }
-    if (r < n_rows) {  // the last row in both halves
-        const uint8_t* row = rows + r * row_stride;
-        _mm256_store_ps(result[r], _mm512_castps512_ps256(rows2(row, row)));
-    }
-    O::store_half_sums4(result, n_rows, out);
-}
-
 // q8_0 keys and four queries with AVX512-VNNI, 16 rows per register: each block of 16 rows is loaded (two
 // rows per register: rows r and r + 4, then r + 8 and r + 12) and transposed in registers, 8 × 8 dwords in
 // each 256-bit half, so that dword j of every row shares one register (lane l = row l). Then each query's
 // block sum is 8 vpdpbusd against its dwords broadcast from memory, with no reduction after: one
-// conversion and fma per block serve 16 rows. The transpose costs 24 shuffles per block and 16 rows, where
-// score_q8_0_vnni512 spends 9 per block and 2 rows bringing its sums together. A block's integer sum is
-// exact and the fma per block follows the specification's order (fma(Σ, dk·dq, score) over the blocks),
-// so a score differs from the specification's by rounding only, and never depends on the row's place in
-// the chunk (a short last group is scored as 16 rows of a copy that repeats its last row). Measured on
-// 4096 rows in cache, d = 128: 10.6 → 7.4 ns a row (score_q8_0_vnni512 → this). Its floor is the 8
-// vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4).
+// conversion and fma per block serve 16 rows. The transpose costs 24 shuffles per block and 16 rows;
+// the kernel it replaced (two rows per zmm) spent 9 per block and 2 rows bringing its sums together.
+// A block's integer sum is exact and the fma per block follows the specification's order (fma(Σ, dk·dq,
+// score) over the blocks), so a score differs from the specification's by rounding only, and never
+// depends on the row's place in the chunk (a short last group is scored as 16 rows of a copy that
+// repeats its last row). Measured on 4096 rows in cache, d = 128: 10.6 → 7.4 ns a row. Its floor is the
+// 8 vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4).
 // 16 rows at base, row_stride apart, against the four queries (neg: −128·Σy of each query block), into
 // out[i][0..live).
 template <int NB>
@@ -409,7 +346,7 @@ struct ScoreBlocks {
                 if constexpr (std::is_same_v<L, LayoutQ8_0>) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
                     if constexpr (std::is_same_v<A, xsimd::avx512bw>) {
-                        if (16 * row_stride < (size_t{1} << 31)) {
+                        if (16 * row_stride < (size_t{1} << 31)) {  // the scales' gather takes int32 offsets
                             if (nb == 4) return score_q8_0_rows16<4>(p, rows, row_stride, n_rows, nb, out);
                             if (nb <= kMaxGroupBlocks) return score_q8_0_rows16<0>(p, rows, row_stride, n_rows, nb, out);
                         }
