@@ -128,22 +128,12 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// q8_0 keys and four queries with AVX512-VNNI, 16 rows per register: each block of 16 rows is loaded (two
-// rows per register: rows r and r + 4, then r + 8 and r + 12) and transposed in registers, 8 × 8 dwords in
-// each 256-bit half, so that dword j of every row shares one register (lane l = row l). Then each query's
-// block sum is 8 vpdpbusd against its dwords broadcast from memory, with no reduction after: one
-// conversion and fma per block serve 16 rows. The transpose costs 24 shuffles per block and 16 rows;
-// the kernel it replaced (two rows per zmm) spent 9 per block and 2 rows bringing its sums together.
-// A block's integer sum is exact and the fma per block follows the specification's order (fma(Σ, dk·dq,
-// score) over the blocks), so a score differs from the specification's by rounding only, and never
-// depends on the row's place in the chunk (a short last group is scored as 16 rows of a copy that
-// repeats its last row). Measured on 4096 rows in cache, d = 128: 10.6 → 7.4 ns a row. Its floor is the
-// 8 vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4).
-// 16 rows at base, row_stride apart, against the four queries (neg: −128·Σy of each query block), into
-// out[i][0..live).
+// score_q8_0_rows16's step (below): 16 rows at base, row_stride apart, against the four queries (neg:
+// −128·Σy of each query block), into out[i][at_out + 0..live).
 template <int NB>
-inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query* const* q, const int32_t (*neg)[4], const uint8_t* base,
-                                   size_t row_stride, int64_t nb, size_t live, float* const* out, size_t at_out) {
+inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query* const* q, const int32_t (*neg)[4],
+                                                              const uint8_t* base, size_t row_stride, int64_t nb,
+                                                              size_t live, float* const* out, size_t at_out) {
     constexpr size_t kBlock = sizeof(detail::BlockQ8_0);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i at_row = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -204,6 +194,17 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
     for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(out[i] + at_out, keep, acc[i]);
 }
 
+// q8_0 keys and four queries with AVX512-VNNI, 16 rows per register: each block of 16 rows is loaded (two
+// rows per register: rows r and r + 4, then r + 8 and r + 12) and transposed in registers, 8 × 8 dwords in
+// each 256-bit half, so that dword j of every row shares one register (lane l = row l). Then each query's
+// block sum is 8 vpdpbusd against its dwords broadcast from memory, with no reduction after: one
+// conversion and fma per block serve 16 rows. The transpose costs 24 shuffles per block and 16 rows;
+// the kernel it replaced (two rows per zmm) spent 9 per block and 2 rows bringing its sums together.
+// A block's integer sum is exact and the fma per block follows the specification's order (fma(Σ, dk·dq,
+// score) over the blocks), so a score differs from the specification's by rounding only, and never
+// depends on the row's place in the chunk (a short last group is scored as 16 rows of a copy that
+// repeats its last row). Measured on 4096 rows in cache, d = 128: 10.6 → 7.4 ns a row. Its floor is the
+// 8 vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4).
 template <int NB>
 void score_q8_0_rows16(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
                        int64_t nb_run, float* const* out) {

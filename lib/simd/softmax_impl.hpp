@@ -65,8 +65,8 @@ KVQ_INLINE float lane_sum(const f32x8& v) {
 
 // Queries are taken kQueryChunk at a time, their loops interleaved: each query's exponentials are a long
 // chain of dependent multiplies and adds (no fma: the specification's rounding), so one query alone left
-// the vector units waiting (measured at avx512, g = 4, n = 32: 7.4–8.3 → 4.3–6.1 ns a row and block update). Each query's
-// operations and their order are unchanged.
+// the vector units waiting (measured at avx512, g = 4, n = 32: 7.4–8.3 → 4.3–6.1 ns a row and block
+// update). Each query's operations and their order are unchanged.
 constexpr int kQueryChunk = 4;
 static_assert(kQueryChunk == 4, "softmax_update_lanes takes the remainder of g by 1, 2 or 3 queries");
 
