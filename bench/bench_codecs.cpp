@@ -6,6 +6,8 @@
 // in the same run): 1.0 is the physical floor, 1.67 is 60% of the read bandwidth.
 //
 //   ./build/bench/kvq_bench --benchmark_filter='codec/score/(q8_0|q4_0|f16)/'
+//   ./build/bench/kvq_bench --benchmark_filter='codec/(score|accumulate)_cached/(q8_0|q4_0)/'   (decode-shaped, in L2)
+//   ./build/bench/kvq_bench --benchmark_filter='^softmax/'       (the online softmax's block update, per level)
 //   ./build/bench/kvq_bench --benchmark_filter='codec/quantize(_cached|_api)?/(q8_0|q4_0)/'
 //   ./build/bench/kvq_bench --benchmark_filter='codec/' --benchmark_format=json > codecs.json
 #include <benchmark/benchmark.h>
@@ -176,9 +178,77 @@ void accumulate(benchmark::State& state, CodecShape s, const BlockKernels* k) {
     });
 }
 
-// codec/<op>/<codec>/<level>, for every block codec and every level this CPU runs.
+// score and accumulate as the decode loop calls them, in cache: 4096 rows (a 4k-token context's rows of
+// one kv head; 557 KiB of q8_0 keys, in L2), 32 rows per call (one cache block), 64 times over. The
+// counter ns/row is per (token, kv head) row for the group of 4 queries: the kernel's own speed.
+constexpr size_t kCachedRows = 4096, kCallRows = 32, kCachedRepeats = 64;
+
+void score_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    const auto keys = quantized_rows(s, kCachedRows);
+    const auto q = gaussian(size_t(kGroup) * kDim, 3);
+    std::vector<uint8_t> prep(kGroup * s.query_bytes);
+    for (int i = 0; i < kGroup; ++i) k->prepare_query(q.data() + i * kDim, prep.data() + i * s.query_bytes, kDim);
+    std::vector<float> scores(kGroup * kCallRows);
+    const size_t rows = kCachedRows * kCachedRepeats;
+    run(state, rows * kDim, rows * s.row_bytes, [&] {
+        for (size_t i = 0; i < kCachedRepeats; ++i) {
+            for (size_t r0 = 0; r0 < kCachedRows; r0 += kCallRows) {
+                k->score(prep.data(), s.query_bytes, kGroup, keys.data() + r0 * s.row_bytes, s.row_bytes, kCallRows,
+                         kDim, scores.data(), kCallRows);
+                benchmark::DoNotOptimize(scores.data());
+            }
+        }
+    });
+    state.counters["ns/row"] = benchmark::Counter(kDim / state.counters["values/s"].value * 1e9,
+                                                  benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
+}
+
+void accumulate_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    const auto values = quantized_rows(s, kCachedRows);
+    auto w = gaussian(size_t(kGroup) * kCallRows, 4);
+    for (float& v : w) v = std::fabs(v) * 1e-3f;
+    std::vector<float> acc(kGroup * kDim, 0.0f);
+    const size_t rows = kCachedRows * kCachedRepeats;
+    run(state, rows * kDim, rows * s.row_bytes, [&] {
+        for (size_t i = 0; i < kCachedRepeats; ++i) {
+            for (size_t r0 = 0; r0 < kCachedRows; r0 += kCallRows) {
+                k->accumulate(w.data(), kCallRows, kGroup, values.data() + r0 * s.row_bytes, s.row_bytes, kCallRows,
+                              kDim, acc.data());
+            }
+        }
+        benchmark::DoNotOptimize(acc.data());
+    });
+    state.counters["ns/row"] = benchmark::Counter(kDim / state.counters["values/s"].value * 1e9,
+                                                  benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
+}
+
+// The online softmax's block update as the decode loop calls it: 4 queries' 32 scores per block, 4096 blocks
+// (scores restored before each call from a copy, which the time includes); ns/row as above.
+void softmax_blocks(benchmark::State& state, SimdLevel level) {
+    const detail::SoftmaxUpdate update = detail::level_softmax(level);
+    constexpr size_t kBlocks = kCachedRows / kCallRows * 32;
+    auto all = gaussian(kBlocks * kGroup * kCallRows, 5);
+    for (float& v : all) v *= 3.0f;
+    std::vector<float> s(kGroup * kCallRows), acc(kGroup * kDim);
+    const float offsets[kGroup] = {0.5f, -0.25f, 0.0f, 1.0f};
+    run(state, kBlocks * kCallRows * kDim, kBlocks * kGroup * kCallRows * sizeof(float), [&] {
+        detail::SoftmaxState st[kGroup];
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (size_t b = 0; b < kBlocks; ++b) {
+            std::memcpy(s.data(), all.data() + b * s.size(), s.size() * sizeof(float));
+            update(s.data(), kGroup, kCallRows, offsets, 0.088f, st, acc.data(), kDim);
+        }
+        benchmark::DoNotOptimize(acc.data());
+        benchmark::DoNotOptimize(s.data());
+    });
+    state.counters["ns/row"] = benchmark::Counter(kDim / state.counters["values/s"].value * 1e9,
+                                                  benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
+}
+
+// codec/<op>/<codec>/<level>, for every block codec and every level this CPU runs; softmax/<level>.
 const bool registered = [] {
-    for (const char* op : {"quantize", "quantize_cached", "quantize_api", "dequantize", "score", "accumulate"}) {
+    for (const char* op : {"quantize", "quantize_cached", "quantize_api", "dequantize", "score", "accumulate",
+                           "score_cached", "accumulate_cached"}) {
         for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
             const CodecShape s = shape(static_cast<BlockCodec>(c));
             for (SimdLevel level : available_simd_levels()) {
@@ -193,9 +263,15 @@ const bool registered = [] {
                 if (o == "dequantize") b = benchmark::RegisterBenchmark(name.c_str(), dequantize, s, k);
                 if (o == "score") b = benchmark::RegisterBenchmark(name.c_str(), score, s, k);
                 if (o == "accumulate") b = benchmark::RegisterBenchmark(name.c_str(), accumulate, s, k);
+                if (o == "score_cached") b = benchmark::RegisterBenchmark(name.c_str(), score_cached, s, k);
+                if (o == "accumulate_cached") b = benchmark::RegisterBenchmark(name.c_str(), accumulate_cached, s, k);
                 b->Unit(benchmark::kMillisecond)->MinTime(0.3);
             }
         }
+    }
+    for (SimdLevel level : available_simd_levels()) {
+        const std::string name = "softmax/" + std::string(simd_level_name(level));
+        benchmark::RegisterBenchmark(name.c_str(), softmax_blocks, level)->Unit(benchmark::kMillisecond)->MinTime(0.3);
     }
     return true;
 }();
