@@ -147,79 +147,69 @@ void dequantize(benchmark::State& state, CodecShape s, const BlockKernels* k) {
     });
 }
 
-void score(benchmark::State& state, CodecShape s, const BlockKernels* k) {
-    const size_t rows = kStreamBytes / s.row_bytes / kChunkRows * kChunkRows;
-    const auto keys = quantized_rows(s, rows);
+// The rows of a score or accumulate benchmark: `rows` of them, `call_rows` per kernel call, `repeats` times.
+struct RowPass {
+    size_t rows, call_rows, repeats;
+};
+
+// Streamed from memory: a buffer far larger than the caches, 512 rows per call, once.
+RowPass streamed(const CodecShape& s) { return {kStreamBytes / s.row_bytes / kChunkRows * kChunkRows, kChunkRows, 1}; }
+
+// As the decode loop calls them, in cache: 4096 rows (a 4k-token context's rows of one kv head; 557 KiB of
+// q8_0 keys, in L2), 32 rows per call (one cache block), 64 times over; the kernel's own speed.
+constexpr size_t kCachedRows = 4096, kCallRows = 32;
+constexpr RowPass kCached{kCachedRows, kCallRows, 64};
+
+// ns per (token, kv head) row for the group of 4 queries, from run's values/s.
+void ns_per_row(benchmark::State& state) {
+    state.counters["ns/row"] = benchmark::Counter(kDim / state.counters["values/s"].value * 1e9,
+                                                  benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
+}
+
+void score_pass(benchmark::State& state, const CodecShape& s, const BlockKernels* k, RowPass p) {
+    const auto keys = quantized_rows(s, p.rows);
     const auto q = gaussian(size_t(kGroup) * kDim, 3);
     std::vector<uint8_t> prep(kGroup * s.query_bytes);
     for (int i = 0; i < kGroup; ++i) k->prepare_query(q.data() + i * kDim, prep.data() + i * s.query_bytes, kDim);
-    std::vector<float> scores(kGroup * kChunkRows);
+    std::vector<float> scores(kGroup * p.call_rows);
+    const size_t rows = p.rows * p.repeats;
     run(state, rows * kDim, rows * s.row_bytes, [&] {
-        for (size_t r0 = 0; r0 < rows; r0 += kChunkRows) {
-            k->score(prep.data(), s.query_bytes, kGroup, keys.data() + r0 * s.row_bytes, s.row_bytes, kChunkRows,
-                     kDim, scores.data(), kChunkRows);
-            benchmark::DoNotOptimize(scores.data());
-        }
-    });
-}
-
-void accumulate(benchmark::State& state, CodecShape s, const BlockKernels* k) {
-    const size_t rows = kStreamBytes / s.row_bytes / kChunkRows * kChunkRows;
-    const auto values = quantized_rows(s, rows);
-    auto w = gaussian(size_t(kGroup) * kChunkRows, 4);
-    for (float& v : w) v = std::fabs(v) * 1e-3f;
-    std::vector<float> acc(kGroup * kDim, 0.0f);
-    run(state, rows * kDim, rows * s.row_bytes, [&] {
-        for (size_t r0 = 0; r0 < rows; r0 += kChunkRows) {
-            k->accumulate(w.data(), kChunkRows, kGroup, values.data() + r0 * s.row_bytes, s.row_bytes, kChunkRows,
-                          kDim, acc.data());
-        }
-        benchmark::DoNotOptimize(acc.data());
-    });
-}
-
-// score and accumulate as the decode loop calls them, in cache: 4096 rows (a 4k-token context's rows of
-// one kv head; 557 KiB of q8_0 keys, in L2), 32 rows per call (one cache block), 64 times over. The
-// counter ns/row is per (token, kv head) row for the group of 4 queries: the kernel's own speed.
-constexpr size_t kCachedRows = 4096, kCallRows = 32, kCachedRepeats = 64;
-
-void score_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
-    const auto keys = quantized_rows(s, kCachedRows);
-    const auto q = gaussian(size_t(kGroup) * kDim, 3);
-    std::vector<uint8_t> prep(kGroup * s.query_bytes);
-    for (int i = 0; i < kGroup; ++i) k->prepare_query(q.data() + i * kDim, prep.data() + i * s.query_bytes, kDim);
-    std::vector<float> scores(kGroup * kCallRows);
-    const size_t rows = kCachedRows * kCachedRepeats;
-    run(state, rows * kDim, rows * s.row_bytes, [&] {
-        for (size_t i = 0; i < kCachedRepeats; ++i) {
-            for (size_t r0 = 0; r0 < kCachedRows; r0 += kCallRows) {
-                k->score(prep.data(), s.query_bytes, kGroup, keys.data() + r0 * s.row_bytes, s.row_bytes, kCallRows,
-                         kDim, scores.data(), kCallRows);
+        for (size_t i = 0; i < p.repeats; ++i) {
+            for (size_t r0 = 0; r0 < p.rows; r0 += p.call_rows) {
+                k->score(prep.data(), s.query_bytes, kGroup, keys.data() + r0 * s.row_bytes, s.row_bytes, p.call_rows,
+                         kDim, scores.data(), p.call_rows);
                 benchmark::DoNotOptimize(scores.data());
             }
         }
     });
-    state.counters["ns/row"] = benchmark::Counter(kDim / state.counters["values/s"].value * 1e9,
-                                                  benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
 }
 
-void accumulate_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
-    const auto values = quantized_rows(s, kCachedRows);
-    auto w = gaussian(size_t(kGroup) * kCallRows, 4);
+void accumulate_pass(benchmark::State& state, const CodecShape& s, const BlockKernels* k, RowPass p) {
+    const auto values = quantized_rows(s, p.rows);
+    auto w = gaussian(size_t(kGroup) * p.call_rows, 4);
     for (float& v : w) v = std::fabs(v) * 1e-3f;
     std::vector<float> acc(kGroup * kDim, 0.0f);
-    const size_t rows = kCachedRows * kCachedRepeats;
+    const size_t rows = p.rows * p.repeats;
     run(state, rows * kDim, rows * s.row_bytes, [&] {
-        for (size_t i = 0; i < kCachedRepeats; ++i) {
-            for (size_t r0 = 0; r0 < kCachedRows; r0 += kCallRows) {
-                k->accumulate(w.data(), kCallRows, kGroup, values.data() + r0 * s.row_bytes, s.row_bytes, kCallRows,
-                              kDim, acc.data());
+        for (size_t i = 0; i < p.repeats; ++i) {
+            for (size_t r0 = 0; r0 < p.rows; r0 += p.call_rows) {
+                k->accumulate(w.data(), p.call_rows, kGroup, values.data() + r0 * s.row_bytes, s.row_bytes,
+                              p.call_rows, kDim, acc.data());
             }
         }
         benchmark::DoNotOptimize(acc.data());
     });
-    state.counters["ns/row"] = benchmark::Counter(kDim / state.counters["values/s"].value * 1e9,
-                                                  benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
+}
+
+void score(benchmark::State& state, CodecShape s, const BlockKernels* k) { score_pass(state, s, k, streamed(s)); }
+void accumulate(benchmark::State& state, CodecShape s, const BlockKernels* k) { accumulate_pass(state, s, k, streamed(s)); }
+void score_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    score_pass(state, s, k, kCached);
+    ns_per_row(state);
+}
+void accumulate_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    accumulate_pass(state, s, k, kCached);
+    ns_per_row(state);
 }
 
 // The online softmax's block update as the decode loop calls it: 4 queries' 32 scores per block, 4096 blocks
@@ -241,8 +231,7 @@ void softmax_blocks(benchmark::State& state, SimdLevel level) {
         benchmark::DoNotOptimize(acc.data());
         benchmark::DoNotOptimize(s.data());
     });
-    state.counters["ns/row"] = benchmark::Counter(kDim / state.counters["values/s"].value * 1e9,
-                                                  benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
+    ns_per_row(state);
 }
 
 // codec/<op>/<codec>/<level>, for every block codec and every level this CPU runs; softmax/<level>.
