@@ -184,7 +184,11 @@ void score_pass(benchmark::State& state, const CodecShape& s, const BlockKernels
     });
 }
 
-void accumulate_pass(benchmark::State& state, const CodecShape& s, const BlockKernels* k, RowPass p) {
+// op: BlockKernels::accumulate, or accumulate_grid (the cache's q4_0 value accumulation).
+using AccumulateOp = decltype(&BlockKernels::accumulate);
+
+void accumulate_pass(benchmark::State& state, const CodecShape& s, const BlockKernels* k, RowPass p,
+                     AccumulateOp op = &BlockKernels::accumulate) {
     const auto values = quantized_rows(s, p.rows);
     auto w = gaussian(size_t(kGroup) * p.call_rows, 4);
     for (float& v : w) v = std::fabs(v) * 1e-3f;
@@ -193,8 +197,8 @@ void accumulate_pass(benchmark::State& state, const CodecShape& s, const BlockKe
     run(state, rows * kDim, rows * s.row_bytes, [&] {
         for (size_t i = 0; i < p.repeats; ++i) {
             for (size_t r0 = 0; r0 < p.rows; r0 += p.call_rows) {
-                k->accumulate(w.data(), p.call_rows, kGroup, values.data() + r0 * s.row_bytes, s.row_bytes,
-                              p.call_rows, kDim, acc.data());
+                (k->*op)(w.data(), p.call_rows, kGroup, values.data() + r0 * s.row_bytes, s.row_bytes,
+                         p.call_rows, kDim, acc.data());
             }
         }
         benchmark::DoNotOptimize(acc.data());
@@ -209,6 +213,10 @@ void score_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) 
 }
 void accumulate_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
     accumulate_pass(state, s, k, kCached);
+    ns_per_row(state);
+}
+void accumulate_grid_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    accumulate_pass(state, s, k, kCached, &BlockKernels::accumulate_grid);
     ns_per_row(state);
 }
 
@@ -237,11 +245,12 @@ void softmax_blocks(benchmark::State& state, SimdLevel level) {
 // codec/<op>/<codec>/<level>, for every block codec and every level this CPU runs; softmax/<level>.
 const bool registered = [] {
     for (const char* op : {"quantize", "quantize_cached", "quantize_api", "dequantize", "score", "accumulate",
-                           "score_cached", "accumulate_cached"}) {
+                           "score_cached", "accumulate_cached", "accumulate_grid_cached"}) {
         for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
             const CodecShape s = shape(static_cast<BlockCodec>(c));
             for (SimdLevel level : available_simd_levels()) {
                 const BlockKernels* k = detail::level_kernels(s.codec, level);
+                if (std::string_view(op) == "accumulate_grid_cached" && !k->accumulate_grid) continue;
                 const std::string name = std::string("codec/") + op + "/" + s.name + "/" +
                                          std::string(simd_level_name(level));
                 const std::string o = op;
@@ -254,6 +263,7 @@ const bool registered = [] {
                 if (o == "accumulate") b = benchmark::RegisterBenchmark(name.c_str(), accumulate, s, k);
                 if (o == "score_cached") b = benchmark::RegisterBenchmark(name.c_str(), score_cached, s, k);
                 if (o == "accumulate_cached") b = benchmark::RegisterBenchmark(name.c_str(), accumulate_cached, s, k);
+                if (o == "accumulate_grid_cached") b = benchmark::RegisterBenchmark(name.c_str(), accumulate_grid_cached, s, k);
                 b->Unit(benchmark::kMillisecond)->MinTime(0.3);
             }
         }

@@ -15,6 +15,8 @@
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"
+#include "spec/half.hpp"
+#include "spec/weight_grid.hpp"
 #include "simd/level_check.hpp"
 #include "simd_levels.hpp"
 
@@ -291,6 +293,121 @@ TEST_CASE("every SIMD level scores chanB codes as the scalar specification, bit 
                         CAPTURE(n_q);
                         CHECK(kvq::detail::check_channel_score(level, bits, d, rows, n_q, 1000 * bits + d + rows, checks) == "");
                         CHECK(checks == rows * n_q);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// accumulate_grid (q4_0 values on the int8 weight grid, lib/spec/weight_grid.hpp): every level as the
+// scalar specification, over group sizes around the 16-row grid group and odd row pairs, query groups,
+// head sizes, weights with zeros, a group whose largest w·d is subnormal (the scale-up), and a NaN weight.
+TEST_CASE("every SIMD level accumulates q4_0 on the int8 weight grid as the scalar specification") {
+    const BlockKernels& ref = kvq::detail::scalar_kernels(BlockCodec::q4_0);
+    REQUIRE((ref.accumulate_grid != nullptr));
+    for (auto level : simd_levels()) {
+        const BlockKernels& simd = *kvq::detail::level_kernels(BlockCodec::q4_0, level);
+        REQUIRE((simd.accumulate_grid != nullptr));
+        for (int n : {32, 128, 160}) {
+            for (size_t rows : {size_t(1), size_t(2), size_t(15), size_t(16), size_t(17), size_t(33), size_t(65)}) {
+                const size_t row_bytes = size_t(n / 32) * 18, stride = row_bytes + 1;
+                const auto v = make_rows(rows, n, 17 * n + rows, false);
+                std::vector<uint8_t> vals(rows * stride);
+                for (size_t r = 0; r < rows; ++r) ref.quantize(v.data() + r * n, vals.data() + r * stride, n);
+                std::vector<float> vd(rows * n);
+                for (size_t r = 0; r < rows; ++r) ref.dequantize(vals.data() + r * stride, vd.data() + r * n, n);
+                for (int n_q : {1, 3, 4, 5, 8}) {
+                    for (int kind = 0; kind < 3; ++kind) {  // plain, zeros and a spread, subnormal
+                        CAPTURE(kvq::simd_level_name(level));
+                        CAPTURE(n);
+                        CAPTURE(rows);
+                        CAPTURE(n_q);
+                        CAPTURE(kind);
+                        const size_t w_stride = rows + 3;
+                        std::vector<float> w = make_rows(n_q, static_cast<int>(w_stride), 11 + rows, false);
+                        for (size_t at = 0; at < w.size(); ++at) {
+                            w[at] = std::fabs(w[at]);
+                            if (kind == 1) w[at] = at % 5 == 0 ? 0.0f : std::exp(8.0f * (w[at] - 1.0f));
+                            if (kind == 2) w[at] *= 1e-38f;
+                        }
+                        const std::vector<float> acc0 = make_rows(n_q, n, 5 + n, false);
+                        std::vector<float> aa = acc0, ab = acc0;
+                        ref.accumulate_grid(w.data(), w_stride, n_q, vals.data(), stride, rows, n, aa.data());
+                        simd.accumulate_grid(w.data(), w_stride, n_q, vals.data(), stride, rows, n, ab.data());
+                        size_t bad = 0;
+                        for (int i = 0; i < n_q; ++i) {
+                            for (int j = 0; j < n; ++j) {
+                                // |ŵ| ≤ |w·d| + m/254 and |q| ≤ 8, m the group's largest |w·d|
+                                double mag = std::fabs(acc0[i * n + j]);
+                                for (size_t r0 = 0; r0 < rows; r0 += 16) {
+                                    const size_t r1 = std::min(rows, r0 + 16);
+                                    double m = 0;
+                                    for (size_t r = r0; r < r1; ++r) {
+                                        uint16_t h;
+                                        std::memcpy(&h, vals.data() + r * stride + (j / 32) * 18, 2);
+                                        m = std::max(m, std::fabs(double(w[i * w_stride + r]) * kvq::detail::f16_to_f32(h)));
+                                    }
+                                    for (size_t r = r0; r < r1; ++r) mag += std::fabs(double(w[i * w_stride + r]) * vd[r * n + j]) + m * 8 / 254;
+                                }
+                                bad += !close(ab[i * n + j], aa[i * n + j], 2e-6 * mag);
+                            }
+                        }
+                        CHECK_MESSAGE(bad == 0, bad << " values differ beyond float rounding");
+                    }
+                }
+                // A NaN weight makes its query's columns NaN at every level; the other queries are unaffected.
+                std::vector<float> w(2 * rows, 0.5f);
+                w[rows / 2] = std::numeric_limits<float>::quiet_NaN();
+                std::vector<float> aa(2 * n, 0.0f), ab(2 * n, 0.0f);
+                ref.accumulate_grid(w.data(), rows, 2, vals.data(), stride, rows, n, aa.data());
+                simd.accumulate_grid(w.data(), rows, 2, vals.data(), stride, rows, n, ab.data());
+                for (int j = 0; j < n; ++j) {
+                    CHECK(std::isnan(aa[j]));
+                    CHECK(std::isnan(ab[j]));
+                    double mag = 0;  // every weight 0.5: |ŵ·q| ≤ (0.5·|d| + m/254)·8
+                    for (size_t r = 0; r < rows; ++r) {
+                        uint16_t h;
+                        std::memcpy(&h, vals.data() + r * stride + (j / 32) * 18, 2);
+                        mag += 8 * std::fabs(double(kvq::detail::f16_to_f32(h)));
+                    }
+                    CHECK(close(ab[n + j], aa[n + j], 2e-6 * mag));
+                }
+            }
+        }
+    }
+}
+
+// The grid itself: each rounded weight is within half a step (m/254) of w·d, an integer number of steps
+// of at most 127, the largest maps to ±127 steps; zero and subnormal groups stay finite.
+TEST_CASE("the int8 weight grid rounds within half a step, per lane and group") {
+    std::mt19937 rng(3);
+    for (float scale : {1.0f, 1e-3f, 1e-30f, 1e-40f, 0.0f}) {
+        for (size_t rows : {size_t(1), size_t(16), size_t(40)}) {
+            CAPTURE(scale);
+            CAPTURE(rows);
+            const int lanes = 3;
+            std::vector<float> x(rows * lanes);
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            for (auto& e : x) e = nd(rng) * scale;
+            std::vector<float> g = x;
+            kvq::detail::round_to_grid(g.data(), rows, lanes);
+            for (int l = 0; l < lanes; ++l) {
+                for (size_t r0 = 0; r0 < rows; r0 += kvq::detail::kGridRows) {
+                    const size_t r1 = std::min(rows, r0 + kvq::detail::kGridRows);
+                    float m = 0;
+                    for (size_t r = r0; r < r1; ++r) m = std::max(m, std::fabs(x[r * lanes + l]));
+                    const double step = double(m) / 127;
+                    for (size_t r = r0; r < r1; ++r) {
+                        const double got = g[r * lanes + l], want = x[r * lanes + l];
+                        REQUIRE(std::isfinite(got));
+                        CHECK(std::fabs(got - want) <= step / 2 * (1 + 1e-5) + 1e-43);
+                        if (step > 1e-36) {  // a subnormal step is itself rounded
+                            const double k = got / step;
+                            CHECK(std::fabs(k - std::round(k)) < 1e-3);
+                            CHECK(std::fabs(k) <= 127.001);
+                            if (std::fabs(want) == m) CHECK(std::fabs(std::fabs(k) - 127) < 1e-3);
+                        }
                     }
                 }
             }

@@ -119,6 +119,12 @@ struct CacheConfig {
     StagingType staging = StagingType::f32;  // the open block's rows (saved in cache files)
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
+    // Attention multiplies q4_0 values by int8 weights: each softmax weight times block scale is rounded
+    // to an int8 step per query, 32 columns and 16 tokens (the step: that group's largest / 127), as
+    // ggml's non-flash attention rounds the softmax to q8_0. Faster value accumulation (docs/DESIGN.md,
+    // decode) for a relative rounding of at most 1/254 of a group's largest weight; other value codecs
+    // ignore it. Not saved in cache files.
+    bool int8_value_weights = false;
     int threads = 1;            // threads for one attend call: it is split into parts for this many
     // Runs those parts; empty: kvq's own pool (hardware threads − 1 workers, shared by every cache of the
     // process), on at most `threads` threads per call. Not saved in cache files.

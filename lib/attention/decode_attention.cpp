@@ -168,7 +168,11 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             } else {
                 softmax_update(scores, g, n, offsets, shape.scale, st + h * g, head_acc, d);
             }
-            src.value->accumulate_rows(scores, n, g, values, vrs, n, head_acc);
+            if (shape.grid_values) {
+                src.value->accumulate_attention(scores, n, g, values, vrs, n, head_acc);
+            } else {
+                src.value->accumulate_rows(scores, n, g, values, vrs, n, head_acc);
+            }
         }
     }
 }

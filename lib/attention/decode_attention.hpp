@@ -58,6 +58,9 @@ struct AttentionShape {
     int head_dim = 0;
     float scale = 0;     // applied to q·k (after the key-mean compensation)
     float softcap = 0;   // c > 0: s -> c·tanh(s/c) after scaling
+    // Values on the int8 weight grid where the value codec has one (CodecImpl::accumulate_attention;
+    // CacheConfig::int8_value_weights), else accumulate_rows.
+    bool grid_values = false;
 };
 
 // Runs task(i) once for every i in [0, n), on any threads, and returns when all calls have returned

@@ -98,7 +98,8 @@ void detail::CacheImpl::attend_range(const LayerKind& kind, const detail::LayerS
     detail::RowSource sources[2];
     uint8_t* staging = nullptr;
     const size_t n_sources = row_sources(kind, st, lo, hi, sources, &staging);
-    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,
+                                       cfg.int8_value_weights};
     detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads);
     finish_output(kind, st, lo, hi, q, out);
 }
@@ -272,7 +273,8 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
         const size_t count = row_sources(kind(layer), *layers[i], ranges[i].first, ranges[i].second, &sources[2 * i], &staging[i]);
         tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), q + i * vec, out + i * vec};
     }
-    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,
+                                       cfg.int8_value_weights};
     detail::decode_attention_batch(shape, tasks, run(), cfg.threads);
     for (size_t i = 0; i < ids.size(); ++i) finish_output(kind(layer), *layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
     for (size_t h = 0; h < nan_head.size(); ++h) {

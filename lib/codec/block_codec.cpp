@@ -48,6 +48,11 @@ public:
                          size_t n_rows, float* acc) const override {
         active_kernels(codec_).accumulate(w, w_stride, n_q, rows, row_stride, n_rows, head_dim_, acc);
     }
+    void accumulate_attention(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                              size_t n_rows, float* acc) const override {
+        const BlockKernels& k = active_kernels(codec_);
+        (k.accumulate_grid ? k.accumulate_grid : k.accumulate)(w, w_stride, n_q, rows, row_stride, n_rows, head_dim_, acc);
+    }
     void effective_query(const float* q, float* out) const override {
         if (is_plain(codec_)) {
             for (int j = 0; j < head_dim_; ++j) out[j] = q[j];

@@ -27,6 +27,12 @@ public:
                             size_t n_rows, float* scores, size_t score_stride) const = 0;
     virtual void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                                  size_t row_stride, size_t n_rows, float* acc) const = 0;
+    // What the cache's attention adds: accumulate_rows, or where the codec has one its accumulate on the
+    // int8 weight grid (BlockKernels::accumulate_grid, lib/spec/weight_grid.hpp).
+    virtual void accumulate_attention(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                                      size_t row_stride, size_t n_rows, float* acc) const {
+        accumulate_rows(w, w_stride, n_q, rows, row_stride, n_rows, acc);
+    }
     virtual void finish_accumulate(float* /*acc*/, int /*n_q*/) const {}
     virtual void effective_query(const float* q, float* out) const = 0;
 };

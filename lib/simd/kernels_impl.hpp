@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "../spec/block_codecs.hpp"
+#include "../spec/weight_grid.hpp"
 #include "plain_impl.hpp"
 #include "loops.hpp"
 #include "ops_check.hpp"
@@ -26,6 +27,9 @@
 #include "accumulate_avx512.hpp"
 #elif defined(__AVX2__)
 #include "accumulate_avx2.hpp"
+#endif
+#if defined(__AVX2__)
+#include "accumulate_grid_avx2.hpp"
 #endif
 
 namespace kvq::simd {
@@ -61,9 +65,11 @@ struct CodeTile {
 };
 
 // Symmetric layouts (x = d·q): w·x = (w·d)·q, so each block's scale folds into the weights once per
-// (row, block), and the tile loop only widens codes and issues fmas (4 queries × 2 registers).
-template <class A, class L>
+// (row, block), and the tile loop only widens codes and issues fmas (4 queries × 2 registers). Grid: the
+// folded weights are rounded to the int8 grid first (accumulate_grid, lib/spec/weight_grid.hpp).
+template <class A, class L, bool Grid = false>
 struct AccumulateScaled {
+    static_assert(kRowChunk % detail::kGridRows == 0, "a chunk holds whole grid groups");
     template <int G>
     struct Pass {
         static void run(int i0, const float* w, size_t w_stride, const uint8_t* rows, size_t row_stride,
@@ -80,6 +86,7 @@ struct AccumulateScaled {
                     const float d = O::f16_value(reinterpret_cast<const typename L::Block*>(rows + r * row_stride)[t].d);
                     for (int i = 0; i < G; ++i) wd[r * G + i] = wt[r * G + i] * d;
                 }
+                if constexpr (Grid) detail::round_to_grid(wd, n_rows, G);
                 for (int p = 0; p < kTilesPerBlock<A>; ++p)
                     accumulate_tile<A, CodeTile<A, L>, G>(wd, rows, row_stride, n_rows, t, p, ap);
             }
@@ -119,10 +126,22 @@ void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* 
     }
 }
 
+// accumulate_grid (q4_0): the integer kernel where the level has AVX2, else the float one on rounded weights.
+template <class A, class L>
+void accumulate_grid_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                            size_t n_rows, int64_t n, float* acc) {
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
+        return accumulate_grid_q4_0_avx2(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    }
+#endif
+    AccumulateScaled<A, L, true>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+}
+
 template <class A, class L>
 detail::BlockKernels block_kernels(void (*quantize)(const float*, uint8_t*, int64_t)) {
     return {quantize, dequantize_blocks<A, L>, prepare_query_q8<A>, ScoreBlocks<A, L>::score,
-            accumulate_blocks<A, L>};
+            accumulate_blocks<A, L>, std::is_same_v<L, LayoutQ4_0> ? accumulate_grid_blocks<A, L> : nullptr};
 }
 
 template <class A>

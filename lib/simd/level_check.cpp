@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "dispatch.hpp"
+#include "../spec/half.hpp"
+#include "../spec/weight_grid.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq::detail {
@@ -188,6 +190,31 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
             for (size_t r = 0; r < rows; ++r) mag += std::fabs(double(w[i * w_stride + r]) * kd[r * n + j]);
             if (!close_to(ab[i * n + j], aa[i * n + j], kRounding * mag + 1e-35))
                 return differs("accumulate: query i, column j =", i * n + j, ab[i * n + j], aa[i * n + j]);
+        }
+    }
+    checks += n_q * n;
+    if (!ref.accumulate_grid) return {};
+    // accumulate_grid (weights on the int8 grid, lib/spec/weight_grid.hpp): to float rounding of the rounded
+    // weights' terms, |ŵ| ≤ |w·d| + m/254 (m: the group's largest |w·d|; d: a block's first field) and |q| ≤ 8.
+    if (!simd.accumulate_grid) return "accumulate_grid: missing at this level";
+    std::vector<float> ga = acc0, gb = acc0;
+    ref.accumulate_grid(w.data(), w_stride, n_q, keys.data(), stride, rows, n, ga.data());
+    simd.accumulate_grid(w.data(), w_stride, n_q, keys.data(), stride, rows, n, gb.data());
+    for (int i = 0; i < n_q; ++i) {
+        for (int j = 0; j < n; ++j) {
+            double mag = std::fabs(acc0[i * n + j]);
+            for (size_t r0 = 0; r0 < rows; r0 += kGridRows) {
+                const size_t r1 = std::min(rows, r0 + kGridRows);
+                double m = 0;
+                for (size_t r = r0; r < r1; ++r) {
+                    uint16_t h;
+                    std::memcpy(&h, keys.data() + r * stride + (j / block) * block_bytes, 2);
+                    m = std::max(m, std::fabs(double(w[i * w_stride + r]) * f16_to_f32(h)));
+                }
+                for (size_t r = r0; r < r1; ++r) mag += std::fabs(double(w[i * w_stride + r]) * kd[r * n + j]) + m * 8 / 254;
+            }
+            if (!close_to(gb[i * n + j], ga[i * n + j], kRounding * mag + 1e-35))
+                return differs("accumulate_grid: query i, column j =", i * n + j, gb[i * n + j], ga[i * n + j]);
         }
     }
     checks += n_q * n;

@@ -176,7 +176,7 @@ void accumulate_plain(const float* w, size_t w_stride, int n_q, const uint8_t* r
 template <class A, class P>
 detail::BlockKernels plain_kernels() {
     return {quantize_plain<A, P>, dequantize_plain<A, P>, prepare_query_f32, ScorePlain<A, P>::score,
-            accumulate_plain<A, P>};
+            accumulate_plain<A, P>, nullptr};
 }
 
 }  // namespace

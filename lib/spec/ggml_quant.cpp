@@ -261,8 +261,9 @@ struct LayoutIQ4_NL {
 };
 
 template <class L>
-constexpr BlockKernels make_kernels(void (*quantize)(const float*, uint8_t*, int64_t)) {
-    return {quantize, dequantize_blocks<L>, prepare_query_q8, score_blocks<L>, accumulate_blocks<L>};
+constexpr BlockKernels make_kernels(void (*quantize)(const float*, uint8_t*, int64_t),
+                                   decltype(BlockKernels::accumulate_grid) accumulate_grid = nullptr) {
+    return {quantize, dequantize_blocks<L>, prepare_query_q8, score_blocks<L>, accumulate_blocks<L>, accumulate_grid};
 }
 
 }  // namespace
@@ -292,7 +293,7 @@ void prepare_query_q8(const float* q, uint8_t* prep, int64_t n) {
 }
 
 const BlockKernels kScalarQ8_0 = make_kernels<LayoutQ8_0>(quantize_q8_0);
-const BlockKernels kScalarQ4_0 = make_kernels<LayoutQ4_0>(quantize_sym<4>);
+const BlockKernels kScalarQ4_0 = make_kernels<LayoutQ4_0>(quantize_sym<4>, accumulate_grid_blocks<LayoutQ4_0>);
 const BlockKernels kScalarQ4_1 = make_kernels<LayoutQ4_1>(quantize_asym<4>);
 const BlockKernels kScalarQ5_0 = make_kernels<LayoutQ5_0>(quantize_sym<5>);
 const BlockKernels kScalarQ5_1 = make_kernels<LayoutQ5_1>(quantize_asym<5>);

@@ -22,6 +22,10 @@ struct BlockKernels {
     // acc[i*n + j] += w[i*w_stride + r] · row_r[j]
     void (*accumulate)(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                        size_t row_stride, size_t n_rows, int64_t n, float* acc);
+    // The same with each w·d (weight times block scale) on the int8 grid of weight_grid.hpp: what the
+    // cache's attention adds for codecs that have it (q4_0), null for the others.
+    void (*accumulate_grid)(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                            size_t row_stride, size_t n_rows, int64_t n, float* acc);
 };
 
 // The query side of every quantized-key codec (scalar specification, ggml_quant.cpp): int8 per block,

@@ -82,7 +82,7 @@ void accumulate_plain(const float* w, size_t w_stride, int n_q, const uint8_t* r
 
 template <class P>
 constexpr BlockKernels plain_kernels() {
-    return {quantize_plain<P>, dequantize_plain<P>, prepare_query_f32, score_plain<P>, accumulate_plain<P>};
+    return {quantize_plain<P>, dequantize_plain<P>, prepare_query_f32, score_plain<P>, accumulate_plain<P>, nullptr};
 }
 
 }  // namespace

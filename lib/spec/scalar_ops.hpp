@@ -8,6 +8,7 @@
 #include "blocks.hpp"
 #include "half.hpp"
 #include "kernels.hpp"
+#include "weight_grid.hpp"
 
 namespace kvq::detail {
 
@@ -97,6 +98,35 @@ void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* 
                 const float wk = w[k * w_stride + r];
                 float* a = acc + k * n + i * kQK;
                 for (int j = 0; j < kQK; ++j) a[j] += wk * v[j];
+            }
+        }
+    }
+}
+
+// acc[i*n + j] += Σ_r ŵ(w[i*w_stride + r] · d_r) · q_r[j] for a symmetric layout (x = d·q), with ŵ the int8
+// grid of weight_grid.hpp per query, block and group of kGridRows rows.
+template <class L>
+void accumulate_grid_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                            size_t n_rows, int64_t n, float* acc) {
+    static_assert(!L::has_min);
+    using Block = typename L::Block;
+    int8_t q[kGridRows][kQK];
+    float d[kGridRows], wd[kGridRows];
+    for (size_t r0 = 0; r0 < n_rows; r0 += kGridRows) {
+        const size_t rn = n_rows - r0 < kGridRows ? n_rows - r0 : kGridRows;
+        for (int64_t t = 0; t < n / kQK; ++t) {
+            for (size_t r = 0; r < rn; ++r) {
+                const auto b = load_block<Block>(rows + (r0 + r) * row_stride + t * sizeof(Block));
+                L::unpack(b, q[r]);
+                d[r] = L::d(b);
+            }
+            for (int k = 0; k < n_q; ++k) {
+                for (size_t r = 0; r < rn; ++r) wd[r] = w[k * w_stride + r0 + r] * d[r];
+                round_to_grid(wd, rn, 1);
+                float* a = acc + k * n + t * kQK;
+                for (size_t r = 0; r < rn; ++r) {
+                    for (int j = 0; j < kQK; ++j) a[j] += wd[r] * q[r][j];
+                }
             }
         }
     }
