@@ -267,6 +267,11 @@ typedef struct kvq_cache_params {
     const char* const* layer_value_codecs;
     size_t n_layer_codecs;         /* 0 or n_layers */
     size_t max_bytes;              /* pool capacity in bytes (blocks and float staging); 0 = no limit */
+    /* Since 0.x (appended): 1 = q4_0 values multiplied by int8 weights (kvq::CacheConfig::
+     * int8_value_weights: faster, each softmax weight times block scale rounded to an int8 step per 16
+     * tokens); 0 = exact float weights (the default). */
+    int32_t int8_value_weights;
+    int32_t reserved2;             /* 0 */
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {

@@ -38,11 +38,12 @@ constexpr size_t kParamsSizeV1 = offsetof(kvq_cache_params, seed) + sizeof(uint6
 constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 176 && offsetof(kvq_cache_params, seed) == 112 &&
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 184 && offsetof(kvq_cache_params, seed) == 112 &&
                                      offsetof(kvq_cache_params, executor) == 120 &&
                                      offsetof(kvq_cache_params, staging) == 136 &&
                                      offsetof(kvq_cache_params, layer_key_codecs) == 144 &&
-                                     offsetof(kvq_cache_params, max_bytes) == 168),
+                                     offsetof(kvq_cache_params, max_bytes) == 168 &&
+                                     offsetof(kvq_cache_params, int8_value_weights) == 176),
               "kvq_cache_params has implicit padding");
 
 std::string text(const char* function, const std::string& what) { return std::string(function) + ": " + what; }
@@ -78,7 +79,12 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     if (p.center_keys != 0 && p.center_keys != 1) {
         return bad_params("center_keys must be 0 or 1, got " + std::to_string(p.center_keys));
     }
-    if (p.reserved0 != 0 || p.reserved1 != 0) return bad_params("reserved0 and reserved1 must be 0");
+    if (p.reserved0 != 0 || p.reserved1 != 0 || p.reserved2 != 0) {
+        return bad_params("reserved0, reserved1 and reserved2 must be 0");
+    }
+    if (p.int8_value_weights != 0 && p.int8_value_weights != 1) {
+        return bad_params("int8_value_weights must be 0 or 1, got " + std::to_string(p.int8_value_weights));
+    }
     if (p.staging != KVQ_STAGING_F32 && p.staging != KVQ_STAGING_F16) {
         return bad_params("staging must be a kvq_staging_type, got " + std::to_string(p.staging));
     }
@@ -119,6 +125,7 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.sliding_window.assign(p.sliding_window, p.sliding_window + p.n_sliding_window);
     cfg.seal = p.seal == KVQ_SEAL_ON_APPEND ? SealPolicy::on_append : SealPolicy::on_block_full;
     cfg.center_keys = p.center_keys != 0;
+    cfg.int8_value_weights = p.int8_value_weights != 0;
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
     cfg.staging = p.staging == KVQ_STAGING_F16 ? StagingType::f16 : StagingType::f32;
     if (p.executor) {

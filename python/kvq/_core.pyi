@@ -130,6 +130,7 @@ class KVCache:
         staging: Literal["f32", "f16"] = "f32",
         layer_codecs: list[tuple[str | None, str | None] | None] | None = None,
         max_bytes: int = 0,
+        int8_value_weights: bool = False,
     ) -> None: ...
     @property
     def config(self) -> dict[str, object]: ...

@@ -226,7 +226,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, tokenizer = model_eval.load_model(_model_path(args.model), dtype=args.dtype)
     if show_progress:
         print(f"kvq eval: model loaded in {time.monotonic() - t0:.0f}s", file=sys.stderr)
-    cache_config = {"threads": args.threads, "block_tokens": args.block_tokens}
+    cache_config = {"threads": args.threads, "block_tokens": args.block_tokens,
+                    "int8_value_weights": args.int8_value_weights}
     result = model_eval.eval_model(
         model, tokenizer, text=text, pairs=pairs, ctx=args.ctx, max_chunks=args.max_chunks, baseline=args.baseline,
         per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs),
@@ -304,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=_positive, default=1, help="threads of one kvq attention call (default 1)")
     e.add_argument("--torch-threads", type=_positive, help="torch's intra-op threads (default: torch's choice)")
     e.add_argument("--block-tokens", type=_positive, default=32, help="kvq cache block size in tokens (default 32)")
+    e.add_argument("--int8-value-weights", action="store_true", help="q4_0 values multiplied by int8 weights in "
+                   "every cache (kvq.KVCache int8_value_weights; see docs/DESIGN.md)")
     e.add_argument("--format", choices=formats, default="markdown")
     e.add_argument("--output", metavar="FILE", help="write the table(s) to FILE instead of stdout")
     e.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")

@@ -269,7 +269,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
                                       std::optional<float> scale, float softcap, const py::object& sliding_window,
                                       const std::string& seal, bool center_keys, const std::string& nan_policy,
                                       int threads, uint64_t seed, const std::string& staging,
-                                      const py::object& layer_codecs, int64_t max_bytes) {
+                                      const py::object& layer_codecs, int64_t max_bytes, bool int8_value_weights) {
     CacheConfig c;
     c.n_layers = n_layers;
     c.n_kv_heads = n_kv_heads;
@@ -290,6 +290,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
     c.staging = parse_staging(staging);
     c.center_keys = center_keys;
     c.nan_policy = parse_nan_policy(nan_policy);
+    c.int8_value_weights = int8_value_weights;
     c.threads = threads;
     c.seed = seed;
     return std::make_unique<PyKVCache>(c);
@@ -325,6 +326,7 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
     d["center_keys"] = c.center_keys;
     d["staging"] = c.staging == StagingType::f16 ? "f16" : "f32";
     d["nan_policy"] = c.nan_policy == NanPolicy::reject ? "reject" : "propagate";
+    d["int8_value_weights"] = c.int8_value_weights;
     d["threads"] = c.threads;
     d["seed"] = c.seed;
     return d;
@@ -361,13 +363,15 @@ key_codec is a codec of kvq.codecs() or, for keys only, "chan2" .. "chan8" (per-
 an fp16 minimum and step per channel; seal="on_block_full" only). seq=None means the cache's only
 sequence. Bad input raises ValueError and changes nothing; a pool with
 max_blocks that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing. Different sequences
-may be used from different threads at once (the GIL is released while kvq works).)doc")
+may be used from different threads at once (the GIL is released while kvq works). int8_value_weights=True
+multiplies q4_0 values by int8 weights (CacheConfig::int8_value_weights: faster, each softmax weight times
+block scale rounded to an int8 step per 16 tokens).)doc")
         .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),
              "key_codec"_a = "q8_0", "value_codec"_a = "q4_0", py::kw_only(), "block_tokens"_a = 32,
              "max_blocks"_a = 0, "initial_blocks"_a = 0, "grow_blocks"_a = 64, "scale"_a = py::none(),
              "softcap"_a = 0.0f, "sliding_window"_a = py::none(), "seal"_a = "on_block_full",
              "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed,
-             "staging"_a = "f32", "layer_codecs"_a = py::none(), "max_bytes"_a = 0)
+             "staging"_a = "f32", "layer_codecs"_a = py::none(), "max_bytes"_a = 0, "int8_value_weights"_a = false)
         .def_property_readonly("config", [](const PyKVCache& c) { return config_dict(c.config(), c.n_heads()); },
                                "The configuration as a dict (the constructor's keyword arguments).")
         .def_property_readonly("n_layers", [](const PyKVCache& c) { return c.config().n_layers; })

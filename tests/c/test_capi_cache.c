@@ -43,6 +43,12 @@ static void test_cache_params_errors(void) {
     p.reserved1 = 1;
     CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "reserved1");
     p = small_params();
+    p.reserved2 = 1;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "reserved2");
+    p = small_params();
+    p.int8_value_weights = 2;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "int8_value_weights");
+    p = small_params();
     p.staging = 2;
     CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "staging");
     p = small_params();
@@ -348,8 +354,43 @@ static void test_channel_keys(void) {
     free(v);
 }
 
+/* int8_value_weights = 1: q4_0 values on int8 weights, within 1% of the exact weights' output and not equal. */
+static void test_int8_value_weights(void) {
+    enum { T = 100, D = 64 };
+    float* k = malloc(sizeof(float) * T * KVH * D);
+    float* v = malloc(sizeof(float) * T * KVH * D);
+    float q[QH * D], out[2][QH * D];
+    for (int i = 0; i < T * KVH * D; ++i) {
+        k[i] = (float)sin(0.37 * i);
+        v[i] = 1.0f + 0.5f * (float)cos(0.11 * i + 0.3 * (i % 5)); /* an output of size ~1, not a cancelling sum */
+    }
+    for (int i = 0; i < QH * D; ++i) q[i] = (float)sin(0.23 * i + 1.0);
+    for (int int8 = 0; int8 < 2; ++int8) {
+        kvq_cache_params p = small_params();
+        p.head_dim = D;
+        p.value_codec = "q4_0";
+        p.int8_value_weights = int8;
+        kvq_cache* cache = NULL;
+        int64_t seq = 0;
+        CHECK_OK(kvq_cache_create(&p, &cache));
+        CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+        CHECK_OK(kvq_cache_append(cache, 0, seq, k, v, T));
+        CHECK_OK(kvq_cache_attend(cache, 0, seq, q, out[int8]));
+        kvq_cache_destroy(cache);
+    }
+    double diff = 0, size = 0;
+    for (int i = 0; i < QH * D; ++i) {
+        diff = fmax(diff, fabs(out[1][i] - out[0][i]));
+        size = fmax(size, fabs(out[0][i]));
+    }
+    CHECK(diff > 1e-6 * size && diff < 1e-2 * size); /* within 1% of the exact weights' output, and not equal */
+    free(k);
+    free(v);
+}
+
 int main(void) {
     test_cache_params_errors();
+    test_int8_value_weights();
     test_channel_keys();
     test_cache_life();
     test_attend_batch();

@@ -70,6 +70,19 @@ def test_default_codecs_stay_close_to_the_reference(rng):
     assert relative_l2(out, ref) < 0.12 and cosine.min() > 0.99  # q4_0 values: ~0.085 on Gaussian rows
 
 
+def test_int8_value_weights_stay_within_the_grid_rounding_of_the_exact_values(rng):
+    # q4_0 values on int8 weights (each weight times block scale on an int8 step per 16 tokens): within
+    # half a step of the exact accumulation, not equal to it, and reported in the config.
+    outs = []
+    for int8 in (False, True):
+        cache, seq, [(k, v)] = filled(np.random.default_rng(5), key_codec="f32", value_codec="q4_0",
+                                      seal="on_append", int8_value_weights=int8)
+        assert cache.config["int8_value_weights"] is int8
+        outs.append(cache.attend(0, 2 * np.random.default_rng(6).standard_normal((H, D), dtype=np.float32), seq=seq))
+    diff = float(np.abs(outs[1] - outs[0]).max() / np.abs(outs[0]).max())
+    assert 1e-5 < diff < 1e-2
+
+
 def test_float16_inputs_equal_their_float32_values(rng):
     k, v = kv(rng, 20)
     k16, v16, q16 = k.astype(np.float16), v.astype(np.float16), rng.standard_normal((H, D)).astype(np.float16)
