@@ -32,7 +32,7 @@ inline float grid_round(float x) {
 }
 
 struct WeightGrid {
-    float up, k, s;  // scale-up, step inverse (times up), step
+    float up, k, s;  // scale-up, inverse step of the scaled-up products, step
 };
 
 // The grid of a lane from m = max |w·d| over its group (NaN-free) and whether a product was NaN.
