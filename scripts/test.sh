@@ -9,16 +9,28 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
+# Each phase's wall time goes to stderr (CI's log shows where the minutes go).
+phase_start=$SECONDS
+phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)" >&2; phase_start=$SECONDS; }
 "$root/scripts/build.sh"
+phase build
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
+phase ctest
 "$root/scripts/test_consumer.sh"
+phase consumer
 
 # The Python package goes into a virtual environment inside the build directory (it sees the system's
 # numpy, pytest and torch), so testing never changes the user's site-packages (scripts/python_env.sh).
 venv=$("$root/scripts/python_env.sh")
+phase python-install
 (cd "$root" && PATH="$venv/bin:$PATH" eval "\"$venv/bin/python\" -m pytest tests/python ${KVQ_PYTEST_ARGS:-}")
+phase pytest
 
 if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
-  "$root/scripts/sanitize.sh" all
+  "$root/scripts/sanitize.sh" asan
+  phase asan
+  "$root/scripts/sanitize.sh" tsan
+  phase tsan
   KVQ_FUZZ_SECONDS=${KVQ_FUZZ_SECONDS:-20} "$root/scripts/fuzz.sh"
+  phase fuzz
 fi
