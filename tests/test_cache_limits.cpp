@@ -1,12 +1,15 @@
 // The bounds of a cache configuration, the bookkeeping bytes_used() counts, and the pool limits a load
-// takes from the caller (issue #15).
+// takes from the caller (issue #15), with how the loaded cache attends.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "cache_model.hpp"
 #include "kvq/cache.hpp"
 #include "test_util.hpp"
 
@@ -89,5 +92,51 @@ TEST_CASE("load: LoadOptions give the pool's limit and threads, the pool takes e
     kvq::LoadOptions bad;
     bad.threads = 0;
     CHECK_THROWS_WITH_AS(KVCache::load(path.string(), bad), doctest::Contains("threads in 1..256"), std::invalid_argument);
+    fs::remove(path);
+}
+
+// Files store nothing of how attend runs: a cache saved with int8 value weights and loaded with them
+// attends bit-identically, loaded without them as an exact cache does; the loaded cache runs its parts
+// on the executor given.
+TEST_CASE("load: LoadOptions give int8_value_weights and the executor") {
+    const fs::path path = fs::temp_directory_path() / ("kvq_test_load_attend_" + std::to_string(::getpid()) + ".kvq");
+    CacheConfig cfg;
+    cfg.n_kv_heads = 2;
+    cfg.n_heads = 8;
+    cfg.head_dim = 64;
+    std::vector<float> k, v;
+    kvq::test::random_tokens(300, 2, 64, 5, k, v);
+    const auto q = kvq::test::gaussian(8 * 64, 6, 2.0f);
+    std::vector<float> out[2];  // [int8 weights]: the saving cache's, and the exact cache's
+    for (int grid = 0; grid < 2; ++grid) {
+        cfg.int8_value_weights = grid == 1;
+        KVCache c(cfg);
+        const SequenceId s = c.add_sequence();
+        c.append(0, s, k.data(), v.data(), 300);
+        out[grid].resize(q.size());
+        c.attend(0, s, q.data(), out[grid].data());
+        if (grid == 1) c.save(path.string());
+    }
+    REQUIRE(out[0] != out[1]);
+
+    int parts = 0;
+    kvq::LoadOptions options;
+    options.threads = 2;
+    options.int8_value_weights = true;
+    options.executor = [&](int n, const std::function<void(int)>& task) {
+        parts += n;
+        for (int i = 0; i < n; ++i) task(i);
+    };
+    const KVCache grid = KVCache::load(path.string(), options);
+    CHECK(grid.config().int8_value_weights);
+    std::vector<float> got(q.size());
+    grid.attend(0, 0, q.data(), got.data());
+    CHECK(got == out[1]);
+    CHECK(parts > 0);
+
+    const KVCache exact = KVCache::load(path.string());
+    CHECK_FALSE(exact.config().int8_value_weights);
+    exact.attend(0, 0, q.data(), got.data());
+    CHECK(got == out[0]);
     fs::remove(path);
 }

@@ -119,11 +119,13 @@ struct CacheConfig {
     StagingType staging = StagingType::f32;  // the open block's rows (saved in cache files)
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
-    // Attention multiplies q4_0 values by int8 weights: each softmax weight times block scale is rounded
-    // to an int8 step per query, 32 columns and 16 tokens (the step: that group's largest / 127), as
-    // ggml's non-flash attention rounds the softmax to q8_0. Faster value accumulation (docs/DESIGN.md,
-    // decode) for a relative rounding of at most 1/254 of a group's largest weight; other value codecs
-    // ignore it. Not saved in cache files.
+    // Attention multiplies q4_0 values (also q4_0+rot) by int8 weights: each softmax weight times block
+    // scale is rounded to an int8 step per query, 32 columns and group of 16 rows of a block (counted
+    // from the block's first row attended; the step: that group's largest / 127), as ggml's non-flash
+    // attention rounds the softmax to q8_0. A relative rounding of at most 1/254 of a group's largest
+    // weight; other value codecs ignore it. Faster where the level has the integer kernel (avx2, avx512);
+    // elsewhere it rounds the same weights and runs the float kernel, which is slower (docs/DESIGN.md,
+    // decode). Not saved in cache files (LoadOptions sets it for a load).
     bool int8_value_weights = false;
     int threads = 1;            // threads for one attend call: it is split into parts for this many
     // Runs those parts; empty: kvq's own pool (hardware threads − 1 workers, shared by every cache of the
@@ -137,13 +139,15 @@ struct CacheConfig {
 // interface (C, Python) checks a configuration with this function only, so the rules are the same everywhere.
 CacheConfig validate_config(CacheConfig c);
 
-// What KVCache::load takes from the caller rather than from the file: the pool's limits and the threads
-// of one attend call (files store neither).
+// What KVCache::load takes from the caller rather than from the file: the pool's limits and how attend
+// runs (files store none of them). Every other field of the loaded cache's config comes from the file.
 struct LoadOptions {
     size_t max_blocks = 0;   // pool capacity in blocks; 0 = no limit. A file with more blocks: PoolExhausted
     size_t max_bytes = 0;    // pool capacity in bytes (CacheConfig::max_bytes); 0 = no limit
     size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own)
     int threads = 1;         // as CacheConfig::threads
+    bool int8_value_weights = false;  // as CacheConfig::int8_value_weights
+    Executor executor;       // as CacheConfig::executor
 };
 
 struct PoolStats {

@@ -268,8 +268,9 @@ typedef struct kvq_cache_params {
     size_t n_layer_codecs;         /* 0 or n_layers */
     size_t max_bytes;              /* pool capacity in bytes (blocks and float staging); 0 = no limit */
     /* Since 0.x (appended): 1 = q4_0 values multiplied by int8 weights (kvq::CacheConfig::
-     * int8_value_weights: faster, each softmax weight times block scale rounded to an int8 step per 16
-     * tokens); 0 = exact float weights (the default). */
+     * int8_value_weights: each softmax weight times block scale rounded to an int8 step per group of 16
+     * rows of a block, faster where the SIMD level has the integer kernel); 0 = exact float weights (the
+     * default). Not saved in cache files: kvq_cache_load_with takes it. */
     int32_t int8_value_weights;
     int32_t reserved2;             /* 0 */
 } kvq_cache_params;
@@ -393,6 +394,32 @@ KVQ_API kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, i
 /* The same with a limit in bytes as well (max_bytes, 0 = no limit; kvq::LoadOptions::max_bytes). */
 KVQ_API kvq_status kvq_cache_load_bounded(const char* path, size_t max_blocks, size_t max_bytes, int32_t threads,
                                           kvq_cache** cache);
+/* What a load takes from the caller rather than from the file (mirrors kvq::LoadOptions): the pool's
+ * limits and how attend runs; the fields mean what kvq_cache_params' of the same names do. Grows by
+ * appending fields (see the ABI notes); start from kvq_load_params_default(). */
+typedef struct kvq_load_params {
+    size_t size;                  /* sizeof(kvq_load_params) */
+    size_t max_blocks;            /* 0 = no limit; a file with more blocks: KVQ_ERR_POOL_EXHAUSTED */
+    size_t max_bytes;             /* 0 = no limit */
+    size_t grow_blocks;           /* blocks added when the pool grows after the load, default 64 (>= 1) */
+    int32_t threads;              /* 1..256, default 1 */
+    int32_t int8_value_weights;   /* 0 or 1 (kvq_cache_params.int8_value_weights), default 0 */
+    void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);
+    void* executor_ctx;           /* as kvq_cache_params' */
+} kvq_load_params;
+
+static inline kvq_load_params kvq_load_params_default(void) {
+    kvq_load_params p;
+    memset(&p, 0, sizeof p);
+    p.size = sizeof(kvq_load_params);
+    p.grow_blocks = 64;
+    p.threads = 1;
+    return p;
+}
+
+/* kvq_cache_load with every load parameter: KVQ_ERR_INVALID_ARGUMENT for bad params (also NULL), else as
+ * kvq_cache_load_bounded. */
+KVQ_API kvq_status kvq_cache_load_with(const char* path, const kvq_load_params* params, kvq_cache** cache);
 /* Adds the file's sequences to a cache of the same configuration. Their new ids go to ids (up to
  * capacity of them, in the file's order; ids may be NULL when capacity is 0) and their number to *count.
  * KVQ_ERR_IO, KVQ_ERR_BAD_FILE, KVQ_ERR_CONFIG_MISMATCH (the message names the field),

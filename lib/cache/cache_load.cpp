@@ -320,6 +320,8 @@ KVCache KVCache::load(const std::string& path, const LoadOptions& options) {
         config.max_bytes = options.max_bytes;
         config.grow_blocks = options.grow_blocks;
         config.threads = options.threads;
+        config.int8_value_weights = options.int8_value_weights;
+        config.executor = options.executor;
         std::unique_ptr<KVCache> cache;
         try {
             cache = std::make_unique<KVCache>(config);

@@ -36,6 +36,7 @@ namespace {
 // Never change: the struct sizes of the first release (see the ABI notes in kvq.h): params ended at seed.
 constexpr size_t kParamsSizeV1 = offsetof(kvq_cache_params, seed) + sizeof(uint64_t);
 constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
+constexpr size_t kLoadParamsSizeV1 = sizeof(kvq_load_params);  // added whole, after the first release
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
 static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 184 && offsetof(kvq_cache_params, seed) == 112 &&
@@ -45,8 +46,21 @@ static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 184 && offsetof
                                      offsetof(kvq_cache_params, max_bytes) == 168 &&
                                      offsetof(kvq_cache_params, int8_value_weights) == 176),
               "kvq_cache_params has implicit padding");
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_load_params) == 56 && offsetof(kvq_load_params, executor) == 40),
+              "kvq_load_params has implicit padding");
 
 std::string text(const char* function, const std::string& what) { return std::string(function) + ": " + what; }
+
+using CExecutor = decltype(kvq_cache_params::executor);
+
+// The engine's executor as kvq's (empty for NULL): it sees a C task, the std::function and a trampoline.
+Executor c_executor(CExecutor exec, void* ctx) {
+    if (!exec) return {};
+    return [exec, ctx](int n, const std::function<void(int)>& task) {
+        exec(ctx, n, [](void* t, int32_t i) { (*static_cast<const std::function<void(int)>*>(t))(i); },
+             const_cast<void*>(static_cast<const void*>(&task)));
+    };
+}
 
 kvq_status check_layer(const kvq_cache* c, int32_t layer, const char* function) {
     const int n_layers = c->cache.config().n_layers;
@@ -128,15 +142,8 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.int8_value_weights = p.int8_value_weights != 0;
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
     cfg.staging = p.staging == KVQ_STAGING_F16 ? StagingType::f16 : StagingType::f32;
-    if (p.executor) {
-        // The engine's executor sees a C task: the std::function and a trampoline.
-        cfg.executor = [exec = p.executor, ctx = p.executor_ctx](int n, const std::function<void(int)>& task) {
-            exec(ctx, n, [](void* t, int32_t i) { (*static_cast<const std::function<void(int)>*>(t))(i); },
-                 const_cast<void*>(static_cast<const void*>(&task)));
-        };
-    } else if (p.executor_ctx) {
-        return bad_params("executor_ctx is set but executor is NULL");
-    }
+    if (!p.executor && p.executor_ctx) return bad_params("executor_ctx is set but executor is NULL");
+    cfg.executor = c_executor(p.executor, p.executor_ctx);
     cfg.threads = p.threads;
     cfg.seed = p.seed;
     return KVQ_OK;
@@ -330,16 +337,32 @@ kvq_status kvq_cache_load_limited(const char* path, size_t max_blocks, int32_t t
 }
 
 kvq_status kvq_cache_load_bounded(const char* path, size_t max_blocks, size_t max_bytes, int32_t threads, kvq_cache** cache) {
+    kvq_load_params p = kvq_load_params_default();
+    p.max_blocks = max_blocks;
+    p.max_bytes = max_bytes;
+    p.threads = threads;
+    return kvq_cache_load_with(path, &p, cache);
+}
+
+kvq_status kvq_cache_load_with(const char* path, const kvq_load_params* params, kvq_cache** cache) {
     return guarded([&] {
         KVQ_REQUIRE(path && cache, "kvq_cache_load", "NULL argument");
-        if (threads < 1 || threads > 256) {
-            return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_load: threads must be in 1..256, got " +
-                                                      std::to_string(threads));
+        kvq_load_params p = kvq_load_params_default();
+        KVQ_TRY(kvq::capi::read_versioned(params, kvq::capi::kLoadParamsSizeV1, "kvq_cache_load: params is NULL", p));
+        const auto bad = [](const std::string& what) { return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_load: " + what); };
+        if (p.threads < 1 || p.threads > 256) return bad("threads must be in 1..256, got " + std::to_string(p.threads));
+        if (p.grow_blocks < 1) return bad("grow_blocks must be at least 1");
+        if (p.int8_value_weights != 0 && p.int8_value_weights != 1) {
+            return bad("int8_value_weights must be 0 or 1, got " + std::to_string(p.int8_value_weights));
         }
+        if (!p.executor && p.executor_ctx) return bad("executor_ctx is set but executor is NULL");
         kvq::LoadOptions options;
-        options.max_blocks = max_blocks;
-        options.max_bytes = max_bytes;
-        options.threads = threads;
+        options.max_blocks = p.max_blocks;
+        options.max_bytes = p.max_bytes;
+        options.grow_blocks = p.grow_blocks;
+        options.threads = p.threads;
+        options.int8_value_weights = p.int8_value_weights != 0;
+        options.executor = kvq::capi::c_executor(p.executor, p.executor_ctx);
         *cache = wrap(kvq::KVCache::load(path, options));
         return KVQ_OK;
     });

@@ -87,13 +87,14 @@ public:
     }
 
     static std::unique_ptr<PyKVCache> load(const py::object& path, int64_t max_blocks, int64_t max_bytes, int64_t grow_blocks,
-                                           int threads) {
+                                           int threads, bool int8_value_weights) {
         const std::string p = fs_path(path);
         LoadOptions options;
         options.max_blocks = non_negative(max_blocks, "load: max_blocks");
         options.max_bytes = non_negative(max_bytes, "load: max_bytes");
         options.grow_blocks = non_negative(grow_blocks, "load: grow_blocks");
         options.threads = threads;
+        options.int8_value_weights = int8_value_weights;
         py::gil_scoped_release unlocked;
         return std::make_unique<PyKVCache>(KVCache::load(p, options));
     }
@@ -364,8 +365,8 @@ an fp16 minimum and step per channel; seal="on_block_full" only). seq=None means
 sequence. Bad input raises ValueError and changes nothing; a pool with
 max_blocks that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing. Different sequences
 may be used from different threads at once (the GIL is released while kvq works). int8_value_weights=True
-multiplies q4_0 values by int8 weights (CacheConfig::int8_value_weights: faster, each softmax weight times
-block scale rounded to an int8 step per 16 tokens).)doc")
+multiplies q4_0 values by int8 weights (CacheConfig::int8_value_weights: each softmax weight times block
+scale rounded to an int8 step per group of 16 rows of a block; faster at the avx2 and avx512 levels).)doc")
         .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),
              "key_codec"_a = "q8_0", "value_codec"_a = "q4_0", py::kw_only(), "block_tokens"_a = 32,
              "max_blocks"_a = 0, "initial_blocks"_a = 0, "grow_blocks"_a = 64, "scale"_a = py::none(),
@@ -415,11 +416,12 @@ block scale rounded to an int8 step per 16 tokens).)doc")
              "synced and renamed over path, so an existing file is replaced whole or not at all. Raises\n"
              "kvq.FileIOError (an OSError) if the file cannot be written.")
         .def_static("load", &PyKVCache::load, "path"_a, py::kw_only(), "max_blocks"_a = 0, "max_bytes"_a = 0, "grow_blocks"_a = 64,
-                    "threads"_a = 1,
+                    "threads"_a = 1, "int8_value_weights"_a = false,
                     "A new cache with the file's configuration and sequences (ids 0, 1, ... in the file's order).\n"
-                    "Files store no pool limits: max_blocks, max_bytes (0 = no limit), grow_blocks and threads are as for the\n"
-                    "constructor; the pool takes exactly the file's blocks, and a file with more than max_blocks\n"
-                    "raises kvq.PoolExhausted before anything is allocated. Raises kvq.FileIOError (OSError; also for\n"
+                    "Files store no pool limits and nothing of how attend runs: max_blocks, max_bytes (0 = no limit),\n"
+                    "grow_blocks, threads and int8_value_weights are as for the constructor; the pool takes exactly\n"
+                    "the file's blocks, and a file with more than max_blocks raises kvq.PoolExhausted before\n"
+                    "anything is allocated. Raises kvq.FileIOError (OSError; also for\n"
                     "anything but a regular file) or kvq.BadCacheFile (ValueError: wrong magic or version,\n"
                     "truncated, corrupted, or rows the file's nan_policy does not admit).")
         .def("load_into", &PyKVCache::load_into, "path"_a,

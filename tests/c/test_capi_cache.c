@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "helpers.h"
@@ -354,12 +355,16 @@ static void test_channel_keys(void) {
     free(v);
 }
 
-/* int8_value_weights = 1: q4_0 values on int8 weights, within 1% of the exact weights' output and not equal. */
+/* int8_value_weights = 1: q4_0 values on int8 weights, within 1% of the exact weights' output and not equal.
+ * Files do not store it: kvq_cache_load_with takes it (and the executor), and a cache saved with it and
+ * loaded with it attends bit for bit as before; loaded without it, as the exact cache. */
 static void test_int8_value_weights(void) {
     enum { T = 100, D = 64 };
     float* k = malloc(sizeof(float) * T * KVH * D);
     float* v = malloc(sizeof(float) * T * KVH * D);
     float q[QH * D], out[2][QH * D];
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvq_capi_int8_%d.kvq", (int)getpid());
     for (int i = 0; i < T * KVH * D; ++i) {
         k[i] = (float)sin(0.37 * i);
         v[i] = 1.0f + 0.5f * (float)cos(0.11 * i + 0.3 * (i % 5)); /* an output of size ~1, not a cancelling sum */
@@ -376,6 +381,7 @@ static void test_int8_value_weights(void) {
         CHECK_OK(kvq_cache_add_sequence(cache, &seq));
         CHECK_OK(kvq_cache_append(cache, 0, seq, k, v, T));
         CHECK_OK(kvq_cache_attend(cache, 0, seq, q, out[int8]));
+        if (int8) CHECK_OK(kvq_cache_save(cache, path, KVQ_ALL_SEQUENCES));
         kvq_cache_destroy(cache);
     }
     double diff = 0, size = 0;
@@ -384,6 +390,46 @@ static void test_int8_value_weights(void) {
         size = fmax(size, fabs(out[0][i]));
     }
     CHECK(diff > 1e-6 * size && diff < 1e-2 * size); /* within 1% of the exact weights' output, and not equal */
+
+    float got[QH * D];
+    engine_pool pool = {0, 0};
+    kvq_load_params lp = kvq_load_params_default();
+    lp.threads = 2;
+    lp.int8_value_weights = 1;
+    lp.executor = engine_executor;
+    lp.executor_ctx = &pool;
+    kvq_cache* loaded = NULL;
+    CHECK_OK(kvq_cache_load_with(path, &lp, &loaded));
+    CHECK_OK(kvq_cache_attend(loaded, 0, 0, q, got));
+    CHECK(memcmp(got, out[1], sizeof got) == 0);
+    CHECK(pool.tasks >= 1); /* the loaded cache ran its parts on the engine's executor */
+    kvq_cache_destroy(loaded);
+    loaded = NULL;
+    CHECK_OK(kvq_cache_load(path, &loaded));
+    CHECK_OK(kvq_cache_attend(loaded, 0, 0, q, got));
+    CHECK(memcmp(got, out[0], sizeof got) == 0);
+    kvq_cache_destroy(loaded);
+
+    /* Bad load params: refused, *cache untouched. */
+    loaded = NULL;
+    CHECK_STATUS(kvq_cache_load_with(path, NULL, &loaded), KVQ_ERR_INVALID_ARGUMENT, "params is NULL");
+    lp = kvq_load_params_default();
+    lp.size = 8;
+    CHECK_STATUS(kvq_cache_load_with(path, &lp, &loaded), KVQ_ERR_INVALID_ARGUMENT, "size");
+    lp = kvq_load_params_default();
+    lp.int8_value_weights = 2;
+    CHECK_STATUS(kvq_cache_load_with(path, &lp, &loaded), KVQ_ERR_INVALID_ARGUMENT, "int8_value_weights");
+    lp = kvq_load_params_default();
+    lp.threads = 0;
+    CHECK_STATUS(kvq_cache_load_with(path, &lp, &loaded), KVQ_ERR_INVALID_ARGUMENT, "threads");
+    lp = kvq_load_params_default();
+    lp.grow_blocks = 0;
+    CHECK_STATUS(kvq_cache_load_with(path, &lp, &loaded), KVQ_ERR_INVALID_ARGUMENT, "grow_blocks");
+    lp = kvq_load_params_default();
+    lp.executor_ctx = &pool;
+    CHECK_STATUS(kvq_cache_load_with(path, &lp, &loaded), KVQ_ERR_INVALID_ARGUMENT, "executor");
+    CHECK(loaded == NULL);
+    remove(path);
     free(k);
     free(v);
 }
