@@ -31,6 +31,8 @@ struct SweepOptions {
     bool timing = true;
     int timing_repeats = 10;
     uint64_t seed = kDefaultSeed;   // rotation seed of +rot codecs
+    // q4_0 values on int8 weights (CacheConfig::int8_value_weights), in the errors and the decode timing
+    bool int8_value_weights = false;
     // Called after each (data set, layer, kv head) with steps done and the total; may throw to cancel.
     std::function<void(size_t done, size_t total)> progress;
 };

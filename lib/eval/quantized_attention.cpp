@@ -93,11 +93,12 @@ void softmax_rows(float* s, int n_q, size_t n, size_t stride) {
 
 void quantized_attention(const Codec& keys, const QuantizedKeys& k, const Codec& values, const std::vector<uint8_t>& v,
                          const float* q, int n_q, size_t first, size_t n_rows, float scale, float* scores, float* weights,
-                         float* out) {
+                         float* out, bool int8_value_weights) {
     const size_t d = keys.head_dim(), n = n_rows - first, total = size_t(n_q) * n;
     std::vector<uint8_t*> key_blocks, value_blocks;
     const RowSource src = row_source(keys, k, values, v, first, n_rows, key_blocks, value_blocks);
-    const AttentionShape shape{n_q, 1, static_cast<int>(d), scale, 0.0f};
+    AttentionShape shape{n_q, 1, static_cast<int>(d), scale, 0.0f};
+    shape.grid_values = int8_value_weights;
     attention_scores(shape, src, q, scores);
     decode_attention(shape, std::span<const RowSource>(&src, 1), q, out, nullptr, 1);
     std::copy(scores, scores + total, weights);

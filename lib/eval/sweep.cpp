@@ -84,8 +84,8 @@ struct Prepared {
 constexpr int kTimedLayers = 4;
 
 // The data set's first `layers` layers in a KVCache of one format, the tokens up to the last query.
-std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepared& p, size_t n_rows, int block_tokens,
-                                    uint64_t seed) {
+std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepared& p, size_t n_rows,
+                                    const SweepOptions& options) {
     CacheConfig c;
     c.n_layers = layers;
     c.n_kv_heads = data.kv_heads;
@@ -94,10 +94,11 @@ std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepar
     c.key_codec = p.format.key_codec;
     c.value_codec = p.format.value_codec;
     c.center_keys = p.format.center_keys;
-    c.block_tokens = block_tokens;
+    c.block_tokens = options.block_tokens;
     c.scale = data.softmax_scale();
     c.threads = 1;
-    c.seed = seed;
+    c.seed = options.seed;
+    c.int8_value_weights = options.int8_value_weights;
     if (!data.windows.empty()) c.sliding_window.assign(data.windows.begin(), data.windows.begin() + layers);
     for (int l = 0; p.format.window && l < layers; ++l) {
         const KVFormat& f = p.format_of(data.window(l) > 0);
@@ -112,14 +113,14 @@ std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepar
     return cache;
 }
 
-// Best-of-`repeats` time of one decode step (KVCache::attend of the last query at the full context, in
+// Best-of-`timing_repeats` time of one decode step (KVCache::attend of the last query at the full context, in
 // each timed layer) per format; formats take turns within each repeat so that drifting machine load affects them alike.
-std::vector<double> time_decode(const KVData& data, const std::vector<const Prepared*>& formats, int repeats,
-                                int block_tokens, uint64_t seed) {
+std::vector<double> time_decode(const KVData& data, const std::vector<const Prepared*>& formats,
+                                const SweepOptions& options) {
     const size_t n_rows = size_t(data.query_positions.back()) + 1;
     const int last = data.n_queries() - 1, layers = std::min(data.layers, kTimedLayers);
     std::vector<std::unique_ptr<KVCache>> caches;
-    for (const Prepared* p : formats) caches.push_back(fill_cache(data, layers, *p, n_rows, block_tokens, seed));
+    for (const Prepared* p : formats) caches.push_back(fill_cache(data, layers, *p, n_rows, options));
     const size_t q_floats = size_t(data.q_heads) * data.head_dim;
     std::vector<float> out(q_floats);
     auto steps = [&](size_t f, int calls) {
@@ -141,7 +142,7 @@ std::vector<double> time_decode(const KVData& data, const std::vector<const Prep
         best[f] = steps(f, 1);  // also warms caches and the thread's page tables
         calls[f] = static_cast<int>(std::clamp(0.02 / std::max(best[f], 1e-9), 1.0, 1000.0));
     }
-    for (int rep = 0; rep < std::max(repeats, 1); ++rep) {
+    for (int rep = 0; rep < std::max(options.timing_repeats, 1); ++rep) {
         for (size_t f = 0; f < formats.size(); ++f) best[f] = std::min(best[f], steps(f, calls[f]));
     }
     return best;
@@ -239,7 +240,7 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
             s.scores.resize(size_t(g) * (n - first));
             s.weights.resize(size_t(g) * (n - first));
             detail::quantized_attention(keys, kc->second, values, vc->second, q[i].data(), g, first, n, scale,
-                                        s.scores.data(), s.weights.data(), s.out.data());
+                                        s.scores.data(), s.weights.data(), s.out.data(), options.int8_value_weights);
             const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
                                                         s.scores.data(), s.weights.data(), s.out.data(), g, n - first, dim,
                                                         options.top_k);
@@ -286,7 +287,7 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
         baseline_index = timed.size();
         timed.push_back(&baseline);
     }
-    const auto t = time_decode(d, timed, options.timing_repeats, options.block_tokens, options.seed);
+    const auto t = time_decode(d, timed, options);
     DecodeTimes times{std::vector<double>(prepared.size(), 0.0), t[baseline_index]};
     for (size_t f = 0, j = 0; f < prepared.size(); ++f) {
         if (prepared[f].cache_holds()) times.seconds[f] = t[j++];

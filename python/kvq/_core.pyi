@@ -239,6 +239,7 @@ def sweep(
     seed: int = ...,
     block_tokens: int = 32,
     top_k: int = 8,
+    int8_value_weights: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepResult: ...
 

@@ -124,6 +124,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         data_seed=args.seed,
         block_tokens=args.block_tokens,
+        int8_value_weights=args.int8_value_weights,
         progress=ProgressBar() if show_progress else None,
     )
     text = result.format(args.format)
@@ -271,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--block-tokens", type=_positive, default=32,
                    help="tokens per cache block: the +center and chanB blocks (default 32)")
     t.add_argument("--repeats", type=_positive, default=10, help="decode timing: best of this many samples (default 10)")
+    t.add_argument("--int8-value-weights", action="store_true", help="q4_0 values multiplied by int8 weights, in the "
+                   "errors and the timing (kvq.KVCache int8_value_weights; see docs/DESIGN.md)")
     t.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")
     t.add_argument("--no-progress", dest="progress", action="store_false")
     t.set_defaults(func=cmd_table)

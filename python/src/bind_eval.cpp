@@ -81,7 +81,7 @@ std::string text(const std::string& format, const std::function<std::string(Tabl
 
 SweepResult sweep(const std::vector<std::variant<std::string, KVData>>& datasets, const std::optional<std::vector<std::string>>& pairs,
                   const std::string& model, bool timing, int repeats, uint64_t data_seed, uint64_t seed, int block_tokens,
-                  int top_k, py::object progress) {
+                  int top_k, bool int8_value_weights, py::object progress) {
     if (datasets.empty()) raise_value_error("sweep: give at least one data set");
     if (repeats < 1) raise_value_error("sweep: repeats must be at least 1");
     SweepOptions o;
@@ -92,6 +92,7 @@ SweepResult sweep(const std::vector<std::variant<std::string, KVData>>& datasets
     o.seed = seed;
     o.block_tokens = block_tokens;
     o.top_k = top_k;
+    o.int8_value_weights = int8_value_weights;
     // Called without the GIL; takes it to report progress and to let Ctrl-C (or an exception raised by
     // the callback) stop the sweep.
     o.progress = [&progress](size_t done, size_t total) {
@@ -163,10 +164,12 @@ void bind_eval(py::module_& m) {
         }, "format"_a = "markdown", "The table as 'markdown', 'csv' or 'json' text.");
 
     m.def("sweep", &sweep, "datasets"_a, "pairs"_a = py::none(), "model"_a = "llama-3-8b", "timing"_a = true, "repeats"_a = 10,
-          "data_seed"_a = 0, "seed"_a = kDefaultSeed, "block_tokens"_a = 32, "top_k"_a = 8, "progress"_a = py::none(),
+          "data_seed"_a = 0, "seed"_a = kDefaultSeed, "block_tokens"_a = 32, "top_k"_a = 8,
+          "int8_value_weights"_a = false, "progress"_a = py::none(),
           "Errors against the FP32 reference and decode time vs f16 for each data set (spec or kvq.Dataset) and K/V "
           "pair ('q8_0/q4_0', 'q4_0+rot+center/q4_0'; None: the default list). model: a preset or config.json for "
-          "bytes per token. progress(done, total) is called as the sweep goes; Ctrl-C stops it.");
+          "bytes per token. int8_value_weights: q4_0 values on int8 weights (kvq.KVCache's), in the errors and "
+          "the timing. progress(done, total) is called as the sweep goes; Ctrl-C stops it.");
 
     py::class_<Plan>(m, "Plan", "KV-cache bytes of a model for each K/V pair (kvq.plan).")
         .def_property_readonly("rows", [](const Plan& p) {

@@ -52,6 +52,18 @@ def test_table_json_and_markdown(capsys):
     assert lines[2].startswith(f"| {SMALL} | q8_0 | q4_0 | 8.50 | 4.50 | 52.0 | 2.46× |")
 
 
+def test_table_int8_value_weights_moves_q4_0_values_only(capsys):
+    def errors(*extra):
+        code, out, _ = run(capsys, "table", "--data", SMALL, "--pairs", "q8_0/q4_0,q8_0/q8_0", "--format", "csv",
+                           "--no-timing", *extra)
+        assert code == 0
+        return [float(r["output_err_mean"]) for r in csv.DictReader(io.StringIO(out))]
+
+    exact, grid = errors(), errors("--int8-value-weights")
+    assert grid[0] != exact[0] and grid[0] < 1.1 * exact[0]  # issue #19's bound: within 10%
+    assert grid[1] == exact[1]  # q8_0 values ignore the flag
+
+
 def test_table_output_file_and_plot(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     out_file, png = tmp_path / "t.md", tmp_path / "t.png"
