@@ -133,3 +133,23 @@ def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
     assert rc == 2 and "neither a model directory nor a GGUF file" in capsys.readouterr().err  # a bad argument
     rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--plot", "x.png"])
     assert rc == 2 and "--per-layer" in capsys.readouterr().err
+
+
+def test_one_gguf_parse_shares_the_reader_of_a_file_and_restores_gguf(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    paths = [tmp_path / "a.gguf", tmp_path / "b.gguf"]
+    for i, p in enumerate(paths):
+        w = gguf.GGUFWriter(str(p), "llama")
+        w.add_uint32("test.value", i)
+        w.add_tensor("t", np.arange(4, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    original = gguf.GGUFReader
+    with model_eval._one_gguf_parse():
+        a, again, b = gguf.GGUFReader(paths[0]), gguf.GGUFReader(str(paths[0])), gguf.GGUFReader(paths[1])
+        assert a is again and a is not b
+        assert [int(b.fields["test.value"].parts[-1][0]), list(b.tensors[0].data)] == [1, [0, 1, 2, 3]]
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(paths[0]) is not a
