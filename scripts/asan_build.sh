@@ -14,6 +14,6 @@ fi
 if [ ! -f "$dir/CMakeCache.txt" ]; then
   CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 \
     -DCMAKE_C_FLAGS=-O1 -DKVQ_SANITIZE=address,undefined -DKVQ_BUILD_FUZZ=ON -DKVQ_BUILD_BENCH=OFF \
-    -DKVQ_BUILD_TOOLS=OFF -DKVQ_BUILD_EXAMPLES=OFF >/dev/null
+    -DKVQ_BUILD_TOOLS=OFF -DKVQ_BUILD_EXAMPLES=OFF $("$root/scripts/host_cmake_args.sh") >/dev/null
 fi
 cmake --build "$dir" -j "${KVQ_JOBS:-$(nproc)}" --target "$@"

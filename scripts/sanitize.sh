@@ -16,12 +16,13 @@ what=${1:-all}
 
 "$root/scripts/setup.sh"
 
+# Both builds leave out the SIMD levels this host cannot run (scripts/host_cmake_args.sh).
 # ThreadSanitizer with GCC. Debug keeps Eigen's and the standard library's assertions on; -O1 keeps it fast.
 build() {
   local dir=$1 sanitize=$2
   if [ ! -f "$dir/CMakeCache.txt" ]; then
     cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 \
-      -DKVQ_SANITIZE="$sanitize" -DKVQ_BUILD_BENCH=OFF -DKVQ_BUILD_TOOLS=OFF >/dev/null
+      -DKVQ_SANITIZE="$sanitize" -DKVQ_BUILD_BENCH=OFF -DKVQ_BUILD_TOOLS=OFF $("$root/scripts/host_cmake_args.sh") >/dev/null
   fi
   cmake --build "$dir" -j "$jobs" --target "${@:3}"
 }

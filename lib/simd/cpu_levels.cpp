@@ -39,8 +39,10 @@ const LevelKernels* compiled_level(SimdLevel level) {
 #if defined(KVQ_SIMD_X86)
         case SimdLevel::sse2: return &level_sse2();
         case SimdLevel::avx2: return &level_avx2();
+#if !defined(KVQ_NO_AVX512)
         // By capability: the VNNI build of the level where the CPU has AVX512-VNNI (its int8 dot products).
         case SimdLevel::avx512: return cpu_has_avx512_vnni() ? &level_avx512_vnni() : &level_avx512();
+#endif
 #elif defined(KVQ_SIMD_NEON)
         case SimdLevel::neon: return &level_neon();
 #endif
@@ -53,8 +55,10 @@ bool compiled(SimdLevel level) {
         case SimdLevel::scalar: return true;
 #if defined(KVQ_SIMD_X86)
         case SimdLevel::sse2:
-        case SimdLevel::avx2:
+        case SimdLevel::avx2: return true;
+#if !defined(KVQ_NO_AVX512)  // KVQ_SIMD_AVX512=OFF
         case SimdLevel::avx512: return true;
+#endif
 #elif defined(KVQ_SIMD_NEON)
         case SimdLevel::neon: return true;
 #endif
