@@ -118,8 +118,11 @@ struct PolarQuantize : RotatedQuantize<A> {
             for (int k = 0; k < K; ++k) R::template pack_codes<B>(rk[k], nullptr, buf[k] + l.bit_off[level - 1] / 8 + size_t(i0) * B / 8);
         }
     }
+    // One level of K rows. Not inlined: its instantiations (8 bit widths × 3 row counts × the packing
+    // kinds) inlined into polar_rows made functions whose optimization was most of the level files'
+    // compile time; one call per level and rows costs nothing.
     template <int B, bool Full, int K, bool Direct>
-    static void polar_level(const detail::PolarQuantizeLayout& l, int level, const Steps& st, float (*y)[kMaxD + kPad],
+    [[gnu::noinline]] static void polar_level(const detail::PolarQuantizeLayout& l, int level, const Steps& st, float (*y)[kMaxD + kPad],
                             uint8_t (*buf)[kMaxD + 128]) {
         const int nodes = l.rot.d >> level;
         alignas(64) int32_t codes[Direct ? 1 : K][kMaxD / 2 + kPad];

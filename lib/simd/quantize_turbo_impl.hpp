@@ -152,8 +152,9 @@ struct TurboQuantize : RotatedQuantize<A> {
             }
         }
     }
+    // Not inlined, as polar_level (quantize_polar_impl.hpp): one call per section and rows.
     template <int B, int K, bool Bucketed, bool Residual>
-    static void turbo_section(const detail::TurboSection& sec, const Steps& st, const uint8_t* code_map, TurboRow* rows) {
+    [[gnu::noinline]] static void turbo_section(const detail::TurboSection& sec, const Steps& st, const uint8_t* code_map, TurboRow* rows) {
         const int end = sec.begin + sec.count;
         alignas(64) int32_t codes[R::kPackCodes ? 1 : K][kMaxD + 32];
         F cu[K][kSumRegs], cc[K][kSumRegs];  // in registers: the rows' buffers are written through byte pointers
