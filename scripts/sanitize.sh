@@ -6,7 +6,8 @@
 #   tsan  the concurrency tests (tests/test_concurrency*.cpp, test_cache_threads*.cpp) under ThreadSanitizer
 #                                                                              -> build-tsan/
 # Usage: scripts/sanitize.sh [asan|tsan|all]   (default: all). Extra doctest arguments may follow,
-# e.g. scripts/sanitize.sh asan -tc='*cache*'. Builds are incremental.
+# e.g. scripts/sanitize.sh asan -tc='*cache*'. Builds are incremental. KVQ_SANITIZE_BUILD_ONLY=1 builds
+# and runs nothing (scripts/test.sh compiles the TSan build that way while the Python tests run).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 parent=${KVQ_SANITIZE_DIR:-$root}
@@ -32,6 +33,7 @@ for src in "$root"/tests/c/test_*.c; do c_tests+=("kvq_$(basename "$src" .c)"); 
 passed=0
 run_asan() {
   KVQ_JOBS=$jobs "$root/scripts/asan_build.sh" "$parent/build-asan" kvq_tests "${c_tests[@]}"
+  [ "${KVQ_SANITIZE_BUILD_ONLY:-0}" = 1 ] && return
   echo "sanitize: AddressSanitizer + UndefinedBehaviorSanitizer, whole suite (C++ and C)" >&2
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:strict_init_order=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -64,6 +66,7 @@ run_asan() {
 }
 run_tsan() {
   build "$parent/build-tsan" thread kvq_concurrency_tests
+  [ "${KVQ_SANITIZE_BUILD_ONLY:-0}" = 1 ] && return
   echo "sanitize: ThreadSanitizer, the concurrency tests (tests/test_concurrency*.cpp, test_cache_threads*.cpp)" >&2
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     "$parent/build-tsan/tests/kvq_concurrency_tests" --no-intro "$@"
@@ -76,4 +79,5 @@ case $what in
   all) run_asan "$@"; run_tsan "$@" ;;
   *) echo "usage: $0 [asan|tsan|all] [doctest arguments]" >&2; exit 2 ;;
 esac
+[ "${KVQ_SANITIZE_BUILD_ONLY:-0}" = 1 ] && exit 0
 echo "sanitize: $passed passed, 0 failed"

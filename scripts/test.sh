@@ -14,6 +14,17 @@ phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)" >&2; phase_start=$SECONDS; }
 "$root/scripts/build.sh"
 phase build
+export KVQ_SETUP_DONE=1  # build.sh installed what was missing
+
+# The TSan build compiles at the lowest priority while the tests below run (pytest leaves most of a
+# core idle); the TSan phase waits for it. Its output goes to the log printed if it fails.
+prebuild=""
+if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
+  KVQ_SANITIZE_BUILD_ONLY=1 setsid nice -n 19 "$root/scripts/sanitize.sh" tsan >"$build/tsan-prebuild.log" 2>&1 &
+  prebuild=$!
+  # Its own process group (setsid), stopped with its compilers if a phase fails before the wait.
+  trap 'kill -- "-$prebuild" 2>/dev/null || true' EXIT
+fi
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
 phase ctest
 "$root/scripts/test_consumer.sh"
@@ -29,6 +40,12 @@ phase pytest
 if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
   "$root/scripts/sanitize.sh" asan
   phase asan
+  if ! wait "$prebuild"; then
+    cat "$build/tsan-prebuild.log" >&2
+    echo "test.sh: the TSan build failed (log above)" >&2
+    exit 1
+  fi
+  trap - EXIT
   "$root/scripts/sanitize.sh" tsan
   phase tsan
   KVQ_FUZZ_SECONDS=${KVQ_FUZZ_SECONDS:-20} "$root/scripts/fuzz.sh"
