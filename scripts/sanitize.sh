@@ -40,28 +40,32 @@ run_asan() {
   # The cache-attention tests at the default level only (their every-level repetition is for the
   # kernels, which kvq::selftest runs at every level under ASan here too). The suite runs as two
   # halves at once where there are cores for them (one doctest process uses one core): the same
-  # shuffled order in both, each taking its range of the test cases.
+  # shuffled order in both, each taking its range of the test cases; the C tests (a third of a half's
+  # time, most of it test_capi_simd's self-check at every level) follow the first half.
   local tests="$parent/build-asan/tests/kvq_tests" n half
   n=$("$tests" --count "$@" | sed -n 's/.*passing the current filters: \([0-9]*\).*/\1/p')
   shard() {
     KVQ_TEST_DEFAULT_LEVEL_ONLY=1 "$tests" --no-intro --order-by=rand --rand-seed=7 --first="$1" --last="$2" "${@:3}"
   }
+  c_suite() {
+    for t in "${c_tests[@]}"; do "$parent/build-asan/tests/c/$t" || return; done
+  }
   if [ "$jobs" -gt 1 ] && [ "${n:-0}" -gt 1 ]; then
     half=$(((n + 1) / 2))
-    shard 1 "$half" "$@" &
+    (shard 1 "$half" "$@" && c_suite) &
     local first=$!
     shard $((half + 1)) "$n" "$@" &
     local second=$! rc1=0 rc2=0
     wait "$first" || rc1=$?
     wait "$second" || rc2=$?
     if [ "$rc1" != 0 ] || [ "$rc2" != 0 ]; then
-      echo "sanitize: AddressSanitizer run failed (halves: exit $rc1, $rc2)" >&2
+      echo "sanitize: AddressSanitizer run failed (first half and the C tests: exit $rc1; second half: exit $rc2)" >&2
       exit 1
     fi
   else
     shard 1 "${n:-1000000}" "$@"
+    c_suite
   fi
-  for t in "${c_tests[@]}"; do "$parent/build-asan/tests/c/$t"; done
   passed=$((passed + 1))
 }
 run_tsan() {
