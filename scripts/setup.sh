@@ -6,7 +6,7 @@ set -euo pipefail
 # scripts/test.sh sets this once its first call has installed everything (later phases skip the checks).
 [ "${KVQ_SETUP_DONE:-0}" = 1 ] && exit 0
 
-debs=(g++ make pkg-config libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev clang libclang-rt-14-dev)
+debs=(g++ make pkg-config ccache libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,6 +11,9 @@
 
 namespace kvq::test {
 
+// The directory of the test data (tests/data), compiled into data_dir.cpp.
+const char* data_dir();
+
 inline std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> dist(0.0f, sigma);
@@ -20,7 +23,7 @@ inline std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) 
 }
 
 inline std::vector<uint8_t> read_file(const std::string& name) {
-    const std::string path = std::string(KVQ_TEST_DATA_DIR) + "/" + name;
+    const std::string path = std::string(data_dir()) + "/" + name;
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error("cannot open test data " + path);
     return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
