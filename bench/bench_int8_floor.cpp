@@ -1,0 +1,101 @@
+// The integer floor of the q8_0 key scores: the int8 dot products alone (4 queries of one GQA group
+// against rows of d = 128 int8 keys, the rows in L1), with the instructions kvq's kernels use and nothing
+// else: no block scales, conversions, reductions or row loads from L2. ns/row here against
+// codec/score_cached/q8_0/<level> (same group and d) in the same run shows how far a score kernel is from
+// the CPU's integer multiply rate, on any machine:
+//   floor/int8_dot4/avx2         per 32 values and query: sign_epi8, maddubs, madd (ggml's sign trick;
+//                                one abs_epi8 per 32 keys)
+//   floor/int8_dot4/avx2_nosign  the same without the sign operations (what ggml's trick costs)
+//   floor/int8_dot4/avx512_vnni  one vpdpbusd per 32 values and query (256-bit, as score_q8_0_rows16)
+// A probe the CPU cannot run is reported as skipped.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+namespace {
+
+constexpr int kRows = 64, kDim = 128, kQueries = 4;
+alignas(64) int8_t g_keys[kRows][kDim];
+alignas(64) int8_t g_queries[kQueries][kDim];
+
+void fill() {
+    std::mt19937 rng(1);
+    for (auto& row : g_keys)
+        for (int8_t& v : row) v = static_cast<int8_t>(int(rng() % 255) - 127);
+    for (auto& row : g_queries)
+        for (int8_t& v : row) v = static_cast<int8_t>(int(rng() % 255) - 127);
+}
+
+template <bool Sign>
+__attribute__((target("avx2"), noinline)) void dot4_avx2(int passes, __m256i* out) {
+    __m256i acc[kQueries] = {};
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int p = 0; p < passes; ++p) {
+        for (int r = 0; r < kRows; ++r) {
+            for (int b = 0; b < kDim / 32; ++b) {
+                const __m256i k = _mm256_load_si256(reinterpret_cast<const __m256i*>(&g_keys[r][32 * b]));
+                const __m256i ak = Sign ? _mm256_abs_epi8(k) : k;
+                for (int i = 0; i < kQueries; ++i) {
+                    __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(&g_queries[i][32 * b]));
+                    if (Sign) y = _mm256_sign_epi8(y, k);
+                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, y), one));
+                }
+            }
+        }
+    }
+    for (int i = 0; i < kQueries; ++i) out[i] = acc[i];
+}
+
+__attribute__((target("avx512f,avx512vl,avx512vnni"), noinline)) void dot4_vnni(int passes, __m256i* out) {
+    __m256i acc[kQueries] = {};
+    for (int p = 0; p < passes; ++p) {
+        for (int r = 0; r < kRows; ++r) {
+            for (int b = 0; b < kDim / 32; ++b) {
+                const __m256i k = _mm256_load_si256(reinterpret_cast<const __m256i*>(&g_keys[r][32 * b]));
+                for (int i = 0; i < kQueries; ++i) {
+                    const __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(&g_queries[i][32 * b]));
+                    acc[i] = _mm256_dpbusd_epi32(acc[i], k, y);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < kQueries; ++i) out[i] = acc[i];
+}
+
+template <class Kernel>
+void run(benchmark::State& state, bool supported, Kernel kernel) {
+    if (!supported) {
+        state.SkipWithError("this CPU lacks the instructions");
+        return;
+    }
+    fill();
+    constexpr int kPasses = 256;
+    __m256i out[kQueries];
+    double seconds = 0;
+    for (auto _ : state) {
+        const auto t0 = std::chrono::steady_clock::now();
+        kernel(kPasses, out);
+        benchmark::DoNotOptimize(out);
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const double rows = double(state.iterations()) * kPasses * kRows;
+    state.counters["ns/row"] = benchmark::Counter(seconds / rows * 1e9, benchmark::Counter::kDefaults, benchmark::Counter::kIs1000);
+}
+
+void avx2(benchmark::State& s) { run(s, __builtin_cpu_supports("avx2"), dot4_avx2<true>); }
+void avx2_nosign(benchmark::State& s) { run(s, __builtin_cpu_supports("avx2"), dot4_avx2<false>); }
+void avx512_vnni(benchmark::State& s) {
+    run(s, __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"), dot4_vnni);
+}
+
+BENCHMARK(avx2)->Name("floor/int8_dot4/avx2");
+BENCHMARK(avx2_nosign)->Name("floor/int8_dot4/avx2_nosign");
+BENCHMARK(avx512_vnni)->Name("floor/int8_dot4/avx512_vnni");
+
+}  // namespace
+#endif
