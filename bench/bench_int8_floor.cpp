@@ -5,7 +5,8 @@
 // the CPU's integer multiply rate, on any machine:
 //   floor/int8_dot4/avx2         per 32 values and query: sign_epi8, maddubs, madd (ggml's sign trick;
 //                                one abs_epi8 per 32 keys)
-//   floor/int8_dot4/avx2_nosign  the same without the sign operations (what ggml's trick costs)
+//   floor/int8_dot4/avx2_nosign  the same without the sign operations (what ggml's trick costs; its
+//                                integers are not the dot product, it times the instructions only)
 //   floor/int8_dot4/avx512_vnni  one vpdpbusd per 32 values and query (256-bit, as score_q8_0_rows16)
 // A probe the CPU cannot run is reported as skipped.
 #include <benchmark/benchmark.h>
