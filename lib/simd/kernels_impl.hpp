@@ -28,7 +28,9 @@
 #elif defined(__AVX2__)
 #include "accumulate_avx2.hpp"
 #endif
-#if defined(__AVX2__)
+#if defined(__AVX512VNNI__)
+#include "accumulate_grid_vnni.hpp"  // and the AVX2 kernel, for strides of 128 MiB and more
+#elif defined(__AVX2__)
 #include "accumulate_grid_avx2.hpp"
 #endif
 
@@ -126,11 +128,16 @@ void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* 
     }
 }
 
-// accumulate_grid (q4_0): the integer kernel where the level has AVX2, else the float one on rounded weights.
+// accumulate_grid (q4_0): the integer kernel where the level has AVX512-VNNI (vpdpbusd) or AVX2
+// (vpmaddubsw), else the float one on rounded weights.
 template <class A, class L>
 void accumulate_grid_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                             size_t n_rows, int64_t n, float* acc) {
-#if defined(__AVX2__)
+#if defined(__AVX512VNNI__)
+    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
+        return accumulate_grid_q4_0_vnni(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+    }
+#elif defined(__AVX2__)
     if constexpr (std::is_same_v<L, LayoutQ4_0>) {
         return accumulate_grid_q4_0_avx2(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
     }
