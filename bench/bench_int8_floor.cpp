@@ -7,11 +7,16 @@
 //                                one abs_epi8 per 32 keys)
 //   floor/int8_dot4/avx2_nosign  the same without the sign operations (what ggml's trick costs; its
 //                                integers are not the dot product, it times the instructions only)
-//   floor/int8_dot4/avx512_vnni  one vpdpbusd per 32 values and query (256-bit, as score_q8_0_rows16)
+//   floor/int8_dot4/avx512_vnni  one 256-bit vpdpbusd per 32 values and query, one chain per query
+//   floor/int8_dot4/avx512_vnni_zmm  one 512-bit vpdpbusd per 16 rows, 4 values and query, the keys'
+//                                bytes taken as registers of dword j of 16 rows and each query's dword
+//                                broadcast from memory, two chains per query: the shape of
+//                                score_q8_0_rows16 after its transposes (8 a row), at the CPU's rate
 // A probe the CPU cannot run is reported as skipped.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <random>
 
@@ -68,6 +73,32 @@ __attribute__((target("avx512f,avx512vl,avx512vnni"), noinline)) void dot4_vnni(
     for (int i = 0; i < kQueries; ++i) out[i] = acc[i];
 }
 
+// 16 rows × 32 key bytes a register; per query and register, one dpbusd against a broadcast dword.
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) void dot4_vnni_zmm(int passes, __m256i* out) {
+    __m512i acc[kQueries][2] = {};
+    const auto* keys = reinterpret_cast<const __m512i*>(g_keys);
+    constexpr int kRegs = kRows * kDim / 64;
+    for (int p = 0; p < passes; ++p) {
+        for (int k = 0; k < kRegs; k += 2) {
+            const __m512i k0 = _mm512_load_si512(keys + k), k1 = _mm512_load_si512(keys + k + 1);
+            const int j = k % 8;  // the dword of each query that register k's rows meet
+            for (int i = 0; i < kQueries; ++i) {
+                int32_t y0, y1;
+                std::memcpy(&y0, &g_queries[i][4 * j], 4);
+                std::memcpy(&y1, &g_queries[i][4 * j + 4], 4);
+                acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], k0, _mm512_set1_epi32(y0));
+                acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], k1, _mm512_set1_epi32(y1));
+            }
+        }
+    }
+    for (int i = 0; i < kQueries; ++i) {
+        alignas(64) int32_t s[16];
+        _mm512_store_si512(s, _mm512_add_epi32(acc[i][0], acc[i][1]));
+        out[i] = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)),
+                                  _mm256_load_si256(reinterpret_cast<const __m256i*>(s + 8)));
+    }
+}
+
 template <class Kernel>
 void run(benchmark::State& state, bool supported, Kernel kernel) {
     if (!supported) {
@@ -96,7 +127,12 @@ void avx512_vnni(benchmark::State& s) {
 
 BENCHMARK(avx2)->Name("floor/int8_dot4/avx2");
 BENCHMARK(avx2_nosign)->Name("floor/int8_dot4/avx2_nosign");
+void avx512_vnni_zmm(benchmark::State& s) {
+    run(s, __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"), dot4_vnni_zmm);
+}
+
 BENCHMARK(avx512_vnni)->Name("floor/int8_dot4/avx512_vnni");
+BENCHMARK(avx512_vnni_zmm)->Name("floor/int8_dot4/avx512_vnni_zmm");
 
 }  // namespace
 #endif
