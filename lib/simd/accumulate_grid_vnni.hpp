@@ -24,6 +24,7 @@
 
 #include "../spec/blocks.hpp"
 #include "../spec/weight_grid.hpp"
+#include "accumulate_grid_loops.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -141,32 +142,18 @@ __attribute__((always_inline)) inline void grid_group_vnni(const float* w, size_
     }
 }
 
-template <int G>
-void grid_pass_vnni(const float* w, size_t w_stride, const uint8_t* rows, size_t row_stride, size_t n_rows, int64_t n,
-                    float* acc) {
-    const int64_t nb = n / detail::kQK;
-    for (size_t r0 = 0; r0 < n_rows; r0 += detail::kGridRows) {
-        const size_t rn = std::min(detail::kGridRows, n_rows - r0);
-        for (int64_t t0 = 0; t0 < nb; t0 += 4) {
-            grid_group_vnni<G>(w + r0, w_stride, rows + r0 * row_stride, row_stride, rn, t0,
-                               static_cast<int>(std::min<int64_t>(4, nb - t0)), n, acc);
-        }
+struct GridVnni {
+    template <int G>
+    static void group(const float* w, size_t w_stride, const uint8_t* rows, size_t row_stride, size_t rn, int64_t t0,
+                      int nt, int64_t n, float* acc) {
+        grid_group_vnni<G>(w, w_stride, rows, row_stride, rn, t0, nt, n, acc);
     }
-}
+};
 
 // acc[i·n + j] += Σ_r ŵ(w[i·w_stride + r] · d) · q_r[j] for i < n_q, r < n_rows (n a multiple of 32).
 void accumulate_grid_q4_0_vnni(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                                size_t n_rows, int64_t n, float* acc) {
-    for (int i0 = 0; i0 < n_q; i0 += 4) {
-        const float* wq = w + static_cast<size_t>(i0) * w_stride;
-        float* aq = acc + static_cast<size_t>(i0) * n;
-        switch (std::min(4, n_q - i0)) {
-            case 4: grid_pass_vnni<4>(wq, w_stride, rows, row_stride, n_rows, n, aq); break;
-            case 3: grid_pass_vnni<3>(wq, w_stride, rows, row_stride, n_rows, n, aq); break;
-            case 2: grid_pass_vnni<2>(wq, w_stride, rows, row_stride, n_rows, n, aq); break;
-            default: grid_pass_vnni<1>(wq, w_stride, rows, row_stride, n_rows, n, aq); break;
-        }
-    }
+    accumulate_grid_groups<GridVnni>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
 }
 
 }  // namespace
