@@ -48,7 +48,7 @@ struct BlockTile {
         const F d(O::f16_value(b.d));
         for (int k = 0; k < 2; ++k) {
             if constexpr (L::has_min) {
-                v[k] = xsimd::fma(v[k], d, F(offset_of<O, L>(b)));
+                v[k] = fmadd(v[k], d, F(offset_of<O, L>(b)));
             } else {
                 v[k] = v[k] * d;
             }

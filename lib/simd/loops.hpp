@@ -56,8 +56,8 @@ void accumulate_tile(const float* wt, const uint8_t* rows, size_t row_stride, si
         Tile::load(rows + r * row_stride, t, p, v);
         for (int i = 0; i < G; ++i) {
             const F wi(wt[r * G + i]);
-            a[i][0] = xsimd::fma(wi, v[0], a[i][0]);
-            a[i][1] = xsimd::fma(wi, v[1], a[i][1]);
+            a[i][0] = fmadd(wi, v[0], a[i][0]);
+            a[i][1] = fmadd(wi, v[1], a[i][1]);
         }
     }
     for (int i = 0; i < G; ++i)

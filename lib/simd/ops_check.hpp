@@ -285,6 +285,28 @@ void check_half(OpsCheck& c) {
     for (int l = 0; l < N; ++l) c.expect(out[l] == (wide[l] & 0xFFFF), "store_u16 (the low 16 bits)", l, out[l], wide[l] & 0xFFFF);
 }
 
+// fmadd (xsimd_compat.hpp): one rounding where the arch has fused multiply-add, else the product rounded
+// then the sum. Lane l: (1 + (l+1)·2^-13)·(1 − 2^-13) − (1 + l·2^-13) is −(l+1)·2^-26 exactly, which
+// a rounded product loses.
+template <class A>
+void check_fmadd(OpsCheck& c) {
+    using F = xsimd::batch<float, A>;
+    constexpr int N = static_cast<int>(F::size);
+    alignas(64) float x[N], y[N], z[N], got[N];
+    for (int l = 0; l < N; ++l) {
+        x[l] = 1.0f + static_cast<float>(l + 1) * 0x1p-13f;
+        y[l] = 1.0f - 0x1p-13f;
+        z[l] = -(1.0f + static_cast<float>(l) * 0x1p-13f);
+    }
+    fmadd(F::load_aligned(x), F::load_aligned(y), F::load_aligned(z)).store_aligned(got);
+    for (int l = 0; l < N; ++l) {
+        volatile float product = x[l] * y[l];  // rounded on its own (kvq builds with -ffp-contract=off)
+        const float want = fmadd_is_fused<A>() ? std::fma(x[l], y[l], z[l]) : product + z[l];
+        c.expect(same_bits(got[l], want), fmadd_is_fused<A>() ? "fmadd (one rounding)" : "fmadd (product rounded, then the sum)",
+                 l, got[l], want);
+    }
+}
+
 // Null if every primitive of Ops<A> keeps its contract on this CPU, else the first broken one.
 template <class A>
 const char* check_ops() {
@@ -295,6 +317,8 @@ const char* check_ops() {
     check_blocks<A>(c);
     check_dots<A>(c);
     check_half<A>(c);
+    check_fmadd<A>(c);
+    if constexpr (!std::is_same_v<typename Ops<A>::DotArch, A>) check_fmadd<typename Ops<A>::DotArch>(c);
     return c.failed ? c.msg : nullptr;
 }
 

@@ -105,13 +105,13 @@ void score_plain_group(const float* const* q, const uint8_t* rows, size_t row_st
         for (int i = 0; i < G; ++i) acc[i] = F(0.0f);
         for (int64_t j = 0; j < full; j += N) {
             const F v = P::template load<A>(row + j);
-            for (int i = 0; i < G; ++i) acc[i] = xsimd::fma(F::load_unaligned(q[i] + j), v, acc[i]);
+            for (int i = 0; i < G; ++i) acc[i] = fmadd(F::load_unaligned(q[i] + j), v, acc[i]);
         }
         if (full < n) {
             typename P::T tail[N] = {};
             std::memcpy(tail, row + full, (n - full) * sizeof(typename P::T));
             const F v = P::template load<A>(tail);
-            for (int i = 0; i < G; ++i) acc[i] = xsimd::fma(F::load_aligned(q_tail[i]), v, acc[i]);
+            for (int i = 0; i < G; ++i) acc[i] = fmadd(F::load_aligned(q_tail[i]), v, acc[i]);
         }
         float s[G];
         Ops<A>::reduce_add_rows(acc, G, s);

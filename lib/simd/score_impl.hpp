@@ -26,7 +26,7 @@ void score_group(const uint8_t* const* prep, const uint8_t* rows, size_t row_str
             const float dk = O::f16_value(blk[b].d);
             for (int i = 0; i < G; ++i) {
                 const auto& q = reinterpret_cast<const BlockQ8Query*>(prep[i])[b];
-                acc[i] = xsimd::fma(O::dot(key, q.qs), FD(dk * q.d), acc[i]);
+                acc[i] = fmadd(O::dot(key, q.qs), FD(dk * q.d), acc[i]);
                 if constexpr (L::has_min) acc_min[i] += offset_of<O, L>(blk[b]) * q.s;
             }
         }
@@ -85,13 +85,13 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
         typename O::IDot p;
         if constexpr (L::unsigned_raw) {
             p = O::dot4_unsigned(O::ukey(L::template raw<O>(blk[b])), y);
-            bias = xsimd::fma(FD(L::template bias<O>(blk[b], dk)), FD::load_aligned(sq[b]), bias);
+            bias = fmadd(FD(L::template bias<O>(blk[b], dk)), FD::load_aligned(sq[b]), bias);
         } else if constexpr (requires { O::kVnni; }) {
             p = O::dot4_signed_less(L::template raw<O>(blk[b]), y, neg_offset[b]);
         } else {
             p = O::dot4_signed(O::key(L::template raw<O>(blk[b])), y);
         }
-        acc = xsimd::fma(O::dot_to_f32(p), FD(dk) * FD::load_aligned(dq[b]), acc);
+        acc = fmadd(O::dot_to_f32(p), FD(dk) * FD::load_aligned(dq[b]), acc);
     };
     alignas(64) float result[kRowChunk][N];
     // 256-bit dot products (AVX2, AVX-512): two rows per step, more independent work between the loads;
@@ -289,8 +289,8 @@ void score_group4_pairs(const uint8_t* const* prep, const uint8_t* rows, size_t 
         } else {
             s = O::dot_to_f32(O::dot4_pair(lo, hi, ylo[p], yhi[p]));
         }
-        return xsimd::fma(O::f16_pair(blk[2 * p].d, blk[2 * p + 1].d),
-                          xsimd::fma(s, FD::load_aligned(dq[p]), FD::load_aligned(sq[p])), acc);
+        return fmadd(O::f16_pair(blk[2 * p].d, blk[2 * p + 1].d),
+                          fmadd(s, FD::load_aligned(dq[p]), FD::load_aligned(sq[p])), acc);
     };
     alignas(32) float result[kRowChunk][8];
     size_t r = 0;
