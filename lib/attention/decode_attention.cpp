@@ -32,6 +32,18 @@ T* align_line(T* p) {
     return reinterpret_cast<T*>((a + kLine - 1) / kLine * kLine);
 }
 
+// n rows of row_bytes, stride apart, asked for ahead of use: one span where they are packed, row by row
+// where they are not (a ggml tensor's rows of one head, with other heads between). Prefetches never fault.
+constexpr int kToL1 = 3, kToL2 = 2;  // __builtin_prefetch's locality: prefetcht0, prefetcht1
+template <int Locality>
+void prefetch_rows(const uint8_t* p, size_t n, size_t row_bytes, size_t stride) {
+    const bool packed = stride == row_bytes;
+    const size_t span = packed ? n * row_bytes : row_bytes;
+    for (size_t r = 0; r < (packed ? 1 : n); ++r) {
+        for (size_t o = 0; o < span; o += kLine) __builtin_prefetch(p + r * stride + o, 0, Locality);
+    }
+}
+
 struct WorkItem {
     size_t task, source;
     size_t block_begin, block_end;
@@ -145,9 +157,16 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             // The values are read only after the scores and the softmax: ask for them now, so that their
             // first touch overlaps the scoring instead of stalling the accumulate (measured: 6-10% of a
             // q8_0/q4_0 step at 4k and 32k tokens; prefetching the next head's keys as well was slower).
-            for (size_t r = 0; r < (vrs == vrb ? 1 : n); ++r) {
-                const size_t span = vrs == vrb ? n * vrb : vrb;
-                for (size_t o = 0; o < span; o += 64) __builtin_prefetch(values + r * vrs + o, 0, 3);
+            prefetch_rows<kToL1>(values, n, vrb, vrs);
+            // This head's rows of the next block into L2, a block ahead: blocks are not adjacent in memory,
+            // and the hardware prefetchers lose the stream at each (measured on a Zen 4, 2 threads,
+            // interleaved runs: from memory 1.1-1.2× faster for q8_0/q4_0, q8_0/q8_0 and f16 at 32k and
+            // 128k tokens; to L1, or only a block's first lines, was slower).
+            if (b + 1 < b1) {
+                const size_t n1 = kb.rows(b + 1), lo1 = kb.lo(b + 1);
+                const uint8_t* value_block1 = src.value_blocks.empty() ? src.blocks[b + 1] : src.value_blocks[b + 1];
+                prefetch_rows<kToL2>(kb.keys(b + 1, h, lo1), n1, krb, krs);
+                prefetch_rows<kToL2>(value_block1 + lay.v_offset + h * lay.v_head_stride + lo1 * vrs, n1, vrb, vrs);
             }
             const float* offsets = nullptr;
             const uint8_t* head_prep = kb.block_query(prep, b, h, q, block_scratch, &offsets);
