@@ -73,7 +73,8 @@ __attribute__((target("avx512f,avx512vl,avx512vnni"), noinline)) void dot4_vnni(
     for (int i = 0; i < kQueries; ++i) out[i] = acc[i];
 }
 
-// 16 rows × 32 key bytes a register; per query and register, one dpbusd against a broadcast dword.
+// A register: dword j of 16 rows of one key block (8 registers a block of 16 rows, as score_q8_0_rows16's
+// transposed keys); per query and register, one dpbusd against the query's dword j, broadcast.
 __attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) void dot4_vnni_zmm(int passes, __m256i* out) {
     __m512i acc[kQueries][2] = {};
     const auto* keys = reinterpret_cast<const __m512i*>(g_keys);
@@ -81,11 +82,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) void dot4_vnni_
     for (int p = 0; p < passes; ++p) {
         for (int k = 0; k < kRegs; k += 2) {
             const __m512i k0 = _mm512_load_si512(keys + k), k1 = _mm512_load_si512(keys + k + 1);
-            const int j = k % 8;  // the dword of each query that register k's rows meet
+            const int at = 32 * (k / 8 % (kDim / 32)) + 4 * (k % 8);  // register k: block k/8 mod 4, dword k mod 8
             for (int i = 0; i < kQueries; ++i) {
                 int32_t y0, y1;
-                std::memcpy(&y0, &g_queries[i][4 * j], 4);
-                std::memcpy(&y1, &g_queries[i][4 * j + 4], 4);
+                std::memcpy(&y0, &g_queries[i][at], 4);
+                std::memcpy(&y1, &g_queries[i][at + 4], 4);
                 acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], k0, _mm512_set1_epi32(y0));
                 acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], k1, _mm512_set1_epi32(y1));
             }

@@ -12,7 +12,8 @@
 //   f16 / bf16: half a unit in the last place; f32: exact.
 // `+rot` codecs: the same bound on the rotated row, compared in L2 norm (the rotation is orthogonal).
 // A block codec not listed here gets its registry row's bound (lib/spec/block_codecs.hpp); the rotating
-// codecs (polar, turbo) a weak generic one, ||x - x'|| <= ||x||.
+// codecs (polar, turbo) a weak generic one, ||x - x'|| <= ||x||, and turbo*_qjl a looser one still
+// (qjl_error_factor: its sketch bounds inner products, not a row's error).
 #pragma once
 
 #include <algorithm>
@@ -20,10 +21,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <numbers>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #include "spec/half.hpp"
+#include "spec/lloyd_max.hpp"
+#include "spec/qjl.hpp"
+#include "spec/turbo_codebook.hpp"
 #include "kvq/codec.hpp"
 #include "rotation/hadamard.hpp"
 #include "spec/block_codecs.hpp"
@@ -101,6 +109,41 @@ inline bool value_bounds(const std::string& base, const float* x, int n, double*
     return true;
 }
 
+// turboB_qjl: how many times ‖x‖ a row's error may be. The row reads back as x̃ = s·Rᵀ(c + r̃), s = ‖x‖ in
+// fp16, c the (B−1)-bit centroids of u = R·x/‖x‖, r̃ = √(π/2)/d·γ·Sᵀz the QJL estimate of r = u − c (γ = ‖r‖
+// in fp16, z = sign(S·r)). QJL is an unbiased inner-product estimate, not a norm-bounded reconstruction:
+// one row's ‖r − r̃‖ can exceed ‖r‖, and ‖r‖ can exceed ‖u‖ = 1 (a 1-bit centroid is ±a whatever the
+// coordinate's size). What holds for every row: ‖x − x̃‖ ≤ ‖x‖·‖r − r̃‖ + |‖x‖ − s|·‖c + r̃‖, with
+// ‖c‖ ≤ √d·c_max, ‖r‖ ≤ 1 + ‖c‖ and ‖r̃‖ ≤ √(π/2)/d·γ·σ_max(S)·√d. σ_max by power iteration (from below,
+// so 5% is added), once per (d, seed).
+inline double qjl_error_factor(int d, int bits, uint64_t seed) {
+    static std::mutex mu;
+    static std::map<std::tuple<int, int, uint64_t>, double> cache;
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(d, bits, seed);
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
+    const detail::QjlSketch s(d, seed);
+    std::vector<float> v(d, 1.0f), sv(d), w(d);
+    double sigma2 = 0;
+    for (int it = 0; it < 60; ++it) {
+        double n = 0;
+        for (float x : v) n += double(x) * x;
+        for (float& x : v) x = static_cast<float>(x / std::sqrt(n));
+        s.project(v.data(), sv.data());
+        std::fill(w.begin(), w.end(), 0.0f);
+        s.add_transposed(sv.data(), 1.0f, w.data());
+        sigma2 = 0;
+        for (int j = 0; j < d; ++j) sigma2 += double(w[j]) * v[j];
+        v = w;
+    }
+    const double sigma = 1.05 * std::sqrt(sigma2);
+    const detail::TurboCodebook cb = detail::make_turbo_codebook(detail::sphere_coordinate_codebook(bits, d));
+    const double c_norm = std::sqrt(double(d)) * cb.scale * 127.0 * (1 + 1e-6);
+    const double r_norm = (1 + c_norm) * (1 + 0x1p-10);
+    const double r_est = std::sqrt(std::numbers::pi / 2) / d * r_norm * sigma * std::sqrt(double(d));
+    return cache[key] = r_norm + r_est + 0x1p-10 * (c_norm + r_est);
+}
+
 // Checks the round trip of one row x -> x' (both in the caller's basis). Returns an empty string when
 // within the codec's bound, else what is wrong.
 inline std::string check_round_trip(const Codec& c, const float* x, const float* back) {
@@ -123,7 +166,11 @@ inline std::string check_round_trip(const Codec& c, const float* x, const float*
         // polar/turbo: the error stays below ||x||, plus what rounding the stored fp16 norms (row and, for
         // QJL, residual) can add: half an fp16 step each, coarse where the norm is an fp16 subnormal.
         const double fp16_half_step = std::max(norm * 0x1p-11, 0x1p-25);
-        const double allowed_err = norm * (1 + 1e-5) + 2 * fp16_half_step;
+        double allowed_err = norm * (1 + 1e-5) + 2 * fp16_half_step;
+        if (base.size() > 4 && base.compare(base.size() - 4, 4, "_qjl") == 0) {
+            const int bits = base[5] - '0' - 1;  // turboB_qjl: (B−1)-bit codes
+            allowed_err = (norm + 2 * fp16_half_step) * qjl_error_factor(n, bits, c.seed()) * (1 + 1e-5);
+        }
         return err <= allowed_err ? "" : "error " + num(err) + " exceeds ||x|| = " + num(norm) + " by more than fp16 rounding of the norm";
     }
     if (!c.rotated()) {

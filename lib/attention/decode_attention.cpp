@@ -175,7 +175,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
             // (all of them, or at score time, was no better or slower).
             const uint8_t* next_keys = h + 1 < h1 ? keys + lay.k_head_stride
-                                       : b + 1 < b1             ? src.blocks[b + 1] + lay.k_offset
+                                       : b + 1 < b1             ? src.blocks[b + 1] + lay.k_offset + h0 * lay.k_head_stride
                                                                 : nullptr;
             if (next_keys && krs == krb) {
                 for (size_t o = 0; o < bt * krb / 2; o += 64) __builtin_prefetch(next_keys + o, 0, 3);

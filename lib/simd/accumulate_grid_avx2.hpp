@@ -1,6 +1,7 @@
 // AVX2 accumulate_grid for q4_0 values: acc[i][:] += Σ_r ŵ_ir · q_r with the weights w·d on the int8 grid
-// of lib/spec/weight_grid.hpp, in integers. Included by kernels_impl.hpp in files compiled with AVX2
-// (the avx2 level, and the avx512 level, which runs the same 256-bit code).
+// of lib/spec/weight_grid.hpp, in integers. Included by kernels_impl.hpp in files compiled with AVX2 but
+// not AVX512-VNNI (the avx2 level, and the avx512 level's build without VNNI, which runs the same 256-bit
+// code; the VNNI build has accumulate_grid_vnni.hpp).
 //
 // Why integers: the float kernel (accumulate_avx2.hpp) issues one fma per value and query after widening
 // and converting each code; here two rows' code bytes are interleaved once per (row pair, block), and

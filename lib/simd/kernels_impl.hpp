@@ -29,7 +29,7 @@
 #include "accumulate_avx2.hpp"
 #endif
 #if defined(__AVX512VNNI__)
-#include "accumulate_grid_vnni.hpp"  // and the AVX2 kernel, for strides of 128 MiB and more
+#include "accumulate_grid_vnni.hpp"
 #elif defined(__AVX2__)
 #include "accumulate_grid_avx2.hpp"
 #endif

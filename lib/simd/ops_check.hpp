@@ -287,7 +287,7 @@ void check_half(OpsCheck& c) {
 
 // fmadd (xsimd_compat.hpp): one rounding where the arch has fused multiply-add, else the product rounded
 // then the sum. Lane l: (1 + (l+1)·2^-13)·(1 − 2^-13) − (1 + l·2^-13) is −(l+1)·2^-26 exactly, which
-// a rounded product loses.
+// a rounded product loses wherever (l+1) is not a multiple of 8 (every lane but 7 and 15).
 template <class A>
 void check_fmadd(OpsCheck& c) {
     using F = xsimd::batch<float, A>;
