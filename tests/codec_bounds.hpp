@@ -166,11 +166,14 @@ inline std::string check_round_trip(const Codec& c, const float* x, const float*
         // polar/turbo: the error stays below ||x||, plus what rounding the stored fp16 norms (row and, for
         // QJL, residual) can add: half an fp16 step each, coarse where the norm is an fp16 subnormal.
         const double fp16_half_step = std::max(norm * 0x1p-11, 0x1p-25);
-        double allowed_err = norm * (1 + 1e-5) + 2 * fp16_half_step;
         if (base.size() > 4 && base.compare(base.size() - 4, 4, "_qjl") == 0) {
             const int bits = base[5] - '0' - 1;  // turboB_qjl: (B−1)-bit codes
-            allowed_err = (norm + 2 * fp16_half_step) * qjl_error_factor(n, bits, c.seed()) * (1 + 1e-5);
+            const double factor = qjl_error_factor(n, bits, c.seed());
+            const double allowed_err = (norm + 2 * fp16_half_step) * factor * (1 + 1e-5);
+            return err <= allowed_err ? "" : "error " + num(err) + " exceeds " + num(factor) + " × ||x|| = " + num(norm) +
+                                                 " (the QJL bound) with fp16 rounding of the norms";
         }
+        const double allowed_err = norm * (1 + 1e-5) + 2 * fp16_half_step;
         return err <= allowed_err ? "" : "error " + num(err) + " exceeds ||x|| = " + num(norm) + " by more than fp16 rounding of the norm";
     }
     if (!c.rotated()) {

@@ -290,7 +290,7 @@ void score_group4_pairs(const uint8_t* const* prep, const uint8_t* rows, size_t 
             s = O::dot_to_f32(O::dot4_pair(lo, hi, ylo[p], yhi[p]));
         }
         return fmadd(O::f16_pair(blk[2 * p].d, blk[2 * p + 1].d),
-                          fmadd(s, FD::load_aligned(dq[p]), FD::load_aligned(sq[p])), acc);
+                     fmadd(s, FD::load_aligned(dq[p]), FD::load_aligned(sq[p])), acc);
     };
     alignas(32) float result[kRowChunk][8];
     size_t r = 0;
