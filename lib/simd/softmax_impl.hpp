@@ -59,6 +59,18 @@ KVQ_INLINE void halves(const f32x16& v, f32x8& lo, f32x8& hi) {
     hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
+// The specification's max of the 8 lanes (a left fold of m > b ? m : b from −inf, NaN-free lanes) as a
+// tree over adjacent ranges, each keeping its first maximum: the same lane wins, so a tie of −0 and +0 gives
+// the same bits. 3 steps where the fold's chain takes 8.
+KVQ_INLINE float first_max(const f32x8& v) {
+    const f32x8 odd = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+    const f32x8 a = odd > v ? odd : v;  // lanes 0, 2, 4, 6: ranges of 2
+    const f32x8 a2 = __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5);
+    const f32x8 b = a2 > a ? a2 : a;  // lanes 0, 4: ranges of 4
+    const float lo = b[0], hi = b[4];
+    return hi > lo ? hi : lo;
+}
+
 KVQ_INLINE float lane_sum(const f32x8& v) {
     return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
@@ -87,6 +99,22 @@ KVQ_INLINE void softmax_queries(float* scores, int i0, size_t n, const float* of
         max8[k] = f32x8{} + kNegInf;
     }
     size_t r0 = 0;
+#if defined(__AVX512F__)
+    // 16 at a time, each half into the maxima in row order (8-lane stores read back 16 at a time below
+    // would wait for both stores to reach the cache: a failed store-to-load forwarding)
+    for (; r0 + 2 * kSoftmaxLanes <= n; r0 += 2 * kSoftmaxLanes) {
+        for (int k = 0; k < C; ++k) {
+            f32x16 v;
+            std::memcpy(&v, s[k] + r0, sizeof v);
+            v = (v + offset[k]) * scale;
+            std::memcpy(s[k] + r0, &v, sizeof v);
+            f32x8 lo, hi;
+            halves(v, lo, hi);
+            max8[k] = lo > max8[k] ? lo : max8[k];
+            max8[k] = hi > max8[k] ? hi : max8[k];
+        }
+    }
+#endif
     for (; r0 + kSoftmaxLanes <= n; r0 += kSoftmaxLanes) {
         for (int k = 0; k < C; ++k) {
             f32x8 v;
@@ -97,8 +125,7 @@ KVQ_INLINE void softmax_queries(float* scores, int i0, size_t n, const float* of
         }
     }
     for (int k = 0; k < C; ++k) {
-        float block_max = kNegInf;
-        for (size_t j = 0; j < kSoftmaxLanes; ++j) block_max = max8[k][j] > block_max ? max8[k][j] : block_max;
+        float block_max = first_max(max8[k]);
         for (size_t r = r0; r < n; ++r) {
             s[k][r] = (s[k][r] + offset[k]) * scale;
             block_max = s[k][r] > block_max ? s[k][r] : block_max;
@@ -118,6 +145,31 @@ KVQ_INLINE void softmax_queries(float* scores, int i0, size_t n, const float* of
     f32x8 sum8[C] = {};
     size_t r = 0;
 #if defined(__AVX512F__) || !defined(__AVX2__)
+#if defined(__AVX512F__)
+    // Two registers a query at once where there are 32 rows: 2·C independent chains keep the units busy
+    // (C alone left them waiting on each chain's latency; at sse2, 17 → 19 ns a row: too few registers).
+    for (; r + 4 * kSoftmaxLanes <= n; r += 4 * kSoftmaxLanes) {
+        f32x16 e[C][2];
+#pragma GCC unroll 4
+        for (int k = 0; k < C; ++k) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+                std::memcpy(&e[k][h], s[k] + r + 16 * h, sizeof e[k][h]);
+                e[k][h] -= m[k];
+                exp_lanes<f32x16, u32x16>(e[k][h]);
+                std::memcpy(s[k] + r + 16 * h, &e[k][h], sizeof e[k][h]);
+            }
+        }
+        for (int k = 0; k < C; ++k) {
+            for (int h = 0; h < 2; ++h) {
+                f32x8 lo, hi;
+                halves(e[k][h], lo, hi);
+                sum8[k] += lo;
+                sum8[k] += hi;
+            }
+        }
+    }
+#endif
     // 16 lanes at a time, except at avx2, where GCC lowers 64-byte vectors badly (measured, 4 queries'
     // 32-score blocks: the avx2 level's update took 17 ns a row with them, 4.7 without; sse2's, whose
     // 32-byte vectors are no better, 21 with them and 29 without)
