@@ -154,23 +154,21 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
         for (int h = h0; h < h1; ++h) {
             const uint8_t* keys = kb.keys(b, h, lo);
             const uint8_t* values = value_block + lay.v_offset + h * lay.v_head_stride + lo * vrs;
-            // The values are read only after the scores and the softmax: ask for them now, so that their
-            // first touch overlaps the scoring instead of stalling the accumulate (measured: 6-10% of a
-            // q8_0/q4_0 step at 4k and 32k tokens; prefetching the next head's keys as well was slower).
-            prefetch_rows<kToL1>(values, n, vrb, vrs);
-            // This head's rows of the next block into L2, a block ahead: blocks are not adjacent in memory,
-            // and the hardware prefetchers lose the stream at each (measured on a Zen 4, 2 threads,
-            // interleaved runs: from memory 1.1-1.2× faster for q8_0/q4_0, q8_0/q8_0 and f16 at 32k and
-            // 128k tokens; to L1, or only a block's first lines, was slower).
-            if (b + 1 < b1) {
-                const size_t n1 = kb.rows(b + 1), lo1 = kb.lo(b + 1);
-                const uint8_t* value_block1 = src.value_blocks.empty() ? src.blocks[b + 1] : src.value_blocks[b + 1];
-                prefetch_rows<kToL2>(kb.keys(b + 1, h, lo1), n1, krb, krs);
-                prefetch_rows<kToL2>(value_block1 + lay.v_offset + h * lay.v_head_stride + lo1 * vrs, n1, vrb, vrs);
-            }
+            // The prefetches are spread over a head's work: a burst of them stalls the loads behind it.
+            // This head's keys of the next block into L2 now, its values after the softmax: blocks are not
+            // adjacent in memory, and the hardware prefetchers lose the stream at each (measured on a Zen 4,
+            // 2 threads, interleaved runs: from memory 1.1-1.2× faster for q8_0/q4_0, q8_0/q8_0 and f16 at
+            // 32k and 128k tokens; to L1, or only a block's first lines, was slower; two blocks ahead no
+            // faster). Spreading them, and the values' L1 prefetch below, was 1.04-1.11× faster again.
+            const size_t n1 = b + 1 < b1 ? kb.rows(b + 1) : 0, lo1 = b + 1 < b1 ? kb.lo(b + 1) : 0;
+            if (n1) prefetch_rows<kToL2>(kb.keys(b + 1, h, lo1), n1, krb, krs);
             const float* offsets = nullptr;
             const uint8_t* head_prep = kb.block_query(prep, b, h, q, block_scratch, &offsets);
             kb.score(head_prep, keys, n, scores, n);
+            // The values are read after the softmax: ask for them now, so that their first touch overlaps it
+            // instead of stalling the accumulate (measured: 6-10% of a q8_0/q4_0 step at 4k and 32k tokens;
+            // asked before the scoring, with the next block's keys, 1.0-1.1× slower).
+            prefetch_rows<kToL1>(values, n, vrb, vrs);
             // And the first half of the next head's keys (the hardware prefetcher streams the rest once it
             // sees them) while this head's softmax and accumulate run: measured 3-10% at 4k and 32k tokens
             // (all of them, or at score time, was no better or slower).
@@ -186,6 +184,10 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
                 softmax_update(scores, g, n, nullptr, 1.0f, st + h * g, head_acc, d);
             } else {
                 softmax_update(scores, g, n, offsets, shape.scale, st + h * g, head_acc, d);
+            }
+            if (n1) {
+                const uint8_t* value_block1 = src.value_blocks.empty() ? src.blocks[b + 1] : src.value_blocks[b + 1];
+                prefetch_rows<kToL2>(value_block1 + lay.v_offset + h * lay.v_head_stride + lo1 * vrs, n1, vrb, vrs);
             }
             if (shape.grid_values) {
                 src.value->accumulate_attention(scores, n, g, values, vrs, n, head_acc);
