@@ -7,6 +7,7 @@
 //
 //   ./build/bench/kvq_bench --benchmark_filter='codec/score/(q8_0|q4_0|f16)/'
 //   ./build/bench/kvq_bench --benchmark_filter='codec/(score|accumulate)_cached/(q8_0|q4_0)/'   (decode-shaped, in L2)
+//   ./build/bench/kvq_bench --benchmark_filter='codec/score(_groups)?_cached/q8_0/'  (q8_0 keys in rows and in groups)
 //   ./build/bench/kvq_bench --benchmark_filter='^softmax/'       (the online softmax's block update, per level)
 //   ./build/bench/kvq_bench --benchmark_filter='codec/quantize(_cached|_api)?/(q8_0|q4_0)/'
 //   ./build/bench/kvq_bench --benchmark_filter='codec/' --benchmark_format=json > codecs.json
@@ -24,6 +25,7 @@
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"
+#include "spec/key_groups.hpp"
 
 namespace kvq::bench {
 namespace {
@@ -184,6 +186,32 @@ void score_pass(benchmark::State& state, const CodecShape& s, const BlockKernels
     });
 }
 
+// q8_0 keys as a cache keeps them where the level has BlockKernels::score_groups: the same rows in groups
+// of 16 (lib/spec/key_groups.hpp), 32 rows (2 groups) a call, 4 queries.
+void score_groups_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
+    const RowPass p = kCached;
+    const auto rows = quantized_rows(s, p.rows);
+    std::vector<uint8_t> groups(rows.size());
+    detail::groups_from_rows(rows.data(), s.row_bytes, p.rows, kDim / 32, groups.data());
+    const auto q = gaussian(size_t(kGroup) * kDim, 3);
+    std::vector<uint8_t> prep(kGroup * s.query_bytes);
+    for (int i = 0; i < kGroup; ++i) k->prepare_query(q.data() + i * kDim, prep.data() + i * s.query_bytes, kDim);
+    std::vector<float> scores(kGroup * p.call_rows);
+    float* out[kGroup];
+    for (int i = 0; i < kGroup; ++i) out[i] = scores.data() + i * p.call_rows;
+    const size_t n = p.rows * p.repeats;
+    run(state, n * kDim, n * s.row_bytes, [&] {
+        for (size_t i = 0; i < p.repeats; ++i) {
+            for (size_t r0 = 0; r0 < p.rows; r0 += p.call_rows) {
+                k->score_groups(prep.data(), s.query_bytes, groups.data() + r0 * s.row_bytes,
+                                p.call_rows / detail::kGroupRows, kDim, out);
+                benchmark::DoNotOptimize(scores.data());
+            }
+        }
+    });
+    ns_per_row(state);
+}
+
 // op: BlockKernels::accumulate, or accumulate_grid (the cache's q4_0 value accumulation).
 using AccumulateOp = decltype(&BlockKernels::accumulate);
 
@@ -245,12 +273,13 @@ void softmax_blocks(benchmark::State& state, SimdLevel level) {
 // codec/<op>/<codec>/<level>, for every block codec and every level this CPU runs; softmax/<level>.
 const bool registered = [] {
     for (const char* op : {"quantize", "quantize_cached", "quantize_api", "dequantize", "score", "accumulate",
-                           "score_cached", "accumulate_cached", "accumulate_grid_cached"}) {
+                           "score_cached", "score_groups_cached", "accumulate_cached", "accumulate_grid_cached"}) {
         for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
             const CodecShape s = shape(static_cast<BlockCodec>(c));
             for (SimdLevel level : available_simd_levels()) {
                 const BlockKernels* k = detail::level_kernels(s.codec, level);
                 if (std::string_view(op) == "accumulate_grid_cached" && !k->accumulate_grid) continue;
+                if (std::string_view(op) == "score_groups_cached" && !k->score_groups) continue;
                 const std::string name = std::string("codec/") + op + "/" + s.name + "/" +
                                          std::string(simd_level_name(level));
                 const std::string o = op;
@@ -262,6 +291,7 @@ const bool registered = [] {
                 if (o == "score") b = benchmark::RegisterBenchmark(name.c_str(), score, s, k);
                 if (o == "accumulate") b = benchmark::RegisterBenchmark(name.c_str(), accumulate, s, k);
                 if (o == "score_cached") b = benchmark::RegisterBenchmark(name.c_str(), score_cached, s, k);
+                if (o == "score_groups_cached") b = benchmark::RegisterBenchmark(name.c_str(), score_groups_cached, s, k);
                 if (o == "accumulate_cached") b = benchmark::RegisterBenchmark(name.c_str(), accumulate_cached, s, k);
                 if (o == "accumulate_grid_cached") b = benchmark::RegisterBenchmark(name.c_str(), accumulate_grid_cached, s, k);
                 b->Unit(benchmark::kMillisecond)->MinTime(0.3);

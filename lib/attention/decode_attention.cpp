@@ -8,6 +8,7 @@
 
 #include "../codec/channel_keys.hpp"
 #include "../spec/half.hpp"
+#include "../spec/key_groups.hpp"
 #include "online_softmax.hpp"
 
 namespace kvq::detail {
@@ -80,8 +81,10 @@ struct KeyBlocks {
         const size_t hi = b == src.blocks.size() - 1 ? src.end_row : bt;
         return hi > lo(b) ? hi - lo(b) : 0;
     }
+    // Where row lo of kv head h's keys in block b is (keys in groups: where its group starts).
     const uint8_t* keys(size_t b, int h, size_t lo) const {
-        return src.blocks[b] + src.layout.k_offset + h * src.layout.k_head_stride + lo * krs;
+        const uint8_t* head = src.blocks[b] + src.layout.k_offset + h * src.layout.k_head_stride;
+        return src.layout.k_groups ? head + lo / kGroupRows * kGroupRows * krb : head + lo * krs;
     }
     // The prepared queries of kv head h's g queries for block b (prep: the source's, from
     // prepare_queries), and in *offsets what to add to their scores (null: nothing). Centered keys: q·mean
@@ -110,9 +113,14 @@ struct KeyBlocks {
         *offsets = off;
         return prep + static_cast<size_t>(h) * g * qb;
     }
-    // q·k of g prepared queries (block_query's) against n rows at keys; query i's at scores + i·stride.
-    void score(const uint8_t* prep, const uint8_t* keys, size_t n, float* scores, size_t stride) const {
-        src.key->score_rows(prep, g, keys, krs, n, scores, stride);
+    // q·k of g prepared queries (block_query's) against rows [lo, lo + n) of kv head h in block b; query
+    // i's at scores + i·stride.
+    void score(const uint8_t* prep, size_t b, int h, size_t lo, size_t n, float* scores, size_t stride) const {
+        if (src.layout.k_groups) {
+            src.key->score_groups(prep, g, keys(b, h, 0), lo, n, scores, stride);
+        } else {
+            src.key->score_rows(prep, g, keys(b, h, lo), krs, n, scores, stride);
+        }
     }
 };
 
@@ -164,7 +172,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             if (n1) prefetch_rows<kToL2>(kb.keys(b + 1, h, lo1), n1, krb, krs);
             const float* offsets = nullptr;
             const uint8_t* head_prep = kb.block_query(prep, b, h, q, block_scratch, &offsets);
-            kb.score(head_prep, keys, n, scores, n);
+            kb.score(head_prep, b, h, lo, n, scores, n);
             // The values are read after the softmax: ask for them now, so that their first touch overlaps it
             // instead of stalling the accumulate (measured: 6-10% of a q8_0/q4_0 step at 4k and 32k tokens;
             // asked before the scoring, with the next block's keys, 1.0-1.1× slower).
@@ -351,7 +359,7 @@ void attention_scores(const AttentionShape& shape, const RowSource& src, const f
             float* s = scores + static_cast<size_t>(h) * kb.g * total + at;
             const float* offsets = nullptr;
             const uint8_t* head_prep = kb.block_query(prep, b, h, q, aligned_scratch, &offsets);
-            kb.score(head_prep, kb.keys(b, h, lo), n, s, total);
+            kb.score(head_prep, b, h, lo, n, s, total);
             scale_scores(shape, s, total, kb.g, n, offsets);
         }
         at += n;

@@ -10,6 +10,7 @@
 
 #include "../codec/centering.hpp"
 #include "../codec/channel_keys.hpp"
+#include "../spec/key_groups.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -142,7 +143,15 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
     std::vector<float> rows(n * d);
     const int bits = detail::channel_bits_of(kind.key);
     for (int h = 0; h < n_kv; ++h) {
-        uint8_t* key_rows = block + kind.layout.k_offset + h * kind.layout.k_head_stride + row * kind.key.row_bytes();
+        uint8_t* const key_head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
+        uint8_t* key_rows = key_head + row * kind.key.row_bytes();
+        // Keys in groups: the head's rows back in ggml's bytes, the new ones written there, then regrouped.
+        thread_local std::vector<uint8_t> grouped;
+        if (kind.layout.k_groups) {
+            grouped.resize(bt() * kind.key.row_bytes());
+            detail::rows_from_groups(key_head, bt(), static_cast<size_t>(d) / detail::kQK, grouped.data(), kind.key.row_bytes());
+            key_rows = grouped.data() + row * kind.key.row_bytes();
+        }
         if (bits) {
             // A block sealed before a truncate into it: the new rows take its minimums and steps.
             const auto* params = reinterpret_cast<const uint16_t*>(block + kind.layout.channel_offset) + h * 2 * d;
@@ -156,6 +165,9 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
                 for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
             }
             detail::impl_of(kind.key).quantize_rows(rows.data(), n, key_rows, kind.key.row_bytes());
+        }
+        if (kind.layout.k_groups) {
+            detail::groups_from_rows(grouped.data(), kind.key.row_bytes(), bt(), static_cast<size_t>(d) / detail::kQK, key_head);
         }
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
         detail::impl_of(kind.value).quantize_rows(rows.data(), n,
@@ -196,7 +208,14 @@ void detail::CacheImpl::seal(const LayerKind& kind, detail::LayerState& st, uint
                                      centered.data());
                 k = centered.data();
             }
-            detail::impl_of(kind.key).quantize_rows(k, bt(), key_rows, kind.key.row_bytes());
+            if (kind.layout.k_groups) {
+                thread_local std::vector<uint8_t> rows;
+                rows.resize(bt() * kind.key.row_bytes());
+                detail::impl_of(kind.key).quantize_rows(k, bt(), rows.data(), kind.key.row_bytes());
+                detail::groups_from_rows(rows.data(), kind.key.row_bytes(), bt(), static_cast<size_t>(d) / detail::kQK, key_rows);
+            } else {
+                detail::impl_of(kind.key).quantize_rows(k, bt(), key_rows, kind.key.row_bytes());
+            }
         }
         detail::impl_of(kind.value).quantize_rows(values.data(), bt(), block + kind.layout.v_offset + h * kind.layout.v_head_stride,
                                    kind.value.row_bytes());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../codec/channel_keys.hpp"
+#include "../spec/key_groups.hpp"
 #include "../spec/half.hpp"
 #include "cache_impl.hpp"
 
@@ -110,6 +111,7 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
     const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
     const detail::BlockLayout& lay = kind.layout;
     std::vector<float> row(d);
+    std::vector<uint8_t> row_bytes;
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
         if (p >= pool_end) {
@@ -123,7 +125,16 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
             detail::dequantize_channel_rows(block + lay.k_offset + h * lay.k_head_stride + r * kind.key.row_bytes(),
                                             kind.key.row_bytes(), 1, static_cast<int>(d), bits, params, row.data());
         } else if (keys) {
-            kind.key.dequantize_rows(block + lay.k_offset + h * lay.k_head_stride + r * kind.key.row_bytes(), 1, row.data());
+            const uint8_t* key_head = block + lay.k_offset + h * lay.k_head_stride;
+            if (lay.k_groups) {  // the row back in ggml's bytes
+                row_bytes.resize(kind.key.row_bytes());
+                const size_t nb = d / detail::kQK;
+                detail::row_from_group(key_head + r / detail::kGroupRows * detail::group_bytes(nb), nb, r % detail::kGroupRows,
+                                       row_bytes.data());
+                kind.key.dequantize_rows(row_bytes.data(), 1, row.data());
+            } else {
+                kind.key.dequantize_rows(key_head + r * kind.key.row_bytes(), 1, row.data());
+            }
             if (cfg.center_keys) {
                 const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
                 for (size_t j = 0; j < d; ++j) row[j] += detail::f16_to_f32(m16[j]);

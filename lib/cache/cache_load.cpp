@@ -243,7 +243,10 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     const std::vector<detail::BlockRef> blocks = pool->take(want, units, staging_added, {}, true);
     std::vector<SequenceId> ids;
     try {
-        for (uint64_t i = 0; i < h.n_blocks; ++i) read_payload(f, h, t, i, blocks[i].data, changed);
+        for (uint64_t i = 0; i < h.n_blocks; ++i) {
+            read_payload(f, h, t, i, blocks[i].data, changed);
+            keys_to_groups(kinds[detail::file::block_place(h, i).kind], blocks[i].data);  // files hold ggml rows
+        }
         std::vector<detail::BlockRef> extra;  // a block in k tables gets k − 1 more references
         for (uint64_t i = 0; i < h.n_blocks; ++i) extra.insert(extra.end(), refs[i] - 1, blocks[i]);
         for (size_t s = 0; s < fresh.size(); ++s) {

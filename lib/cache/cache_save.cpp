@@ -93,8 +93,15 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     Payloads p;
     detail::file::Tables t = tables_of(*this, chosen, p);
     std::vector<uint8_t> buffer;
+    // Block b of kind k as the file holds it: keys in ggml rows (a copy, where the pool groups them).
+    const auto file_block = [&](size_t k, const uint8_t* b) {
+        if (!kinds[k].layout.k_groups) return b;
+        buffer.assign(b, b + pool->block_bytes(k));
+        keys_to_rows(kinds[k], buffer.data());
+        return static_cast<const uint8_t*>(buffer.data());
+    };
     for (size_t k = 0; k < kinds.size(); ++k) {
-        for (const uint8_t* b : p.blocks[k]) t.crcs.push_back(detail::crc32c(b, pool->block_bytes(k)));
+        for (const uint8_t* b : p.blocks[k]) t.crcs.push_back(detail::crc32c(file_block(k, b), pool->block_bytes(k)));
     }
     for (const detail::LayerState* st : p.staging) {
         staging_payload(*this, *st, buffer);
@@ -134,7 +141,7 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     out.write(header.data(), header.size());
     out.zeros(h.payload_offset - header.size());
     for (size_t k = 0; k < kinds.size(); ++k) {
-        for (const uint8_t* b : p.blocks[k]) out.write(b, h.kinds[k].block_bytes);
+        for (const uint8_t* b : p.blocks[k]) out.write(file_block(k, b), h.kinds[k].block_bytes);
     }
     for (const detail::LayerState* st : p.staging) {
         staging_payload(*this, *st, buffer);

@@ -1,11 +1,13 @@
 // KVCache: configuration checks, the public entry points (each forwards to Impl), accounting and dump.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "../codec/channel_keys.hpp"
+#include "../spec/key_groups.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -109,6 +111,9 @@ size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, 
     layout.block_tokens = c.block_tokens;
     layout.k_offset = 0;
     layout.k_head_stride = bt * key.row_bytes();
+    // q8_0 keys in groups of 16 rows where the active level scores them so (docs/DESIGN.md): a layout of
+    // the pool's memory only; files and every reader see ggml rows.
+    layout.k_groups = detail::impl_of(key).can_score_groups() && bt % detail::kGroupRows == 0;
     layout.v_offset = align_up(h * layout.k_head_stride, detail::BlockPool::kAlignment);
     layout.v_head_stride = bt * value.row_bytes();
     size_t bytes = layout.v_offset + h * layout.v_head_stride;
@@ -336,5 +341,29 @@ double KVCache::bytes_per_token(int layer) const {
 
 PoolStats KVCache::pool_stats() const { return impl_->pool->stats(); }
 std::string KVCache::dump() const { return impl_->dump(); }
+
+void detail::CacheImpl::keys_to_groups(const LayerKind& kind, uint8_t* block) const {
+    if (!kind.layout.k_groups) return;
+    const size_t rb = kind.key.row_bytes(), nb = static_cast<size_t>(cfg.head_dim) / detail::kQK;
+    thread_local std::vector<uint8_t> rows;
+    rows.resize(bt() * rb);
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+        uint8_t* head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
+        std::memcpy(rows.data(), head, rows.size());
+        detail::groups_from_rows(rows.data(), rb, bt(), nb, head);
+    }
+}
+
+void detail::CacheImpl::keys_to_rows(const LayerKind& kind, uint8_t* block) const {
+    if (!kind.layout.k_groups) return;
+    const size_t rb = kind.key.row_bytes(), nb = static_cast<size_t>(cfg.head_dim) / detail::kQK;
+    thread_local std::vector<uint8_t> groups;
+    groups.resize(bt() * rb);
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+        uint8_t* head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
+        std::memcpy(groups.data(), head, groups.size());
+        detail::rows_from_groups(groups.data(), bt(), nb, head, rb);
+    }
+}
 
 }  // namespace kvq

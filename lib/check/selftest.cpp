@@ -130,6 +130,18 @@ SelftestLine check_channel_scores(SimdLevel level) {
     return line.finish();
 }
 
+SelftestLine check_key_groups(SimdLevel level) {
+    Line line(level, "q8_0 groups");
+    for (int d : {32, 64, 96, 128, 256, 2048}) {
+        for (bool extreme : {false, true}) {
+            line.run("groups d=" + std::to_string(d) + (extreme ? " extreme" : ""), [&](size_t& checks) {
+                return detail::check_score_groups(level, d, d >= 1024 ? 1 : 3, extreme, 23 * d + extreme, checks);
+            });
+        }
+    }
+    return line.finish();
+}
+
 SelftestLine check_primitives(SimdLevel level) {
     Line line(level, "primitives");
     line.run("Ops contracts", [&](size_t& checks) { return detail::check_primitives(level, checks); });
@@ -258,6 +270,7 @@ SelftestResult selftest(const std::function<void(const SelftestLine&)>& on_line)
             add(check_rotated(level, "polar", polar));
             add(check_softmax_all(level));
             add(check_channel_scores(level));
+            add(check_key_groups(level));
         }
         add(check_caches(level));
     }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 
 #include "kvq/codec.hpp"
 
@@ -34,6 +35,14 @@ public:
         accumulate_rows(w, w_stride, n_q, rows, row_stride, n_rows, acc);
     }
     virtual void finish_accumulate(float* /*acc*/, int /*n_q*/) const {}
+    // q8_0 keys a cache stores in groups of 16 rows (lib/spec/key_groups.hpp), group 0 holding rows 0..15 at
+    // groups: score_rows's scores of rows [r0, r0 + n_rows), bit for bit. Only q8_0 implements it (and a
+    // cache uses the layout only where can_score_groups(): q8_0 with a kernel for it at the active level).
+    virtual bool can_score_groups() const { return false; }
+    virtual void score_groups(const uint8_t* /*prep*/, int /*n_q*/, const uint8_t* /*groups*/, size_t /*r0*/,
+                              size_t /*n_rows*/, float* /*scores*/, size_t /*score_stride*/) const {
+        throw std::logic_error("score_groups: not a q8_0 codec");
+    }
     virtual void effective_query(const float* q, float* out) const = 0;
 };
 

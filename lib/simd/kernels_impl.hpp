@@ -159,6 +159,9 @@ detail::LevelKernels make_level() {
     k.codec[int(BlockCodec::f16)] = plain_kernels<A, PlainF16>();
     k.codec[int(BlockCodec::bf16)] = plain_kernels<A, PlainBF16>();
     k.codec[int(BlockCodec::q8_0)] = block_kernels<A, LayoutQ8_0>(quantize_q8_0<A>);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if constexpr (std::is_same_v<A, xsimd::avx512bw>) k.codec[int(BlockCodec::q8_0)].score_groups = score_q8_0_groups;
+#endif
     k.codec[int(BlockCodec::q4_0)] = block_kernels<A, LayoutQ4_0>(quantize_sym<A, 4>);
     k.codec[int(BlockCodec::q4_1)] = block_kernels<A, LayoutQ4_1>(quantize_asym<A, 4>);
     k.codec[int(BlockCodec::q5_0)] = block_kernels<A, LayoutQ5_0>(quantize_sym<A, 5>);

@@ -10,6 +10,7 @@
 
 #include "dispatch.hpp"
 #include "../spec/half.hpp"
+#include "../spec/key_groups.hpp"
 #include "../spec/weight_grid.hpp"
 #include "kvq/codec.hpp"
 
@@ -353,6 +354,37 @@ std::string check_channel_score(SimdLevel level, int bits, int d, size_t rows, i
     simd(q.data(), n_q, d, bits, codes.data(), stride, rows, got.data(), rows);
     for (size_t i = 0; i < want.size(); ++i) {
         if (!same_float(got[i], want[i])) return "chan" + std::to_string(bits) + " " + differs("score", i, got[i], want[i]);
+    }
+    checks += want.size();
+    return {};
+}
+
+std::string check_score_groups(SimdLevel level, int d, size_t n_groups, bool extreme, uint64_t seed, size_t& checks) {
+    const BlockKernels* k = level_kernels(BlockCodec::q8_0, level);
+    if (!k) return "level not available";
+    const size_t nb = static_cast<size_t>(d) / kQK, row_bytes = nb * sizeof(BlockQ8_0), rows = n_groups * kGroupRows;
+    const auto x = parity_rows(rows + 4, d, seed, extreme);  // the last 4 are the queries
+    std::vector<uint8_t> row_bytes_all(rows * row_bytes), groups(rows * row_bytes, 0xEE), back(rows * row_bytes);
+    k->quantize(x.data(), row_bytes_all.data(), static_cast<int64_t>(rows) * d);
+    // The layout: rows to groups and back give the same bytes.
+    groups_from_rows(row_bytes_all.data(), row_bytes, rows, nb, groups.data());
+    rows_from_groups(groups.data(), rows, nb, back.data(), row_bytes);
+    for (size_t i = 0; i < back.size(); ++i) {
+        if (back[i] != row_bytes_all[i]) return differs("key groups: byte", i, back[i], row_bytes_all[i]);
+    }
+    checks += back.size();
+    if (!k->score_groups) return {};  // the level keeps keys in rows
+    const size_t qbytes = nb * sizeof(BlockQ8Query);
+    std::vector<uint8_t> prep(4 * qbytes);
+    for (int i = 0; i < 4; ++i) k->prepare_query(x.data() + (rows + i) * d, prep.data() + i * qbytes, d);
+    // The kernel on groups gives the bits of this level's score on the same rows.
+    std::vector<float> want(4 * rows), got(4 * rows, 1.0f);
+    k->score(prep.data(), qbytes, 4, row_bytes_all.data(), row_bytes, rows, d, want.data(), rows);
+    float* out[4];
+    for (int i = 0; i < 4; ++i) out[i] = got.data() + i * rows;
+    k->score_groups(prep.data(), qbytes, groups.data(), n_groups, d, out);
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (!same_float(got[i], want[i])) return differs("score_groups (against this level's score of the rows): score", i, got[i], want[i]);
     }
     checks += want.size();
     return {};

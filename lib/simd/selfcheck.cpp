@@ -37,6 +37,7 @@ std::string quick_check_level(SimdLevel level) {
         if (bad.empty()) fail(spec, check_codec_quantize(level, spec, 128, 12, 78, checks));
     }
     if (bad.empty()) fail("softmax", check_softmax(level, 4, 37, 5, checks));
+    if (bad.empty()) fail("q8_0 key groups", check_score_groups(level, 128, 2, true, 6, checks));
     for (int bits : {3, 4, 8}) {
         if (bad.empty()) fail("chan score", check_channel_score(level, bits, 136, 5, 4, 90 + bits, checks));
     }
