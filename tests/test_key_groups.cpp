@@ -1,9 +1,10 @@
 // q8_0 keys in groups of 16 rows (lib/spec/key_groups.hpp): where the level in use has a kernel for them
 // (AVX512-VNNI), a cache keeps the keys of its sealed blocks grouped. The layout is the pool's business
 // only: a grouped cache gives the same bits as one that keeps rows, in every operation (decode, prefill,
-// batch, truncate into a sealed block, fork, windows, centering, GQA ratios whose queries are not a
-// multiple of 4), its files are byte for byte the same, and it still attends correctly after the level
-// changes to one without the kernel.
+// batch, truncate into a sealed block, fork, windows, centering, 4 and 8 queries a kv head), its files are
+// byte for byte the same, and it still attends correctly after the level changes to one without the
+// kernel (which scores the groups' rows through its row kernel). Configurations the kernel does not
+// take (query counts not a multiple of 4, blocks not a multiple of 16 rows) keep rows.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -143,10 +144,11 @@ TEST_CASE("q8_0 key groups: a grouped cache gives a row cache's bits, files and 
     REQUIRE(!has_group_kernel(rows));
     const kvq::test::cache_file::TempDir dir;
     const std::vector<Case> cases = {
-        {2, 8, 128, 32, "q4_0"},                       // 4 queries a kv head, Llama's head size
-        {2, 6, 64, 16, "q8_0", true},                  // 3 queries: no group of 4, centered keys
-        {1, 5, 96, 48, "q4_0", false, 40, 2},          // 4 + 1 queries, 3 blocks a row, a window, 2 threads
-        {2, 4, 128, 24, "q4_0"},                       // blocks of 24 rows: rows, not groups
+        {2, 8, 128, 32, "q4_0"},               // 4 queries a kv head, Llama's head size
+        {2, 16, 64, 16, "q8_0", true},         // 8 queries (two groups of 4), centered keys
+        {1, 4, 96, 48, "q4_0", false, 40, 2},  // 3 blocks a row, a window, 2 threads
+        {2, 6, 64, 16, "q8_0"},                // 3 queries a kv head: rows, not groups
+        {2, 4, 128, 24, "q4_0"},               // blocks of 24 rows: rows, not groups
     };
     for (size_t ci = 0; ci < cases.size(); ++ci) {
         const Case& k = cases[ci];
