@@ -203,7 +203,7 @@ void score_groups_cached(benchmark::State& state, CodecShape s, const BlockKerne
     run(state, n * kDim, n * s.row_bytes, [&] {
         for (size_t i = 0; i < p.repeats; ++i) {
             for (size_t r0 = 0; r0 < p.rows; r0 += p.call_rows) {
-                k->score_groups(prep.data(), s.query_bytes, groups.data() + r0 * s.row_bytes,
+                k->score_groups(prep.data(), s.query_bytes, kGroup, groups.data() + r0 * s.row_bytes,
                                 p.call_rows / detail::kGroupRows, kDim, out);
                 benchmark::DoNotOptimize(scores.data());
             }

@@ -112,10 +112,8 @@ size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, 
     layout.k_offset = 0;
     layout.k_head_stride = bt * key.row_bytes();
     // q8_0 keys in groups of 16 rows where the active level scores them so (docs/DESIGN.md): a layout of
-    // the pool's memory only; files and every reader see ggml rows. The kernel takes 4 queries a kv head at
-    // a time; other query counts would turn the groups back into rows for the rest at every block.
-    layout.k_groups = detail::impl_of(key).can_score_groups() && bt % detail::kGroupRows == 0 &&
-                      (c.n_heads / c.n_kv_heads) % 4 == 0;
+    // the pool's memory only; files and every reader see ggml rows.
+    layout.k_groups = detail::impl_of(key).can_score_groups() && bt % detail::kGroupRows == 0;
     layout.v_offset = align_up(h * layout.k_head_stride, detail::BlockPool::kAlignment);
     layout.v_head_stride = bt * value.row_bytes();
     size_t bytes = layout.v_offset + h * layout.v_head_stride;

@@ -71,18 +71,19 @@ public:
             const bool whole = skip == 0 && n_rows % kGroupRows == 0;
             thread_local std::vector<float> part;
             if (!whole && part.size() < 4 * kGroupRows * n_groups) part.resize(4 * kGroupRows * n_groups);
-            for (; i0 + 4 <= n_q; i0 += 4) {
+            for (; i0 < n_q; i0 += 4) {
+                const int g = std::min(4, n_q - i0);
                 float* out[4];
-                for (int i = 0; i < 4; ++i) {
+                for (int i = 0; i < g; ++i) {
                     out[i] = whole ? scores + (i0 + i) * score_stride : part.data() + i * kGroupRows * n_groups;
                 }
-                k.score_groups(prep + i0 * query_bytes_, query_bytes_, first, n_groups, head_dim_, out);
+                k.score_groups(prep + i0 * query_bytes_, query_bytes_, g, first, n_groups, head_dim_, out);
                 if (!whole) {
-                    for (int i = 0; i < 4; ++i) std::copy_n(out[i] + skip, n_rows, scores + (i0 + i) * score_stride);
+                    for (int i = 0; i < g; ++i) std::copy_n(out[i] + skip, n_rows, scores + (i0 + i) * score_stride);
                 }
             }
         }
-        if (i0 < n_q) {  // the queries left (or no kernel at this level): the rows back in ggml's bytes
+        if (i0 < n_q) {  // no kernel at this level (it changed since the cache was made): rows in ggml's bytes
             thread_local std::vector<uint8_t> rows;
             if (rows.size() < n_rows * row_bytes_) rows.resize(n_rows * row_bytes_);
             for (size_t r = 0; r < n_rows; ++r) {

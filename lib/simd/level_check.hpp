@@ -38,7 +38,8 @@ std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_
 // B-bit codes (random bytes, any of which is a code row) at a stride one byte past the row.
 std::string check_channel_score(SimdLevel level, int bits, int d, size_t rows, int n_q, uint64_t seed, size_t& checks);
 // q8_0 keys in groups of 16 (lib/spec/key_groups.hpp): the layout's round trip, and where the level has
-// BlockKernels::score_groups, its scores against the level's own score on the same rows, bit for bit.
+// BlockKernels::score_groups, its scores of 1-4 queries against the level's own score of the same rows,
+// bit for bit.
 std::string check_score_groups(SimdLevel level, int d, size_t n_groups, bool extreme, uint64_t seed, size_t& checks);
 
 // Rows of n values for parity checks, each row a different kind of data, cycling through the kinds:

@@ -131,10 +131,10 @@ void score_group4(const uint8_t* const* prep, const uint8_t* rows, size_t row_st
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // −128·Σy per query block: the part of the sums that unsigned keys (k + 128) add; Σ(y + 128) by one sum
 // of absolute differences.
-inline void q8_0_unsigned_offsets(const BlockQ8Query* const* q, int64_t nb, int32_t (*neg)[4]) {
+inline void q8_0_unsigned_offsets(const BlockQ8Query* const* q, int n_q, int64_t nb, int32_t (*neg)[4]) {
     const __m256i flip32 = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int64_t b = 0; b < nb; ++b) {
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < n_q; ++i) {
             const __m256i y = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[i][b].qs)), flip32);
             const __m256i sad = _mm256_sad_epu8(y, _mm256_setzero_si256());
             const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
@@ -144,9 +144,9 @@ inline void q8_0_unsigned_offsets(const BlockQ8Query* const* q, int64_t nb, int3
     }
 }
 
-// score_q8_0_rows16's step (below): 16 rows at base, row_stride apart, against the four queries (neg:
+// score_q8_0_rows16's step (below): 16 rows at base, row_stride apart, against the G queries (neg:
 // −128·Σy of each query block), into out[i][at_out + 0..live).
-template <int NB>
+template <int NB, int G>
 inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query* const* q, const int32_t (*neg)[4],
                                                               const uint8_t* base, size_t row_stride, int64_t nb,
                                                               size_t live, float* const* out, size_t at_out) {
@@ -157,8 +157,8 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
     // the rows of register k: k < 4: rows k, k + 4; k ≥ 4: rows k + 4, k + 8 (so the transposed lanes are
     // rows 0..15 in order)
     constexpr int kLow[8] = {0, 1, 2, 3, 8, 9, 10, 11};
-    __m512 acc[4];
-    for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
+    __m512 acc[G];
+    for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* const blocks = base + static_cast<size_t>(b) * kBlock;
         __m512i k8[8];
@@ -190,7 +190,7 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
         // the 16 rows' fp16 scales: one gather of the dwords that start each block
         const __m512i d32 = _mm512_i32gather_epi32(at_row, blocks, 1);
         const __m512 dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < G; ++i) {
             const int8_t* y = q[i][b].qs;
             auto ydw = [&](int j) {
                 int32_t w;
@@ -207,7 +207,7 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
         }
     }
     const __mmask16 keep = static_cast<__mmask16>((1u << live) - 1);
-    for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(out[i] + at_out, keep, acc[i]);
+    for (int i = 0; i < G; ++i) _mm512_mask_storeu_ps(out[i] + at_out, keep, acc[i]);
 }
 
 // q8_0 keys and four queries with AVX512-VNNI, 16 rows per register: each block of 16 rows is loaded (two
@@ -221,17 +221,17 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
 // depends on the row's place in the chunk (a short last group is scored as 16 rows of a copy that
 // repeats its last row). Measured on 4096 rows in cache, d = 128: 10.6 → 7.1 ns a row. Its floor is the
 // 8 vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4).
-template <int NB>
+template <int NB, int G>
 void score_q8_0_rows16(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
                        int64_t nb_run, float* const* out) {
     const int64_t nb = NB > 0 ? NB : nb_run;
     constexpr size_t kBlock = sizeof(detail::BlockQ8_0);
     const size_t row_bytes = static_cast<size_t>(nb) * kBlock;
     assert(nb <= kMaxGroupBlocks && n_rows <= kRowChunk && 16 * row_stride < (size_t{1} << 31));
-    const BlockQ8Query* q[4];
-    for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep[i]);
+    const BlockQ8Query* q[G];
+    for (int i = 0; i < G; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep[i]);
     int32_t neg[kMaxGroupBlocks][4];
-    q8_0_unsigned_offsets(q, nb, neg);
+    q8_0_unsigned_offsets(q, G, nb, neg);
     size_t r0 = 0;
     for (; r0 + 16 <= n_rows; r0 += 16) {
         const uint8_t* const base = rows + r0 * row_stride;
@@ -242,42 +242,42 @@ void score_q8_0_rows16(const uint8_t* const* prep, const uint8_t* rows, size_t r
                 for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(base + (16 + k) * row_stride + o);
             }
         }
-        score_q8_0_group16<NB>(q, neg, base, row_stride, nb, 16, out, r0);
+        score_q8_0_group16<NB, G>(q, neg, base, row_stride, nb, 16, out, r0);
     }
     if (r0 < n_rows) {  // a short last group: its rows, then its last row again, as 16 rows of a copy
         alignas(64) uint8_t tail[16 * kMaxGroupBlocks * kBlock];
         const size_t live = n_rows - r0;
         for (size_t k = 0; k < 16; ++k) std::memcpy(tail + k * row_bytes, rows + (r0 + std::min(k, live - 1)) * row_stride, row_bytes);
-        score_q8_0_group16<NB>(q, neg, tail, row_bytes, nb, live, out, r0);
+        score_q8_0_group16<NB, G>(q, neg, tail, row_bytes, nb, live, out, r0);
     }
 }
 
 // BlockKernels::score_groups: q8_0 keys stored in groups of 16 rows (lib/spec/key_groups.hpp) against
-// four queries. score_q8_0_group16 without its loads, inserts, sign flips, 24 shuffles and gather: a
-// block of 16 rows is 8 loads of its dwords (already unsigned) and one of its scales, then the same
-// vpdpbusd, conversion and fma, so the scores are score_q8_0_rows16's bit for bit. Measured on a Zen 4,
-// 4096 rows in L2, d = 128, 32 rows a call: docs/DESIGN.md (decode). NB > 0 fixes the block count.
-template <int NB>
+// G ≤ 4 queries. score_q8_0_group16 without its loads, inserts, sign flips, 24 shuffles and gather: a
+// block of 16 rows is 8 loads of its dwords (already unsigned) and one of its scales, then per query the
+// same 8 vpdpbusd, conversion and fma, so the scores are score_q8_0_rows16's bit for bit. Measured on a Zen 4, 4096 rows in L2, d = 128, 32 rows a call: docs/DESIGN.md (decode). NB > 0 fixes
+// the block count.
+template <int NB, int G>
 void score_q8_0_groups16(const uint8_t* prep, size_t prep_bytes, const uint8_t* groups, size_t n_groups,
                          int64_t nb_run, float* const* out) {
     const int64_t nb = NB > 0 ? NB : nb_run;
     assert(nb <= kMaxGroupBlocks);
-    const BlockQ8Query* q[4];
-    for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep + i * prep_bytes);
+    const BlockQ8Query* q[G];
+    for (int i = 0; i < G; ++i) q[i] = reinterpret_cast<const BlockQ8Query*>(prep + i * prep_bytes);
     int32_t neg[kMaxGroupBlocks][4];
-    q8_0_unsigned_offsets(q, nb, neg);
+    q8_0_unsigned_offsets(q, G, nb, neg);
     const size_t bytes = detail::group_bytes(static_cast<size_t>(nb));
     for (size_t gi = 0; gi < n_groups; ++gi) {
         const uint8_t* const g = groups + gi * bytes;
         for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(g + bytes + o);  // the next group (decode: 1.0-1.04× faster)
         const uint8_t* const codes = g + 2 * detail::kGroupRows * nb;
-        __m512 acc[4];
-        for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
+        __m512 acc[G];
+        for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32 * b)));
             __m512i kt[8];  // kt[j]: dword j of rows 0..15
             for (int j = 0; j < 8; ++j) kt[j] = _mm512_loadu_si512(codes + 512 * b + 64 * j);
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < G; ++i) {
                 const int8_t* y = q[i][b].qs;
                 auto ydw = [&](int j) {
                     int32_t w;
@@ -293,15 +293,26 @@ void score_q8_0_groups16(const uint8_t* prep, size_t prep_bytes, const uint8_t* 
                 acc[i] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dk, _mm512_set1_ps(q[i][b].d)), acc[i]);
             }
         }
-        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(out[i] + 16 * gi, acc[i]);
+        for (int i = 0; i < G; ++i) _mm512_storeu_ps(out[i] + 16 * gi, acc[i]);
     }
 }
 
-void score_q8_0_groups(const uint8_t* prep, size_t prep_bytes, const uint8_t* groups, size_t n_groups, int64_t n,
-                       float* const* out) {
+template <int G>
+void score_q8_0_groups_of(const uint8_t* prep, size_t prep_bytes, const uint8_t* groups, size_t n_groups, int64_t nb,
+                          float* const* out) {
+    if (nb == 4) return score_q8_0_groups16<4, G>(prep, prep_bytes, groups, n_groups, nb, out);
+    score_q8_0_groups16<0, G>(prep, prep_bytes, groups, n_groups, nb, out);
+}
+
+void score_q8_0_groups(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* groups, size_t n_groups,
+                       int64_t n, float* const* out) {
     const int64_t nb = n / kQK;
-    if (nb == 4) return score_q8_0_groups16<4>(prep, prep_bytes, groups, n_groups, nb, out);
-    score_q8_0_groups16<0>(prep, prep_bytes, groups, n_groups, nb, out);
+    switch (n_q) {
+        case 4: return score_q8_0_groups_of<4>(prep, prep_bytes, groups, n_groups, nb, out);
+        case 3: return score_q8_0_groups_of<3>(prep, prep_bytes, groups, n_groups, nb, out);
+        case 2: return score_q8_0_groups_of<2>(prep, prep_bytes, groups, n_groups, nb, out);
+        default: return score_q8_0_groups_of<1>(prep, prep_bytes, groups, n_groups, nb, out);
+    }
 }
 #endif
 
@@ -394,6 +405,16 @@ struct ScoreBlocks {
                 p[i] = prep + (i0 + i) * prep_bytes;
                 out[i] = scores + (i0 + i) * score_stride;
             }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+            // q8_0 keys with AVX512-VNNI: 16 rows per register for any number of queries, the arithmetic of
+            // the kernel on keys in groups (score_q8_0_groups16), so both layouts give the same bits.
+            if constexpr (std::is_same_v<L, LayoutQ8_0> && std::is_same_v<A, xsimd::avx512bw>) {
+                if (16 * row_stride < (size_t{1} << 31)) {  // the scales' gather takes int32 offsets
+                    if (nb == 4) return score_q8_0_rows16<4, G>(p, rows, row_stride, n_rows, nb, out);
+                    if (nb <= kMaxGroupBlocks) return score_q8_0_rows16<0, G>(p, rows, row_stride, n_rows, nb, out);
+                }
+            }
+#endif
             if constexpr (G == 4) {
                 if constexpr (std::is_same_v<L, LayoutQ4_0> && has_block_pairs<Ops<A>>()) {
                     if (nb % 2 == 0 && nb <= kMaxGroupBlocks) {
@@ -402,14 +423,6 @@ struct ScoreBlocks {
                     }
                 }
                 if constexpr (std::is_same_v<L, LayoutQ8_0>) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-                    if constexpr (std::is_same_v<A, xsimd::avx512bw>) {
-                        if (16 * row_stride < (size_t{1} << 31)) {  // the scales' gather takes int32 offsets
-                            if (nb == 4) return score_q8_0_rows16<4>(p, rows, row_stride, n_rows, nb, out);
-                            if (nb <= kMaxGroupBlocks) return score_q8_0_rows16<0>(p, rows, row_stride, n_rows, nb, out);
-                        }
-                    }
-#endif
                     if (nb == 4) return score_group4<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
                 }
                 if (nb <= kMaxGroupBlocks) return score_group4<A, L>(p, rows, row_stride, n_rows, nb, out);

@@ -26,11 +26,11 @@ struct BlockKernels {
     // cache's attention adds for codecs that have it (q4_0), null for the others.
     void (*accumulate_grid)(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                             size_t row_stride, size_t n_rows, int64_t n, float* acc);
-    // q8_0 keys in groups of 16 rows (key_groups.hpp) against 4 queries: out[i][r] for r < 16·n_groups,
-    // the bits this level's score gives the same rows. Null where a level has no such kernel (the cache
-    // then keeps its keys in rows); only the specification's table and levels with one fill it.
-    void (*score_groups)(const uint8_t* prep, size_t prep_bytes, const uint8_t* groups, size_t n_groups, int64_t n,
-                         float* const* out) = nullptr;
+    // q8_0 keys in groups of 16 rows (key_groups.hpp) against n_q ≤ 4 queries: out[i][r] for
+    // r < 16·n_groups, the bits this level's score gives the same rows. Null where a level has no such
+    // kernel (the cache then keeps its keys in rows).
+    void (*score_groups)(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* groups, size_t n_groups,
+                         int64_t n, float* const* out) = nullptr;
 };
 
 // The query side of every quantized-key codec (scalar specification, ggml_quant.cpp): int8 per block,
