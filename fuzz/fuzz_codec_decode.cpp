@@ -4,7 +4,8 @@
 //   undefined behaviour (UBSan);
 // - dequantize gives the same values at every SIMD level;
 // - a value reads back non-finite only where a stored float field is NaN or Inf (a plain value, an
-//   fp16 scale or min; for +rot codecs, any field of the row);
+//   fp16 scale or min; for +rot codecs, any field of the row, or plain values so large that the inverse
+//   rotation's sums may overflow: Σ|stored| ≥ FLT_MAX / 2);
 // - score = effective query · dequantized row, and accumulate adds w · dequantized row, to float
 //   rounding, wherever that reference is finite.
 #include <cfloat>
@@ -58,6 +59,26 @@ std::vector<bool> fields_finite(const Codec& c, const uint8_t* row) {
     if (c.rotated()) {  // the inverse rotation mixes every value into every other
         bool all = true;
         for (bool b : ok) all = all && b;
+        // and may overflow where plain stored values are huge: each value read back is at most Σ|stored|
+        // (the rotation is orthonormal, block by block for head sizes that are not powers of two), so a
+        // finite result is owed only below FLT_MAX, with room for the rounding of the partial sums
+        // (quantized codecs' values stay below 65504 · 127).
+        const size_t width = base == "f32" ? 4 : base == "f16" || base == "bf16" ? 2 : 0;
+        if (all && width) {
+            double l1 = 0;
+            for (int j = 0; j < d; ++j) {
+                float v;
+                if (width == 4) {
+                    std::memcpy(&v, row + 4 * j, 4);
+                } else {
+                    uint16_t h;
+                    std::memcpy(&h, row + 2 * j, 2);
+                    v = base == "f16" ? detail::f16_to_f32(h) : detail::bf16_to_f32(h);
+                }
+                l1 += std::fabs(double(v));
+            }
+            all = l1 < 0.5 * FLT_MAX;
+        }
         ok.assign(d, all);
     }
     return ok;

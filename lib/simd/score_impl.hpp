@@ -144,6 +144,25 @@ inline void q8_0_unsigned_offsets(const BlockQ8Query* const* q, int n_q, int64_t
     }
 }
 
+// One query block against one key block of 16 rows (kt[j]: dword j of the 16 rows, made unsigned; dk: their
+// scales; neg: −128·Σy of the query block): acc + Σ · dk·dq, Σ the exact integer dot products. What both
+// layouts' kernels do per block and query, so that they give the same bits.
+inline __attribute__((always_inline)) __m512 q8_0_block16(const __m512i (&kt)[8], const BlockQ8Query& qb, int32_t neg,
+                                                          __m512 dk, __m512 acc) {
+    auto ydw = [&](int j) {  // the query's dword j, broadcast
+        int32_t w;
+        std::memcpy(&w, qb.qs + 4 * j, 4);
+        return _mm512_set1_epi32(w);
+    };
+    __m512i s0 = _mm512_set1_epi32(neg), s1 = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, kt[j], ydw(j));
+        s1 = _mm512_dpbusd_epi32(s1, kt[j + 1], ydw(j + 1));
+    }
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+    return _mm512_fmadd_ps(sum, _mm512_mul_ps(dk, _mm512_set1_ps(qb.d)), acc);
+}
+
 // score_q8_0_rows16's step (below): 16 rows at base, row_stride apart, against the G queries (neg:
 // −128·Σy of each query block), into out[i][at_out + 0..live).
 template <int NB, int G>
@@ -191,19 +210,7 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
         const __m512i d32 = _mm512_i32gather_epi32(at_row, blocks, 1);
         const __m512 dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));
         for (int i = 0; i < G; ++i) {
-            const int8_t* y = q[i][b].qs;
-            auto ydw = [&](int j) {
-                int32_t w;
-                std::memcpy(&w, y + 4 * j, 4);
-                return _mm512_set1_epi32(w);
-            };
-            __m512i s0 = _mm512_set1_epi32(neg[b][i]), s1 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, kt[j], ydw(j));
-                s1 = _mm512_dpbusd_epi32(s1, kt[j + 1], ydw(j + 1));
-            }
-            const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-            acc[i] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dk, _mm512_set1_ps(q[i][b].d)), acc[i]);
+            acc[i] = q8_0_block16(kt, q[i][b], neg[b][i], dk, acc[i]);
         }
     }
     const __mmask16 keep = static_cast<__mmask16>((1u << live) - 1);
@@ -278,19 +285,7 @@ void score_q8_0_groups16(const uint8_t* prep, size_t prep_bytes, const uint8_t* 
             __m512i kt[8];  // kt[j]: dword j of rows 0..15
             for (int j = 0; j < 8; ++j) kt[j] = _mm512_loadu_si512(codes + 512 * b + 64 * j);
             for (int i = 0; i < G; ++i) {
-                const int8_t* y = q[i][b].qs;
-                auto ydw = [&](int j) {
-                    int32_t w;
-                    std::memcpy(&w, y + 4 * j, 4);
-                    return _mm512_set1_epi32(w);
-                };
-                __m512i s0 = _mm512_set1_epi32(neg[b][i]), s1 = _mm512_setzero_si512();
-                for (int j = 0; j < 8; j += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, kt[j], ydw(j));
-                    s1 = _mm512_dpbusd_epi32(s1, kt[j + 1], ydw(j + 1));
-                }
-                const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-                acc[i] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dk, _mm512_set1_ps(q[i][b].d)), acc[i]);
+                acc[i] = q8_0_block16(kt, q[i][b], neg[b][i], dk, acc[i]);
             }
         }
         for (int i = 0; i < G; ++i) _mm512_storeu_ps(out[i] + 16 * gi, acc[i]);
