@@ -134,10 +134,10 @@ struct CacheImpl {
     }
 
     // Helpers of the operations.
-    // Keys in groups of 16 (LayerKind::layout.k_groups, lib/spec/key_groups.hpp): kv head h's key area of a
-    // block, from ggml rows into groups and back (in place; nothing happens where the kind keeps rows).
-    void keys_to_groups(const LayerKind& kind, uint8_t* block) const;
-    void keys_to_rows(const LayerKind& kind, uint8_t* block) const;
+    // Keys in groups of 16 (LayerKind::layout.k_groups, lib/spec/key_groups.hpp): every kv head's key area of
+    // a block from ggml rows into groups (to_groups) or back, in place; nothing happens where the kind keeps
+    // rows.
+    void regroup_keys(const LayerKind& kind, uint8_t* block, bool to_groups) const;
     void seal(const LayerKind& kind, detail::LayerState& st, uint8_t* block) const;
     void write_rows(const LayerKind& kind, detail::LayerState& st, size_t block_index, size_t row, const float* k, const float* v,
                     size_t n) const;

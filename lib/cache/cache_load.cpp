@@ -245,7 +245,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     try {
         for (uint64_t i = 0; i < h.n_blocks; ++i) {
             read_payload(f, h, t, i, blocks[i].data, changed);
-            keys_to_groups(kinds[detail::file::block_place(h, i).kind], blocks[i].data);  // files hold ggml rows
+            regroup_keys(kinds[detail::file::block_place(h, i).kind], blocks[i].data, true);  // files hold ggml rows
         }
         std::vector<detail::BlockRef> extra;  // a block in k tables gets k − 1 more references
         for (uint64_t i = 0; i < h.n_blocks; ++i) extra.insert(extra.end(), refs[i] - 1, blocks[i]);

@@ -97,7 +97,7 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     const auto file_block = [&](size_t k, const uint8_t* b) {
         if (!kinds[k].layout.k_groups) return b;
         buffer.assign(b, b + pool->block_bytes(k));
-        keys_to_rows(kinds[k], buffer.data());
+        regroup_keys(kinds[k], buffer.data(), false);
         return static_cast<const uint8_t*>(buffer.data());
     };
     for (size_t k = 0; k < kinds.size(); ++k) {

@@ -342,27 +342,19 @@ double KVCache::bytes_per_token(int layer) const {
 PoolStats KVCache::pool_stats() const { return impl_->pool->stats(); }
 std::string KVCache::dump() const { return impl_->dump(); }
 
-void detail::CacheImpl::keys_to_groups(const LayerKind& kind, uint8_t* block) const {
+void detail::CacheImpl::regroup_keys(const LayerKind& kind, uint8_t* block, bool to_groups) const {
     if (!kind.layout.k_groups) return;
     const size_t rb = kind.key.row_bytes(), nb = static_cast<size_t>(cfg.head_dim) / detail::kQK;
-    thread_local std::vector<uint8_t> rows;
-    rows.resize(bt() * rb);
+    thread_local std::vector<uint8_t> copy;  // one head's key area as it was
+    copy.resize(bt() * rb);
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
         uint8_t* head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
-        std::memcpy(rows.data(), head, rows.size());
-        detail::groups_from_rows(rows.data(), rb, bt(), nb, head);
-    }
-}
-
-void detail::CacheImpl::keys_to_rows(const LayerKind& kind, uint8_t* block) const {
-    if (!kind.layout.k_groups) return;
-    const size_t rb = kind.key.row_bytes(), nb = static_cast<size_t>(cfg.head_dim) / detail::kQK;
-    thread_local std::vector<uint8_t> groups;
-    groups.resize(bt() * rb);
-    for (int h = 0; h < cfg.n_kv_heads; ++h) {
-        uint8_t* head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
-        std::memcpy(groups.data(), head, groups.size());
-        detail::rows_from_groups(groups.data(), bt(), nb, head, rb);
+        std::memcpy(copy.data(), head, copy.size());
+        if (to_groups) {
+            detail::groups_from_rows(copy.data(), rb, bt(), nb, head);
+        } else {
+            detail::rows_from_groups(copy.data(), bt(), nb, head, rb);
+        }
     }
 }
 
