@@ -5,10 +5,11 @@
 // vpdpbusd adds four byte products into each dword lane: here lane j is column j (or j + 16) of a block,
 // and its four bytes are four rows' codes, so one instruction per query and 16 columns adds four rows. A
 // quad of rows' 16 code bytes is loaded one row per 128-bit lane and transposed to that order by one
-// vpermd and one vpshufb (transpose_4x16); the int8 weights of the quad get the same transpose, so each
-// query's weights of a block are one dword, broadcast from memory. Per row, the weights w·d of 4 queries ×
-// 4 blocks fill one register (a row's 4 fp16 scales by one masked load and one word permute, its 4
-// weights from a transposed copy), and Σ ŵ per lane is one vpdpbusd against ones per quad. The grid, the
+// vpermd and one vpshufb (transpose_4x16). Per row, the products w·d of 4 queries × 4 blocks fill one
+// register (a row's 4 fp16 scales by one masked load and one word permute, its 4 weights from a transposed
+// copy); their rounded values, four rows at a time, are packed to bytes with saturation and put in the
+// codes' order by one vpshufb, so each query's weights of a quad and block are one dword, broadcast from
+// memory, and Σ ŵ per lane is one vpdpbusd against ones per quad. The grid, the
 // integers and the float conversion are the AVX2 kernel's (accumulate_grid_avx2.hpp) lane for lane:
 // exact sums (at most 16 rows · 15 · 127 per lane), then s · (Σ ŵ·c − 8·Σ ŵ), c = q + 8 being the stored
 // unsigned nibble, so both give the same bits wherever the weights are finite. Measured: docs/DESIGN.md
@@ -46,8 +47,6 @@ __attribute__((always_inline)) inline void grid_group_vnni(const float* w, size_
     using detail::BlockQ4_0;
     static_assert(detail::kGridRows == 16);
     alignas(64) float wt[16][4];      // row r: w[i][r] for i < 4 (zero past G and rn)
-    alignas(64) float wd[16][16];     // row r: lane tt·4 + i = w[i][r] · d(r, t0 + tt)
-    alignas(64) int8_t wb[16][16];    // row r: the int8 weights of lane tt·4 + i
     alignas(64) int32_t wq[4][16];    // quad p, lane l: the int8 weights of rows 4p..4p+3 (byte e: row 4p + e)
     alignas(64) float step[16];
     alignas(64) int32_t bias[16];     // −8 · Σ_r ŵ_r / s: what the stored nibbles (c = q + 8) add, negated
@@ -69,37 +68,48 @@ __attribute__((always_inline)) inline void grid_group_vnni(const float* w, size_
     const __mmask32 scales = static_cast<__mmask32>(0x08040201u & ((1ull << (9 * (nt - 1) + 1)) - 1));
     const __m512i pick = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 27, 27, 27, 27, 18, 18, 18,
                                           18, 9, 9, 9, 9, 0, 0, 0, 0);
-    const __m512 sign = _mm512_set1_ps(-0.0f);
-    __m512 m = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (size_t r = 0; r < rn; ++r) {
+    // x_r = w·d per lane; m = max_r |x_r| as the integer maximum of the magnitudes' bits (a NaN's are above
+    // every number's).
+    const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512 x[16];
+    __m512i m = _mm512_setzero_si512();
+    for (size_t r = 0; r < 16; ++r) {
+        if (r >= rn) {
+            x[r] = _mm512_setzero_ps();
+            continue;
+        }
         const __m512i h = _mm512_maskz_loadu_epi16(scales, rows + r * row_stride + t0 * sizeof(BlockQ4_0));
         const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(pick, h)));
-        const __m512 x = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_load_ps(wt[r])), d);
-        _mm512_store_ps(wd[r], x);
-        m = _mm512_max_ps(_mm512_andnot_ps(sign, x), m);  // a NaN x leaves m as it was
-        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        x[r] = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_load_ps(wt[r])), d);
+        m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(x[r]), magnitude));
     }
-    // weight_grid, lane by lane.
-    const __mmask16 tiny = _mm512_cmp_ps_mask(m, _mm512_set1_ps(0x1p-100f), _CMP_LT_OQ);
+    // weight_grid, lane by lane. A NaN maximum is a lane with a NaN product; an infinite one has s = ∞ and
+    // k = 0, so each of its weights s · round(x·k) is NaN as well (∞ · 0 or ∞ · NaN).
+    const __m512 mf = _mm512_castsi512_ps(m);
+    const __mmask16 nan = _mm512_cmp_ps_mask(mf, _mm512_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+    const __mmask16 tiny = _mm512_cmp_ps_mask(mf, _mm512_set1_ps(0x1p-100f), _CMP_LT_OQ);
     const __m512 up = _mm512_mask_blend_ps(tiny, _mm512_set1_ps(1.0f), _mm512_set1_ps(0x1p100f));
-    const __m512 mm = _mm512_mul_ps(m, up);
-    const __mmask16 pos = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+    const __m512 mm = _mm512_mul_ps(mf, up);
+    const __mmask16 pos = _mm512_cmp_ps_mask(mf, _mm512_setzero_ps(), _CMP_GT_OQ);
     const __m512 k = _mm512_maskz_div_ps(pos, _mm512_set1_ps(127.0f), mm);
     const __m512 s = _mm512_div_ps(_mm512_div_ps(mm, _mm512_set1_ps(127.0f)), up);
     _mm512_store_ps(step, _mm512_mask_blend_ps(nan, s, _mm512_set1_ps(__builtin_nanf(""))));
-    // The int8 weights: the low byte of each rounded value (as the AVX2 kernel's; rows past rn are zero),
-    // and 8 · Σ_r ŵ_r per lane by vpdpbusd against ones (a lane with a NaN or an infinity has a NaN or
-    // infinite step: its sums do not matter).
-    for (size_t r = 0; r < 16; ++r) {
-        const __m512i g = r < rn ? _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(wd[r]), up), k))
-                                 : _mm512_setzero_si512();
-        _mm_store_si128(reinterpret_cast<__m128i*>(wb[r]), _mm512_cvtepi32_epi8(g));
-    }
+    // The int8 weights, four rows at a time: rounded as cvtps2dq, packed with saturation (rows past rn are
+    // zero), so that 128-bit lane tt holds dword e = row 4p + e's weights of queries 0..3; then one vpshufb
+    // to dword i = query i's weights of rows 4p..4p+3. 8 · Σ_r ŵ_r per lane by vpdpbusd against ones (a lane
+    // with a NaN step has sums that do not matter).
+    const __m512i quad_t = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     const int quads = static_cast<int>((rn + 3) / 4);
     __m512i sum = _mm512_setzero_si512();
     for (int p = 0; p < quads; ++p) {
-        const __m512i q = transpose_4x16(_mm512_load_si512(wb[4 * p]));
+        __m512i g[4];
+        for (int e = 0; e < 4; ++e) {
+            __m512 y = x[4 * p + e];
+            if (tiny) y = _mm512_mul_ps(y, up);
+            g[e] = _mm512_cvtps_epi32(_mm512_mul_ps(y, k));
+        }
+        const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(g[0], g[1]), _mm512_packs_epi32(g[2], g[3]));
+        const __m512i q = _mm512_shuffle_epi8(b, quad_t);
         _mm512_store_si512(wq[p], q);
         sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi8(1), q);
     }
