@@ -24,7 +24,7 @@ namespace {
 class PolarCodec final : public CodecImpl {
 public:
     PolarCodec(const PolarConfig& config, int d, uint64_t seed)
-        : d_(d), levels_(config.levels), leaves_(1 << (config.levels - 1)), rot_(d, seed) {
+        : d_(d), levels_(config.levels), rot_(d, seed) {
         l_.d = d;
         l_.levels = levels_;
         size_t bit = 0;
@@ -161,7 +161,7 @@ private:
         l_.batch_factors34 = batch_factors34_.data();
     }
 
-    int d_, levels_, leaves_;
+    int d_, levels_;
     Rotation rot_;
     std::vector<const ScalarCodebook*> codebooks_;
     std::vector<float> cos1_, sin1_;

@@ -1,6 +1,6 @@
 // q8_0 key rows in groups of 16 (the scalar specification of the layout): how the cache stores the key
 // rows of its sealed blocks where the active SIMD level has a kernel for it (BlockKernels::score_groups,
-// lib/simd/score_groups_vnni.hpp; docs/DESIGN.md, "Attention on quantized rows").
+// score_q8_0_groups16 in lib/simd/score_impl.hpp; docs/DESIGN.md, "Attention on quantized rows").
 //
 // A group holds the same bytes as 16 q8_0 rows of nb blocks (16 · nb · 34), rearranged so that one 64-byte
 // register holds the same dword of 16 rows:
