@@ -11,7 +11,11 @@
 //   gives NaN there at every level; sums whose magnitude reaches 1e30 (the specification's float sums
 //   may overflow, where the kernels' integer sums do not) or with a group whose largest |w·d| is below
 //   1e-30 (rounded in subnormal floats) are owed nothing else;
-// - neither reads outside its rows (ASan) nor hits undefined behaviour (UBSan).
+// - the online softmax's block update (lib/spec/softmax.hpp) gives the scalar specification's bits at
+//   every level (weights, state, rescaled accumulator) for 1–8 queries and 1–80 rows, from any state;
+//   a query whose scores, offset or state hold a NaN is owed NaN-ness only (a NaN enters the block max
+//   in another order), and a NaN sum at both;
+// - nothing reads outside its buffers (ASan) or hits undefined behaviour (UBSan).
 #include <cfloat>
 
 #include "fuzz_common.hpp"
@@ -20,6 +24,7 @@
 #include "spec/blocks.hpp"
 #include "spec/half.hpp"
 #include "spec/key_groups.hpp"
+#include "spec/softmax.hpp"
 #include "spec/weight_grid.hpp"
 
 using namespace kvq;
@@ -153,14 +158,78 @@ void check_weight_grid(FuzzedDataProvider& in) {
     }
 }
 
+bool same_bits(float a, float b) {
+    return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b));
+}
+
+void check_softmax(FuzzedDataProvider& in) {
+    const int g = in.ConsumeIntegralInRange<int>(1, 8), d = in.ConsumeIntegralInRange<int>(1, 64);
+    const size_t n = in.ConsumeIntegralInRange<size_t>(1, 80);
+    const bool raw = in.ConsumeBool(), with_offsets = in.ConsumeBool();
+    const float scale = raw ? raw_floats(in, 1)[0] : in.ConsumeFloatingPointInRange<float>(0.01f, 1.0f);
+    std::vector<float> scores, offsets;
+    if (raw) {
+        scores = raw_floats(in, size_t(g) * n);
+        offsets = raw_floats(in, size_t(g));
+    } else {  // attention's range, with masked rows
+        for (size_t i = 0; i < size_t(g) * n; ++i) {
+            scores.push_back(in.ConsumeIntegralInRange<int>(0, 15) == 0 ? -INFINITY
+                                                                         : in.ConsumeFloatingPointInRange<float>(-60.0f, 60.0f));
+        }
+        for (int i = 0; i < g; ++i) offsets.push_back(in.ConsumeFloatingPointInRange<float>(-8.0f, 8.0f));
+    }
+    std::vector<detail::SoftmaxState> state0(g);
+    if (in.ConsumeBool()) {  // a state from earlier blocks
+        const auto st = raw ? raw_floats(in, 2 * size_t(g)) : std::vector<float>();
+        for (int i = 0; i < g; ++i) {
+            state0[i].max = raw ? st[2 * i] : in.ConsumeFloatingPointInRange<float>(-60.0f, 60.0f);
+            state0[i].sum = raw ? st[2 * i + 1] : in.ConsumeFloatingPointInRange<float>(0.0f, 100.0f);
+        }
+    }
+    const auto acc0 = raw_floats(in, size_t(g) * d);
+    const float* off = with_offsets ? offsets.data() : nullptr;
+
+    std::vector<float> ws = scores, wa = acc0;
+    std::vector<detail::SoftmaxState> sw = state0;
+    detail::softmax_update_scalar(ws.data(), g, n, off, scale, sw.data(), wa.data(), d);
+    // A query with a NaN among its inputs: its block max may take the NaN or skip it, by lane order.
+    std::vector<bool> nan_in(g, std::isnan(scale));
+    for (int i = 0; i < g; ++i) {
+        nan_in[i] = nan_in[i] || std::isnan(state0[i].max) || std::isnan(state0[i].sum) || (off && std::isnan(off[i]));
+        for (size_t r = 0; r < n; ++r) nan_in[i] = nan_in[i] || std::isnan(scores[i * n + r]);
+    }
+    for (SimdLevel level : available_simd_levels()) {
+        const detail::SoftmaxUpdate update = detail::level_softmax(level);
+        if (!update) continue;
+        std::vector<float> gs = scores, ga = acc0;
+        std::vector<detail::SoftmaxState> sg = state0;
+        update(gs.data(), g, n, off, scale, sg.data(), ga.data(), d);
+        const std::string at = "softmax at " + std::string(simd_level_name(level));
+        for (int i = 0; i < g; ++i) {
+            if (nan_in[i]) {
+                require(std::isnan(sw[i].sum) == std::isnan(sg[i].sum), at + ": a NaN sum at one level only");
+                continue;
+            }
+            require(same_bits(sg[i].max, sw[i].max) && same_bits(sg[i].sum, sw[i].sum),
+                    at + ": the state differs from the specification's");
+            for (size_t r = 0; r < n; ++r) {
+                require(same_bits(gs[i * n + r], ws[i * n + r]), at + ": a weight differs from the specification's");
+            }
+            for (int j = 0; j < d; ++j) {
+                require(same_bits(ga[i * d + j], wa[i * d + j]), at + ": the rescaled accumulator differs");
+            }
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
-    if (in.ConsumeBool()) {
-        check_key_groups(in);
-    } else {
-        check_weight_grid(in);
+    switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+        case 0: check_key_groups(in); break;
+        case 1: check_weight_grid(in); break;
+        default: check_softmax(in); break;
     }
     return 0;
 }
