@@ -3,6 +3,30 @@
 #include <algorithm>
 
 namespace kvq::detail {
+namespace {
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+// Spins until ready() or kSpin has passed; true if ready.
+template <class F>
+bool spin_until(F&& ready, std::chrono::microseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+        for (int i = 0; i < 64; ++i) {
+            if (ready()) return true;
+            cpu_relax();
+        }
+        if (std::chrono::steady_clock::now() >= end) return ready();
+    }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int workers) {
     queue_.reserve(64);
@@ -21,7 +45,10 @@ ThreadPool::~ThreadPool() {
 
 int ThreadPool::take_part_locked(Job* job) {
     const int i = job->next++;
-    if (job->next == job->n_parts) queue_.erase(std::find(queue_.begin(), queue_.end(), job));
+    if (job->next == job->n_parts) {
+        queue_.erase(std::find(queue_.begin(), queue_.end(), job));
+        queued_.store(static_cast<int>(queue_.size()), std::memory_order_relaxed);
+    }
     return i;
 }
 
@@ -41,6 +68,7 @@ void ThreadPool::run_erased(int n_parts, void* fn, void (*call)(void*, int), int
     Job job{fn, call, n_parts, max_helpers};
     std::unique_lock<std::mutex> lock(mu_);
     queue_.push_back(&job);
+    queued_.store(static_cast<int>(queue_.size()), std::memory_order_relaxed);
     // One wake-up per part the caller will not take first; extra wake-ups only cost a spurious check.
     const int wake = std::min(n_parts - 1, max_helpers);
     if (wake >= workers()) {
@@ -53,17 +81,26 @@ void ThreadPool::run_erased(int n_parts, void* fn, void (*call)(void*, int), int
         lock.unlock();
         call(fn, i);
         lock.lock();
-        ++job.done;
+        job.done.fetch_add(1, std::memory_order_release);
     }
-    // A worker touches the job only under mu_, and its last touch is ++done; once done == n_parts
-    // (seen under mu_), no worker will touch it again and it may leave the stack.
-    done_cv_.wait(lock, [&] { return job.done == job.n_parts; });
+    // A worker's last touch of the job is its increment of done; once done == n_parts, no worker will
+    // touch it again and it may leave the stack.
+    lock.unlock();
+    const auto all_done = [&] { return job.done.load(std::memory_order_acquire) == n_parts; };
+    if (spin_until(all_done, kCallerSpin)) return;
+    lock.lock();
+    done_cv_.wait(lock, all_done);
 }
 
 void ThreadPool::worker_loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
         Job* job = nullptr;
+        if (!stop_ && !(job = job_for_worker_locked())) {  // spin a while for the next job, then sleep
+            lock.unlock();
+            spin_until([&] { return queued_.load(std::memory_order_relaxed) > 0; }, kWorkerSpin);
+            lock.lock();
+        }
         work_cv_.wait(lock, [&] { return stop_ || (job = job_for_worker_locked()) != nullptr; });
         if (stop_) return;
         const int i = take_part_locked(job);
@@ -72,7 +109,8 @@ void ThreadPool::worker_loop() {
         job->call(job->fn, i);
         lock.lock();
         --job->helpers;
-        if (++job->done == job->n_parts) done_cv_.notify_all();
+        const int n_parts = job->n_parts;
+        if (job->done.fetch_add(1, std::memory_order_release) + 1 == n_parts) done_cv_.notify_all();
     }
 }
 

@@ -7,8 +7,15 @@
 // waking a sleeping worker therefore never sits on the critical path of a short job. A job runs on at
 // most max_threads threads at once, the caller included, so a cache configured for 2 threads uses 2 of a
 // larger shared pool.
+//
+// Waiting spins briefly before it sleeps: a caller whose parts are done waits for the workers' last
+// parts, and a worker that finds no job waits for the next, each first on an atomic for up to kSpin
+// (measured on a 2-core Zen 4 VM: a condition variable's wake-up took about 25 µs there, twice per call,
+// against a 4k-token decode step's 340 µs on two threads), then on the condition variable.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -44,8 +51,13 @@ private:
         int max_helpers;  // workers that may run parts at once
         int helpers = 0;  // workers running a part now (under mu_)
         int next = 0;     // next part to hand out (under mu_)
-        int done = 0;     // parts finished (under mu_)
+        // Parts finished: written under mu_, read by the spinning caller without it. A worker's increment
+        // is its last touch of the job, which may leave the caller's stack as soon as the count is full.
+        std::atomic<int> done{0};
     };
+
+    // How long a waiting caller spins for its job's last parts, and a worker for the next job.
+    static constexpr std::chrono::microseconds kCallerSpin{200}, kWorkerSpin{30};
 
     void run_erased(int n_parts, void* fn, void (*call)(void*, int), int max_helpers);
     // The first queued job that admits another helper, or null (under mu_).
@@ -61,6 +73,7 @@ private:
     // jobs at once as a process ever queues, queuing allocates nothing (a deque allocates and frees chunks
     // as jobs come and go, which put an allocation on one decode step in four).
     std::vector<Job*> queue_;
+    std::atomic<int> queued_{0};  // queue_.size(), for workers spinning without the lock
     bool stop_ = false;
     std::vector<std::thread> threads_;
 };
