@@ -1,7 +1,8 @@
-// Fuzz target: random sequences of cache operations (add, append, fork, truncate, remove, attend, and the
-// hostile ones: appends of token counts whose sizes overflow, attends with queries of ~1e38) on a
-// small cache with a pool limit, checked against a reference model that keeps every sequence's tokens
-// as floats and knows which are quantized (tests/cache_model.hpp computes the attention they must give).
+// Fuzz target: random sequences of cache operations (add, append from the input's values or from a seed,
+// fork, truncate, remove, attend, and the hostile ones: appends of token counts whose sizes overflow,
+// attends with queries of ~1e38) on a small cache with a pool limit, checked against a reference model
+// that keeps every sequence's tokens as floats and knows which are quantized (tests/cache_model.hpp
+// computes the attention they must give).
 // Properties: attention equals the model's to float rounding; token counts and sequence ids match; an
 // operation that throws PoolExhausted changes nothing observable; removing every sequence returns every
 // block to the pool (and LeakSanitizer finds no leak); an overflowing append is refused before it reads
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 
@@ -52,11 +54,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CacheConfig cfg;
     cfg.n_layers = in.ConsumeIntegralInRange<int>(1, 2);
     cfg.n_kv_heads = in.ConsumeIntegralInRange<int>(1, 2);
-    cfg.n_heads = cfg.n_kv_heads * in.ConsumeIntegralInRange<int>(1, 2);
+    // 4 queries per kv head and 16-token blocks: the cache keeps sealed q8_0 keys in groups of 16 rows
+    // where the level has a kernel for them (lib/spec/key_groups.hpp). A zero byte picks the first choice,
+    // as before these were added (the seeds' configurations).
+    static const int gqa[] = {1, 2, 4}, block_tokens[] = {8, 4, 16};
+    cfg.n_heads = cfg.n_kv_heads * gqa[in.ConsumeIntegralInRange<size_t>(0, std::size(gqa) - 1)];
     cfg.head_dim = 32;
     cfg.key_codec = key_codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(key_codecs) - 1)];
     cfg.value_codec = codecs[in.ConsumeIntegralInRange<size_t>(0, std::size(codecs) - 1)];
-    cfg.block_tokens = in.ConsumeBool() ? 4 : 8;
+    cfg.block_tokens = block_tokens[in.ConsumeIntegralInRange<size_t>(0, std::size(block_tokens) - 1)];
     cfg.seal = in.ConsumeBool() ? SealPolicy::on_append : SealPolicy::on_block_full;
     // Layer 1 may have codecs of its own (blocks of another size in the same pool).
     if (cfg.n_layers == 2 && in.ConsumeBool()) {
@@ -94,7 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return it->first;
     };
     for (int step = 0; step < 40 && in.remaining_bytes() > 0; ++step) {
-        const int op = in.ConsumeIntegralInRange<int>(0, 7);
+        const int op = in.ConsumeIntegralInRange<int>(0, 8);  // 8 came last: ops 0-7 read as they did
         const SequenceId id = pick();
         const int layer = in.ConsumeIntegralInRange<int>(0, cfg.n_layers - 1);
         if (op == 0 || id < 0) {
@@ -106,11 +112,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ModelLayer& ml = model.at(id)[layer];
         const std::string before = observe(cache, model, q);
         try {
-            if (op == 1) {
-                const size_t n = in.ConsumeIntegralInRange<size_t>(1, 12);
+            if (op == 1 || op == 8) {
+                // op 8: up to 40 tokens drawn from a seed, so that inputs of a few bytes fill and seal blocks
+                // of 16 tokens (op 1 takes each value from the input).
+                const size_t n = in.ConsumeIntegralInRange<size_t>(1, op == 1 ? 12 : 40);
                 std::vector<float> k(n * token_floats), v(n * token_floats);
-                for (float& x : k) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
-                for (float& x : v) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
+                if (op == 1) {
+                    for (float& x : k) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
+                    for (float& x : v) x = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
+                } else {
+                    std::mt19937 rng(in.ConsumeIntegral<uint32_t>());
+                    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+                    for (float& x : k) x = u(rng);
+                    for (float& x : v) x = u(rng);
+                }
                 cache.append(layer, id, k.data(), v.data(), n);
                 const size_t old_n = ml.tok.n(), n_final = old_n + n, old_pool_end = ml.pool_end;
                 ml.tok.add(k.data(), v.data(), n);
