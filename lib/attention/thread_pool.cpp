@@ -13,7 +13,9 @@ void cpu_relax() {
 #endif
 }
 
-// Spins until ready() or kSpin has passed; true if ready.
+// Spins until ready() or `limit` has passed; true if ready. It yields now and then, so that where
+// threads outnumber cores a spinning thread gives its core to one with work (a worker running the very
+// part it waits for).
 template <class F>
 bool spin_until(F&& ready, std::chrono::microseconds limit) {
     const auto end = std::chrono::steady_clock::now() + limit;
@@ -23,6 +25,7 @@ bool spin_until(F&& ready, std::chrono::microseconds limit) {
             cpu_relax();
         }
         if (std::chrono::steady_clock::now() >= end) return ready();
+        std::this_thread::yield();
     }
 }
 
