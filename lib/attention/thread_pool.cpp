@@ -101,7 +101,10 @@ void ThreadPool::worker_loop() {
         Job* job = nullptr;
         if (!stop_ && !(job = job_for_worker_locked())) {  // spin a while for the next job, then sleep
             lock.unlock();
-            spin_until([&] { return queued_.load(std::memory_order_relaxed) > 0; }, kWorkerSpin);
+            if (spinners_.fetch_add(1, std::memory_order_relaxed) < kMaxSpinners) {
+                spin_until([&] { return queued_.load(std::memory_order_relaxed) > 0; }, kWorkerSpin);
+            }
+            spinners_.fetch_sub(1, std::memory_order_relaxed);
             lock.lock();
         }
         work_cv_.wait(lock, [&] { return stop_ || (job = job_for_worker_locked()) != nullptr; });

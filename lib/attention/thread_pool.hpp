@@ -9,9 +9,11 @@
 // larger shared pool.
 //
 // Waiting spins briefly before it sleeps: a caller whose parts are done waits for the workers' last
-// parts, and a worker that finds no job waits for the next, each first on an atomic for up to kSpin
-// (measured on a 2-core Zen 4 VM: a condition variable's wake-up took about 25 µs there, twice per call,
-// against a 4k-token decode step's 340 µs on two threads), then on the condition variable.
+// parts (up to kCallerSpin), and a worker that finds no job waits for the next (up to kWorkerSpin, and
+// at most kMaxSpinners workers at once, so that a job does not draw every recently busy worker of a
+// large pool to the lock), each on an atomic, then on the condition variable (measured on a 2-core
+// Zen 4 VM: a condition variable's wake-up took about 25 µs there, twice per call, against a 4k-token
+// decode step's 340 µs on two threads).
 #pragma once
 
 #include <atomic>
@@ -56,8 +58,10 @@ private:
         std::atomic<int> done{0};
     };
 
-    // How long a waiting caller spins for its job's last parts, and a worker for the next job.
-    static constexpr std::chrono::microseconds kCallerSpin{200}, kWorkerSpin{30};
+    // How long a waiting caller spins for its job's last parts (about one part of a 4k-token step), and
+    // a worker for the next job; how many workers may spin at once.
+    static constexpr std::chrono::microseconds kCallerSpin{100}, kWorkerSpin{30};
+    static constexpr int kMaxSpinners = 2;
 
     void run_erased(int n_parts, void* fn, void (*call)(void*, int), int max_helpers);
     // The first queued job that admits another helper, or null (under mu_).
@@ -73,7 +77,8 @@ private:
     // jobs at once as a process ever queues, queuing allocates nothing (a deque allocates and frees chunks
     // as jobs come and go, which put an allocation on one decode step in four).
     std::vector<Job*> queue_;
-    std::atomic<int> queued_{0};  // queue_.size(), for workers spinning without the lock
+    std::atomic<int> queued_{0};    // queue_.size(), for workers spinning without the lock
+    std::atomic<int> spinners_{0};  // workers spinning now
     bool stop_ = false;
     std::vector<std::thread> threads_;
 };
