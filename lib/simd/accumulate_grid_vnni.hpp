@@ -30,13 +30,16 @@
 namespace kvq::simd {
 namespace {
 
+// Each 128-bit lane's 4 × 4 bytes transposed (byte 4b + e ← byte 4e + b).
+__attribute__((always_inline)) inline __m512i transpose_4x4_bytes(__m512i x) {
+    return _mm512_shuffle_epi8(x, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)));
+}
+
 // Byte j of 128-bit lane e (e < 4, j < 16) to byte e of dword j: a 4 × 16 byte transpose. vpermd gathers
-// dword a of every lane into lane a (dword a·4 + e ← dword e·4 + a), then vpshufb transposes each lane's
-// 4 × 4 bytes (byte 4b + e ← byte 4e + b).
+// dword a of every lane into lane a (dword a·4 + e ← dword e·4 + a), then each lane's 4 × 4 bytes.
 __attribute__((always_inline)) inline __m512i transpose_4x16(__m512i x) {
     const __m512i dwords = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i bytes = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-    return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(dwords, x), bytes);
+    return transpose_4x4_bytes(_mm512_permutexvar_epi32(dwords, x));
 }
 
 // One grid group (rn ≤ 16 rows from rows) of G ≤ 4 queries and blocks t0..t0+nt−1 (nt ≤ 4).
@@ -95,10 +98,9 @@ __attribute__((always_inline)) inline void grid_group_vnni(const float* w, size_
     const __m512 s = _mm512_div_ps(_mm512_div_ps(mm, _mm512_set1_ps(127.0f)), up);
     _mm512_store_ps(step, _mm512_mask_blend_ps(nan, s, _mm512_set1_ps(__builtin_nanf(""))));
     // The int8 weights, four rows at a time: rounded as cvtps2dq, packed with saturation (rows past rn are
-    // zero), so that 128-bit lane tt holds dword e = row 4p + e's weights of queries 0..3; then one vpshufb
-    // to dword i = query i's weights of rows 4p..4p+3. 8 · Σ_r ŵ_r per lane by vpdpbusd against ones (a lane
-    // with a NaN step has sums that do not matter).
-    const __m512i quad_t = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    // zero), so that 128-bit lane tt holds dword e = row 4p + e's weights of queries 0..3; then its 4 × 4
+    // bytes transposed (one vpshufb) to dword i = query i's weights of rows 4p..4p+3. 8 · Σ_r ŵ_r per lane
+    // by vpdpbusd against ones (a lane with a NaN step has sums that do not matter).
     const int quads = static_cast<int>((rn + 3) / 4);
     __m512i sum = _mm512_setzero_si512();
     for (int p = 0; p < quads; ++p) {
@@ -109,7 +111,7 @@ __attribute__((always_inline)) inline void grid_group_vnni(const float* w, size_
             g[e] = _mm512_cvtps_epi32(_mm512_mul_ps(y, k));
         }
         const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(g[0], g[1]), _mm512_packs_epi32(g[2], g[3]));
-        const __m512i q = _mm512_shuffle_epi8(b, quad_t);
+        const __m512i q = transpose_4x4_bytes(b);
         _mm512_store_si512(wq[p], q);
         sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi8(1), q);
     }
