@@ -39,9 +39,9 @@ __attribute__((always_inline)) inline void grid_group_avx2(const float* w, size_
     alignas(32) int32_t bias[16];   // 8 · Σ_r ŵ_r / s: what the stored nibbles (c = q + 8) add
     const __m256i pick_lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const __m256i pick_hi = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m256 nan[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    // m = max_r |x_r| as the integer maximum of the magnitudes' bits (a NaN's are above every number's).
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i m[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (size_t r = 0; r < rn; ++r) {
         const __m128 wr = _mm_setr_ps(w[r], G > 1 ? w[w_stride + r] : 0.0f, G > 2 ? w[2 * w_stride + r] : 0.0f,
                                       G > 3 ? w[3 * w_stride + r] : 0.0f);
@@ -56,20 +56,22 @@ __attribute__((always_inline)) inline void grid_group_avx2(const float* w, size_
                              _mm256_mul_ps(w8, _mm256_permutevar8x32_ps(d, pick_hi))};
         for (int hh = 0; hh < 2; ++hh) {
             _mm256_store_ps(wd[r] + 8 * hh, x[hh]);
-            m[hh] = _mm256_max_ps(_mm256_andnot_ps(sign, x[hh]), m[hh]);  // a NaN x leaves m as it was
-            nan[hh] = _mm256_or_ps(nan[hh], _mm256_cmp_ps(x[hh], x[hh], _CMP_UNORD_Q));
+            m[hh] = _mm256_max_epu32(m[hh], _mm256_and_si256(_mm256_castps_si256(x[hh]), magnitude));
         }
     }
-    // weight_grid, lane by lane.
+    // weight_grid, lane by lane. A NaN maximum is a lane with a NaN product; an infinite one has s = ∞ and
+    // k = 0, so each of its weights s · round(x·k) is NaN as well (∞ · 0 or ∞ · NaN).
     __m256 up[2], k[2];
     for (int hh = 0; hh < 2; ++hh) {
-        const __m256 tiny = _mm256_cmp_ps(m[hh], _mm256_set1_ps(0x1p-100f), _CMP_LT_OQ);
+        const __m256 mf = _mm256_castsi256_ps(m[hh]);
+        const __m256 nan = _mm256_cmp_ps(mf, _mm256_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+        const __m256 tiny = _mm256_cmp_ps(mf, _mm256_set1_ps(0x1p-100f), _CMP_LT_OQ);
         up[hh] = _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(0x1p100f), tiny);
-        const __m256 mm = _mm256_mul_ps(m[hh], up[hh]);
-        const __m256 pos = _mm256_cmp_ps(m[hh], _mm256_setzero_ps(), _CMP_GT_OQ);
+        const __m256 mm = _mm256_mul_ps(mf, up[hh]);
+        const __m256 pos = _mm256_cmp_ps(mf, _mm256_setzero_ps(), _CMP_GT_OQ);
         k[hh] = _mm256_and_ps(pos, _mm256_div_ps(_mm256_set1_ps(127.0f), mm));
         const __m256 s = _mm256_div_ps(_mm256_div_ps(mm, _mm256_set1_ps(127.0f)), up[hh]);
-        _mm256_store_ps(step + 8 * hh, _mm256_blendv_ps(s, _mm256_set1_ps(__builtin_nanf("")), nan[hh]));
+        _mm256_store_ps(step + 8 * hh, _mm256_blendv_ps(s, _mm256_set1_ps(__builtin_nanf("")), nan));
     }
     const int pairs = static_cast<int>((rn + 1) / 2);
     __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
