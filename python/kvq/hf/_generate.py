@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 
 from transformers import GenerationMixin
 from transformers.generation import configuration_utils as _gen_config
@@ -50,7 +51,15 @@ def install() -> None:
     if CACHE_IMPLEMENTATION not in _gen_config.ALL_CACHE_IMPLEMENTATIONS:
         # GenerationConfig.validate() reads this module global when it checks cache_implementation.
         _gen_config.ALL_CACHE_IMPLEMENTATIONS = (*_gen_config.ALL_CACHE_IMPLEMENTATIONS, CACHE_IMPLEMENTATION)
-    original = GenerationMixin._prepare_cache_for_generation
+    original = getattr(GenerationMixin, "_prepare_cache_for_generation", None)
+    params = list(inspect.signature(original).parameters) if original else []
+    if params[:3] != ["self", "generation_config", "model_kwargs"]:
+        import transformers
+
+        raise ImportError(f"kvq.hf: transformers {transformers.__version__} has no GenerationMixin."
+                          "_prepare_cache_for_generation(self, generation_config, model_kwargs, ...), which kvq.hf "
+                          "wraps to make generate()'s default cache; kvq.hf is tested with transformers 5.25.0 "
+                          "(pip install 'transformers==5.25.0')")
     if getattr(original, "_kvq_wrapped", False):
         return
 
