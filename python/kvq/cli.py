@@ -24,6 +24,7 @@ import time
 from typing import Sequence
 
 from . import _core
+from ._plot import MARKERS as _MARKERS, family as _family
 
 DEFAULT_DATA = ["gaussian", "llm"]
 
@@ -94,17 +95,6 @@ def _writable(path: str, what: str) -> str:
     if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise OSError(f"{what} {path}: not writable")
     return path
-
-
-# Codec families, each a colour: the ggml blocks, rotated, centered, per-channel keys, polar, turbo.
-_FAMILIES = [("turbo", "turbo", "tab:red"), ("polar", "polar", "tab:purple"), ("chan", "per-channel keys", "tab:brown"),
-             ("+center", "centered keys", "tab:green"), ("+rot", "rotated", "tab:orange"), ("", "ggml blocks", "tab:blue")]
-_MARKERS = "osD^v<>pPX*hH8d"
-
-
-def _family(pair: str) -> tuple[str, str]:
-    """The (name, colour) of a K/V pair's family: the first of _FAMILIES whose tag the pair's key or value has."""
-    return next((name, colour) for tag, name, colour in _FAMILIES if tag in pair)
 
 
 def _short(name: str) -> str:
