@@ -12,7 +12,8 @@
 TEST_CASE("crc32c: the instruction and the tables agree, every length and alignment") {
     using kvq::detail::crc32c;
     using kvq::detail::crc32c_portable;
-    MESSAGE(std::string("crc32c uses ") + (kvq::detail::crc32c_hardware() ? "the CPU's crc32 instruction" : "the tables"));
+    const std::string used = kvq::detail::crc32c_hardware() ? "the CPU's crc32 instruction" : "the tables";
+    MESSAGE("crc32c uses " << used);
     CHECK(crc32c_portable("123456789", 9) == 0xE3069283u);
     CHECK(crc32c("123456789", 9) == 0xE3069283u);
     const auto noise = kvq::test::gaussian(1200, 11);
