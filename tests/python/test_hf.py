@@ -366,3 +366,13 @@ def test_pipeline_without_a_cache_matches_an_explicit_kvqcache():
     pipe = transformers.pipeline("text-generation", model=model, tokenizer=tok)
     out = pipe(text, max_new_tokens=8, do_sample=False, return_tensors=True)
     assert out[0]["generated_token_ids"] == want[0].tolist()
+
+
+def test_assisted_generation_runs_on_default_kvq_caches():
+    """generate(assistant_model=...) with both models on kvq attention: each gets a default KVQCache (the
+    assistant's with past recording, as transformers does), the main one cropped where candidates are refused."""
+    model, assistant = tiny("llama"), tiny("llama", num_hidden_layers=2)
+    assistant.set_attn_implementation("kvq")
+    ids = prompt(20)
+    seq, _ = generate(model, ids, assistant_model=assistant, max_new_tokens=12)
+    assert seq.shape == (1, 32)

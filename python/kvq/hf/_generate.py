@@ -68,6 +68,8 @@ def install() -> None:
         if not _wants_kvq(self, generation_config, model_kwargs):
             return original(self, generation_config, model_kwargs, *args, **kwargs)
         model_kwargs["cache"] = default_cache(self, generation_config)
+        if getattr(generation_config, "is_assistant", False):  # as transformers' own method does
+            model_kwargs["cache"].activate_past_recording(recurrent_states_to_keep=generation_config.num_assistant_tokens)
         return None
 
     prepare._kvq_wrapped = True
