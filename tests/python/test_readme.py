@@ -29,13 +29,13 @@ def blocks(lang):
 
 def test_every_snippet_is_run_or_named():
     assert BLOCKS, "no fenced code in README.md"
-    known = {"python", "c", "sh"}
+    known = {"python", "c", "cpp", "sh"}
     assert {l for l, _ in BLOCKS} <= known, f"a snippet in another language: {[l for l, _ in BLOCKS]}"
     for body in blocks("sh"):
         first = body.splitlines()[0]
         ran = first.startswith("cmake --install build --prefix /tmp/kvq")
         assert ran or any(first.startswith(k) for k in NOT_RUN), f"a shell snippet no test runs: {first}"
-    assert len(blocks("python")) == 2 and len(blocks("c")) == 1
+    assert len(blocks("python")) == 2 and len(blocks("c")) == 1 and len(blocks("cpp")) == 1
 
 
 def test_the_two_commands_come_first():
@@ -70,16 +70,17 @@ def test_transformers_quickstart_runs_on_gemma():
     assert r.stdout.startswith("The capital of France is") and len(r.stdout.split()) > 5, r.stdout
 
 
-def test_c_quickstart_builds_and_runs(tmp_path):
-    """The C program, saved as quickstart.c, built by the README's commands (install, pkg-config kvq-static)
-    and run: a binary with no libkvq.so to find."""
+def test_c_and_cpp_quickstarts_build_and_run(tmp_path):
+    """The C and C++ programs, saved as quickstart.c and quickstart.cpp, built by the README's commands
+    (install, pkg-config kvq-static) and run: binaries with no libkvq.so to find."""
     build = Path(os.environ.get("KVQ_BUILD_DIR", ROOT / "build"))
     if not (build / "CMakeCache.txt").exists():
         pytest.skip("no CMake build in build/ (run ./scripts/main.sh)")
-    for tool in ("cc", "pkg-config", "cmake"):
+    for tool in ("cc", "c++", "pkg-config", "cmake"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} is not installed")
     (tmp_path / "quickstart.c").write_text(blocks("c")[0])
+    (tmp_path / "quickstart.cpp").write_text(blocks("cpp")[0])
     (tmp_path / "build").symlink_to(build)
     shell = next(b for b in blocks("sh") if b.startswith("cmake --install build --prefix /tmp/kvq"))
     prefix = tmp_path / "prefix"
@@ -87,6 +88,9 @@ def test_c_quickstart_builds_and_runs(tmp_path):
     r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert re.match(r"kvq \d+\.\d+\.\d+: out\[0\] = -?\d+\.\d{4}, 1664 bytes per token$", r.stdout.strip().splitlines()[-1]), r.stdout
-    ldd = subprocess.run(["ldd", str(tmp_path / "quickstart")], capture_output=True, text=True)
-    assert "libkvq" not in ldd.stdout
+    c_line, cpp_line = r.stdout.strip().splitlines()[-2:]
+    assert re.match(r"kvq \d+\.\d+\.\d+: out\[0\] = -?\d+\.\d{4}, 1664 bytes per token$", c_line), r.stdout
+    assert re.match(r"out\[0\] = -?\d+\.\d{4}, 1664 bytes per token$", cpp_line), r.stdout
+    for exe in ("quickstart", "quickstart_cpp"):
+        ldd = subprocess.run(["ldd", str(tmp_path / exe)], capture_output=True, text=True)
+        assert "libkvq" not in ldd.stdout
