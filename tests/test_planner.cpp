@@ -164,7 +164,10 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
     m.n_heads = 8;
     m.n_kv_heads = 2;
     m.head_dim = 64;
-    m.sliding_window = {0, 96, 0, 96};
+    // Both orders: a per-layer pair's block size must come from each layer's own pair (Gemma 3 starts
+    // with windowed layers; the full layers' blocks were once taken from layer 0's pair).
+    for (const std::vector<int>& windows : {std::vector<int>{0, 96, 0, 96}, std::vector<int>{96, 96, 0, 96}}) {
+    m.sliding_window = windows;
     for (const kvq::KVFormat& f : {kvq::KVFormat::parse("q8_0/q4_0"), kvq::KVFormat::parse("q4_0+center/q4_0"),
                                    kvq::KVFormat::parse("q8_0/q8_0|q4_0+rot/q4_0"),
                                    kvq::KVFormat::parse("chan3/q4_0"), kvq::KVFormat::parse("q8_0/q4_0|chan4/polar:budget=3.5")}) {
@@ -197,8 +200,10 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
                 }
             }
             const double plan = kvq::plan_memory(m, {f}, {context, batch, 32, staging})[0].cache_bytes_total;
+            CAPTURE(windows[0]);
             CHECK(plan == doctest::Approx(static_cast<double>(cache.bytes_used())).epsilon(0.01));
         }
       }
+    }
     }
 }

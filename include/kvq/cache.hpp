@@ -18,6 +18,24 @@
 // from their codes, so every byte of the cache is read once per step. Long contexts are split across
 // `threads` by block ranges and merged (flash-decoding).
 //
+// What an engine hands the cache (its model's attention, and what the cache leaves to it):
+// - Keys are stored after RoPE: append the keys exactly as the model's attention would multiply them with
+//   the queries (rotated by their own positions), and attend with queries already rotated. The cache applies
+//   no positional encoding and never re-rotates a stored key (as ggml's and vLLM's caches store them).
+// - Positions are implicit: a sequence's tokens in a layer are numbered 0, 1, ... in append order, and
+//   truncate(seq, n) drops the tail. Causal order, the sliding window (counted in these positions) and
+//   attend_prefill's "query i is the i-th of the last n_queries tokens" all follow from it; a token cannot
+//   be inserted or replaced in the middle (truncate and append again).
+// - Batched prefill: append a prompt's n tokens in one call, then attend_prefill(layer, seq, q, n, out)
+//   gives causal attention for all n queries; several sequences are several calls (decode steps of many
+//   sequences: attend_batch). Padding is the engine's: append only real tokens.
+// - Scaling and soft-capping: CacheConfig::scale (0 = 1/sqrt(head_dim); Gemma's query_pre_attn_scalar^-0.5)
+//   and CacheConfig::softcap (Gemma 2's attn_logit_softcapping: s -> c·tanh(s/c)) apply to every layer,
+//   in attend, attend_prefill and attend_batch. attend_rows (kvq/attention.hpp) over an engine's own rows
+//   takes the scale only; an engine that needs soft-capping there uses the cache.
+// - Masks other than causal + sliding window (bidirectional, packed sequences, ALiBi or other biases) are
+//   not expressible: the engine keeps such models off the cache.
+//
 // Errors: every entry point checks its arguments and throws std::invalid_argument (bad shape, layer,
 // sequence id, non-finite input under NanPolicy::reject) or kvq::PoolExhausted (no free block); the cache
 // is unchanged when anything throws.
@@ -62,6 +80,13 @@ enum class StagingType {
     f32,  // float32: the recent tokens exactly as given
     f16,  // IEEE binary16: half the memory; rows rounded to nearest even, |x| at most 65504 (larger is
           // beyond the cache's input range, as a too-large value is for a codec)
+};
+
+// 16-bit floats an engine may hold keys and values in (KVCache::append's overload): IEEE binary16 (ggml's
+// F16) and bfloat16 (ggml's BF16).
+enum class HalfType {
+    f16,
+    bf16,
 };
 
 // An engine's own threads: runs task(i) once for every i in [0, n), on any threads (the calling one
@@ -191,6 +216,10 @@ public:
     // (their byte size overflows) or that would take the sequence past kMaxSequenceTokens throw
     // std::invalid_argument before anything is read.
     void append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens);
+    // The same rows held as 16-bit floats (f16 or bf16 bit patterns, n_tokens × n_kv_heads × head_dim each):
+    // converted to float32, which is exact, into a buffer of the call's size, then stored as the float
+    // overload stores them (same bytes, same errors; f16 Inf/NaN are refused or kept as nan_policy says).
+    void append(int layer, SequenceId seq, const uint16_t* k, const uint16_t* v, size_t n_tokens, HalfType type);
 
     // Decode attention over every token of the sequence in this layer (its window, if it has one).
     // q, out: n_heads × head_dim floats. Finite queries over finite keys and values give a finite output:

@@ -35,6 +35,10 @@ struct KVData {
     std::vector<float> q;              // layers × query_positions.size() × q_heads × head_dim
     float scale = 0;                   // softmax scale; 0 means 1/sqrt(head_dim)
     std::vector<int> windows;          // per layer: sliding window in tokens, 0 = full; empty = all full
+    // A dump of a real model (npy:DIR): meta.json's "model", else DIR; its layers, heads and windows are the
+    // model's (scripts/dump_hf_kv.py dumps every layer), so the sweep takes bytes per token from them
+    // (kvq::data_shape). Empty for synthetic data.
+    std::string source_model;
 
     int group() const { return q_heads / kv_heads; }
     int n_queries() const { return static_cast<int>(query_positions.size()); }

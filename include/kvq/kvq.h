@@ -208,6 +208,17 @@ KVQ_API kvq_status kvq_attend_rows(const kvq_codec* key_codec, const kvq_codec* 
 
 typedef struct kvq_cache kvq_cache;
 
+/* What the cache expects of an engine (details in kvq/cache.hpp):
+ * - keys are appended after RoPE (as the attention multiplies them) and queries are passed rotated; the
+ *   cache applies no positional encoding;
+ * - positions are implicit: a sequence's tokens of a layer are 0, 1, ... in append order
+ *   (kvq_cache_truncate drops the tail); causality and sliding windows count them;
+ * - batched prefill: append the prompt's n tokens in one call, then kvq_cache_attend_prefill with its n
+ *   queries (causal); decode steps of many sequences: kvq_cache_attend_batch; padding is never appended;
+ * - kvq_cache_params.scale and .softcap (Gemma 2's logit soft-cap) apply in every kvq_cache_attend*;
+ *   kvq_attend_rows over an engine's own rows takes a scale but no soft-cap (use the cache for a model
+ *   that soft-caps). */
+
 typedef enum kvq_seal_policy {
     KVQ_SEAL_ON_APPEND = 0,    /* every token is quantized as it is appended */
     KVQ_SEAL_ON_BLOCK_FULL = 1 /* the open block stays in full precision until it fills (default) */
@@ -217,6 +228,12 @@ typedef enum kvq_staging_type {
     KVQ_STAGING_F32 = 0, /* the open block's rows as float32 (default) */
     KVQ_STAGING_F16 = 1  /* as IEEE float16: half the memory; |x| at most 65504 */
 } kvq_staging_type;
+
+/* 16-bit floats an engine may hold keys and values in (kvq_cache_append_half). */
+typedef enum kvq_half_type {
+    KVQ_HALF_F16 = 0, /* IEEE binary16 (ggml's GGML_TYPE_F16) */
+    KVQ_HALF_BF16 = 1 /* bfloat16 (ggml's GGML_TYPE_BF16) */
+} kvq_half_type;
 
 typedef enum kvq_nan_policy {
     KVQ_NAN_REJECT = 0,   /* non-finite keys, values or queries fail with KVQ_ERR_NON_FINITE (default) */
@@ -348,6 +365,11 @@ KVQ_API kvq_status kvq_cache_truncate(kvq_cache* cache, int64_t seq, size_t n_to
  * the codec's range. */
 KVQ_API kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const float* k,
                                     const float* v, size_t n_tokens);
+/* kvq_cache_append of rows held as 16-bit floats (kvq_half_type; the bit patterns, n_tokens × n_kv_heads ×
+ * head_dim each): converted to float32 (exact) in a buffer of the call's size, then stored as
+ * kvq_cache_append stores floats, with its statuses; KVQ_ERR_INVALID_ARGUMENT for an unknown type. */
+KVQ_API kvq_status kvq_cache_append_half(kvq_cache* cache, int32_t layer, int64_t seq, const uint16_t* k,
+                                         const uint16_t* v, size_t n_tokens, kvq_half_type type);
 /* Decode attention over the sequence's tokens in this layer. q, out: n_heads × head_dim floats.
  * KVQ_ERR_NON_FINITE for a NaN/Inf query (nan_policy = reject). Finite queries over finite keys and values
  * give a finite output, even when their scores overflow float (such heads are recomputed in double). */

@@ -25,7 +25,9 @@ namespace kvq {
 
 struct SweepOptions {
     std::vector<KVFormat> formats;  // empty means default_kv_formats()
-    ModelShape model;               // shape for bytes per token; empty (n_layers == 0) means llama-3-8b
+    // Shape for bytes per token; empty (n_layers == 0): the data's own when every data set is a dump of one
+    // model shape (npy:DIR, data_shape), else llama-3-8b.
+    ModelShape model;
     int block_tokens = 32;          // block size for key centering (as the cache seals blocks)
     int top_k = 8;
     bool timing = true;
@@ -58,6 +60,10 @@ struct SweepResult {
     ModelShape model;
     std::string timing_method;  // how decode time was measured
 };
+
+// The attention shape of a data set as a model named data.source_model (or data.name): its layers, query
+// and kv heads, head size and sliding windows.
+ModelShape data_shape(const KVData& data);
 
 SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& options = {});
 

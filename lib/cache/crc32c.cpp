@@ -1,6 +1,12 @@
 #include "crc32c.hpp"
 
 #include <array>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define KVQ_CRC32C_SSE42 1
+#endif
 
 namespace kvq::detail {
 namespace {
@@ -27,7 +33,7 @@ constexpr Tables kTables = make_tables();
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+uint32_t crc32c_portable(const void* data, size_t n, uint32_t crc) {
     const auto* p = static_cast<const uint8_t*>(data);
     uint32_t c = ~crc;
     for (; n >= 8; n -= 8, p += 8) {
@@ -38,6 +44,43 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
     }
     for (; n > 0; --n, ++p) c = (c >> 8) ^ kTables[0][(c ^ *p) & 0xFF];
     return ~c;
+}
+
+#ifdef KVQ_CRC32C_SSE42
+namespace {
+
+// SSE4.2's crc32 instruction (the Castagnoli polynomial), 8 bytes per instruction in one chain (its latency,
+// 3 cycles, bounds it: about 5 GB/s; three interleaved chains would need their CRCs combined).
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const void* data, size_t n, uint32_t crc) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    uint64_t c = ~crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t word;
+        std::memcpy(&word, p, 8);  // x86 is little-endian, as the file format
+        c = _mm_crc32_u64(c, word);
+    }
+    auto c32 = static_cast<uint32_t>(c);
+    for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
+    return ~c32;
+}
+
+}  // namespace
+#endif
+
+bool crc32c_hardware() {
+#ifdef KVQ_CRC32C_SSE42
+    static const bool has = __builtin_cpu_supports("sse4.2");
+    return has;
+#else
+    return false;
+#endif
+}
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+#ifdef KVQ_CRC32C_SSE42
+    if (crc32c_hardware()) return crc32c_sse42(data, n, crc);
+#endif
+    return crc32c_portable(data, n, crc);
 }
 
 }  // namespace kvq::detail

@@ -1,12 +1,14 @@
 // KVCache: configuration checks, the public entry points (each forwards to Impl), accounting and dump.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "../codec/channel_keys.hpp"
+#include "../spec/half.hpp"
 #include "../spec/key_groups.hpp"
 #include "cache_impl.hpp"
 
@@ -287,6 +289,22 @@ void KVCache::truncate(SequenceId seq, size_t n_tokens) { impl_->truncate(seq, n
 
 void KVCache::append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens) {
     impl_->append(layer, seq, k, v, n_tokens);
+}
+
+void KVCache::append(int layer, SequenceId seq, const uint16_t* k, const uint16_t* v, size_t n_tokens, HalfType type) {
+    if (type != HalfType::f16 && type != HalfType::bf16) throw std::invalid_argument("KVCache::append: unknown HalfType");
+    const size_t row = size_t(impl_->cfg.n_kv_heads) * size_t(impl_->cfg.head_dim);
+    if (n_tokens > kMaxSequenceTokens || n_tokens > SIZE_MAX / sizeof(float) / row) {
+        throw std::invalid_argument("KVCache::append: " + std::to_string(n_tokens) + " tokens is beyond what a sequence holds");
+    }
+    if (n_tokens > 0 && (!k || !v)) throw std::invalid_argument("KVCache::append: k or v is null");
+    std::vector<float> kf(n_tokens * row), vf(n_tokens * row);
+    const auto convert = [type](const uint16_t* src, float* dst, size_t n) {
+        for (size_t i = 0; i < n; ++i) dst[i] = type == HalfType::f16 ? detail::f16_to_f32(src[i]) : detail::bf16_to_f32(src[i]);
+    };
+    convert(k, kf.data(), kf.size());
+    convert(v, vf.data(), vf.size());
+    append(layer, seq, kf.data(), vf.data(), n_tokens);
 }
 
 void KVCache::attend(int layer, SequenceId seq, const float* q, float* out) const { impl_->attend(layer, seq, q, out); }

@@ -260,6 +260,19 @@ kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const 
     });
 }
 
+kvq_status kvq_cache_append_half(kvq_cache* cache, int32_t layer, int64_t seq, const uint16_t* k, const uint16_t* v,
+                                 size_t n_tokens, kvq_half_type type) {
+    return guarded([&] {
+        KVQ_REQUIRE(cache, "kvq_cache_append_half", "cache is NULL");
+        KVQ_REQUIRE(n_tokens == 0 || (k && v), "kvq_cache_append_half", "k or v is NULL");
+        KVQ_REQUIRE(type == KVQ_HALF_F16 || type == KVQ_HALF_BF16, "kvq_cache_append_half", "unknown kvq_half_type");
+        KVQ_TRY(check_layer(cache, layer, "kvq_cache_append_half"));
+        KVQ_TRY(check_sequence(cache, seq, "kvq_cache_append_half"));
+        cache->cache.append(layer, seq, k, v, n_tokens, type == KVQ_HALF_F16 ? kvq::HalfType::f16 : kvq::HalfType::bf16);
+        return KVQ_OK;
+    });
+}
+
 kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64_t seq, const float* q, float* out) {
     return attend(cache, layer, seq, q, 1, out, "kvq_cache_attend");
 }

@@ -190,6 +190,7 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
     if (k.shape != v.shape) bad("npy data: k.npy has shape " + shape_string(k.shape) + " but v.npy has " + shape_string(v.shape));
     KVData d;
     d.name = "npy:" + dir;
+    d.source_model = dir;
     d.layers = static_cast<int>(k.shape[0]);
     d.tokens = static_cast<int>(k.shape[1]);
     d.kv_heads = static_cast<int>(k.shape[2]);
@@ -250,6 +251,9 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
             d.scale = static_cast<float>(*scale->as_number());
         }
         d.windows = read_windows(json, d.layers, meta.string());
+        if (const detail::JsonValue* model = json.find("model"); model && model->as_string() && !model->as_string()->empty()) {
+            d.source_model = *model->as_string();
+        }
     }
     d.validate();
     return d;

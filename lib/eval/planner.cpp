@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <stdexcept>
 
 #include "kvq/cache.hpp"
@@ -200,23 +201,20 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
             cfg.layer_codecs.push_back({f.key_codec, f.value_codec});
         }
     }
-    // One single-layer cache per layer's codecs: its block size, with the layout's padding.
+    // One single-layer cache per distinct pair of codecs: its block size, with the layout's padding. Each
+    // layer's blocks are its own pair's (a "K/V|K2/V2" format on a model whose first layer is windowed,
+    // as Gemma 3's, once gave every layer the window pair's blocks).
+    std::map<std::pair<std::string, std::string>, double> block_bytes;
     const auto block_of = [&](int layer) {
         CacheConfig one = cfg;
         one.n_layers = 1;
         one.sliding_window.clear();
         one.layer_codecs.clear();
         if (!cfg.layer_codecs.empty()) one.key_codec = cfg.layer_codecs[layer].key, one.value_codec = cfg.layer_codecs[layer].value;
-        return static_cast<double>(KVCache(one).pool_stats().block_bytes);
+        auto [it, added] = block_bytes.try_emplace({one.key_codec, one.value_codec}, 0.0);
+        if (added) it->second = static_cast<double>(KVCache(one).pool_stats().block_bytes);
+        return it->second;
     };
-    const double block_full = block_of(0);
-    double block_window = block_full;
-    for (int l = 0; l < model.n_layers; ++l) {
-        if (model.window(l) > 0) {
-            block_window = block_of(l);
-            break;
-        }
-    }
     const double value_bytes = staging_type == StagingType::f16 ? 2.0 : 4.0;
     const double staging = 2.0 * cfg.n_kv_heads * block_tokens * cfg.head_dim * value_bytes;
     const size_t bt = static_cast<size_t>(block_tokens), n = context;
@@ -227,7 +225,7 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
         const size_t w = static_cast<size_t>(model.window(l)), pool_end = n / bt * bt;
         const size_t before = w && n > w ? (n - w) / bt : 0;
         const size_t keep_from = before > 1 ? (before - 1) * bt : 0;
-        const double block = w ? block_window : block_full;
+        const double block = block_of(l);
         per_sequence += static_cast<double>((pool_end - std::min(keep_from, pool_end)) / bt) * block + staging;
     }
     return per_sequence * static_cast<double>(batch);

@@ -348,11 +348,42 @@ void add_rows(SweepResult& result, const KVData& d, const std::vector<Prepared>&
 
 }  // namespace
 
+ModelShape data_shape(const KVData& data) {
+    ModelShape m;
+    m.name = data.source_model.empty() ? data.name : data.source_model;
+    m.source = data.name;
+    m.n_layers = data.layers;
+    m.n_heads = data.q_heads;
+    m.n_kv_heads = data.kv_heads;
+    m.head_dim = data.head_dim;
+    m.sliding_window = data.windows;
+    return m;
+}
+
+namespace {
+
+// The model of bytes per token when none is given: the dumps' own shape when every data set is a dump of a
+// model and they agree on it (all layers and heads; windows), else llama-3-8b.
+ModelShape default_model(const std::vector<KVData>& data) {
+    if (data.empty() || data.front().source_model.empty()) return model_preset("llama-3-8b");
+    const ModelShape first = data_shape(data.front());
+    for (const KVData& d : data) {
+        const ModelShape m = data_shape(d);
+        if (d.source_model.empty() || m.n_layers != first.n_layers || m.n_kv_heads != first.n_kv_heads ||
+            m.head_dim != first.head_dim || m.sliding_window != first.sliding_window) {
+            return model_preset("llama-3-8b");
+        }
+    }
+    return first;
+}
+
+}  // namespace
+
 SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& options) {
     if (options.block_tokens <= 0 || options.top_k <= 0) throw std::invalid_argument("sweep: block_tokens and top_k must be positive");
     const std::vector<KVFormat> formats = options.formats.empty() ? default_kv_formats() : options.formats;
     SweepResult result;
-    result.model = options.model.n_layers > 0 ? options.model : model_preset("llama-3-8b");
+    result.model = options.model.n_layers > 0 ? options.model : default_model(data);
     result.timing_method = options.timing ? "KVCache::attend of the last query in each of the first " + std::to_string(kTimedLayers) + " layers (one thread, fused score + online "
                                             "softmax + accumulate on the codes), best of " + std::to_string(std::max(options.timing_repeats, 1)) +
                                             " samples of about 20 ms, relative to f16/f16 in the same run"

@@ -9,7 +9,8 @@ import numpy.typing as npt
 __version__: str
 DEFAULT_SEED: int
 
-FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float16]
+# float32 is read in place; float16, float64, strided arrays and torch tensors are converted once.
+FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float16] | npt.NDArray[np.float64] | Any
 
 class CodecInfo(TypedDict):
     name: str
@@ -232,7 +233,7 @@ class SweepResult:
 def sweep(
     datasets: list[str | Dataset],
     pairs: list[str] | None = None,
-    model: str = "llama-3-8b",
+    model: str | None = None,
     timing: bool = True,
     repeats: int = 10,
     data_seed: int = 0,

@@ -24,24 +24,27 @@ import time
 from typing import Sequence
 
 from . import _core
+from ._plot import MARKERS as _MARKERS, family as _family
 
 DEFAULT_DATA = ["gaussian", "llm"]
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr with elapsed time and an estimate of the time left."""
+    """A progress callback, (done, total) -> None, drawing a tqdm bar on stderr (elapsed time, rate, time
+    left); the bar opens at the first call and closes when done reaches total."""
 
-    def __init__(self, stream=sys.stderr, width: int = 30):
-        self.stream, self.width, self.start = stream, width, time.monotonic()
+    def __init__(self, desc: str, unit: str):
+        self.desc, self.unit, self.bar = desc, unit, None
 
     def __call__(self, done: int, total: int) -> None:
-        elapsed = time.monotonic() - self.start
-        filled = self.width * done // max(total, 1)
-        left = f", ~{elapsed / done * (total - done):.0f}s left" if 0 < done < total else ""
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}  {elapsed:.0f}s{left}   ")
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc=self.desc, unit=self.unit, file=sys.stderr, dynamic_ncols=True)
+        self.bar.total = total
+        self.bar.update(done - self.bar.n)
         if done >= total:
-            self.stream.write("\n")
-        self.stream.flush()
+            self.bar.close()
 
 
 def _pairs(values: list[str] | None) -> list[str] | None:
@@ -68,16 +71,44 @@ def _plot_path(path: str) -> str:
     return path
 
 
-def plot_sweep(rows: list[dict], path: str) -> None:
-    """Error against bits per value, one panel per data set and metric, a labelled point per K/V pair:
-    the KL of the attention weights against key bits, the output error against the mean of K and V bits."""
+def _pyplot(what: str):
+    """matplotlib.pyplot on the Agg backend; a missing matplotlib is a bad-argument error with the command to
+    install it (called before any work, so that a sweep or an evaluation does not run for nothing)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise SystemExit("kvq table --plot needs matplotlib: pip install matplotlib (or pip install 'kvq-cache[plot]')") from e
+        raise ValueError(f"{what} needs matplotlib: pip install matplotlib (or pip install 'kvq-cache[plot]')") from e
+    return plt
+
+
+def _writable(path: str, what: str) -> str:
+    """A file that can be written (checked before the work, nothing created): not a directory, in an existing
+    writable directory, and not an existing read-only file."""
+    if os.path.isdir(path):
+        raise ValueError(f"{what} {path} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise OSError(f"{what} {path}: no such directory {parent}")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise OSError(f"{what} {path}: not writable")
+    return path
+
+
+def _short(name: str) -> str:
+    """A data set's name for a title: npy:/long/path/dump -> npy:dump."""
+    kind, sep, rest = name.partition(":")
+    return f"{kind}:{os.path.basename(rest.rstrip('/')) or rest}" if sep and kind == "npy" else name
+
+
+def plot_sweep(rows: list[dict], path: str) -> None:
+    """Error against bits per value, one panel per data set and metric: the KL of the attention weights against
+    key bits, the output error against the mean of K and V bits. One marker per K/V pair, named in a legend
+    (no labels on the points, which overprint), coloured by codec family; the y axis spans the quantized
+    pairs, and a pair below it (f16/f16's rounding-level errors) is drawn hollow on its floor."""
+    plt = _pyplot("--plot")
     rows = [r for r in rows if r.get("layers", "all") == "all"]  # not the [full]/[window] layer subsets
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     # The attention weights depend on the keys alone; the output on both.
@@ -87,22 +118,38 @@ def plot_sweep(rows: list[dict], path: str) -> None:
         ("output_err_mean", "output relative L2 error, mean", "bits per value, (K + V) / 2, everything stored",
          lambda r: (r["key_bits"] + r["value_bits"]) / 2),
     ]
-    fig, axes = plt.subplots(len(metrics), len(datasets), figsize=(6.5 * len(datasets), 4.5 * len(metrics)), squeeze=False)
+    pairs = list(dict.fromkeys(f"{r['key']}{'+center' if r['key_centered'] else ''}/{r['value']}"
+                               for r in rows if not r["error"]))
+    marker = {p: _MARKERS[i % len(_MARKERS)] for i, p in enumerate(pairs)}
+    fig, axes = plt.subplots(len(metrics), len(datasets), figsize=(5.5 * len(datasets) + 2.6, 4.2 * len(metrics)),
+                             squeeze=False)
     for col, name in enumerate(datasets):
         points = [r for r in rows if r["dataset"] == name and not r["error"]]
         for row_i, (metric, label, x_label, x_of) in enumerate(metrics):
             ax = axes[row_i][col]
+            ys = [r[metric] for r in points if r[metric] and r[metric] > 0]
+            top = max(ys, default=1.0)
+            # The floor: the least error within 5 decades of the largest (f16's 1e-8 would stretch the axis).
+            floor = min((y for y in ys if y >= top * 1e-5), default=top * 1e-5) / 2
             for r in points:
-                bits = x_of(r)
-                y = max(r[metric], 1e-9)
-                ax.scatter(bits, y, s=18)
-                ax.annotate(r["pair"], (bits, y), fontsize=7, xytext=(3, 2), textcoords="offset points")
+                pair = f"{r['key']}{'+center' if r['key_centered'] else ''}/{r['value']}"
+                y = r[metric] or 0.0
+                below = y < floor
+                colour = _family(pair)[1]
+                ax.scatter(x_of(r), max(y, floor), s=36, marker=marker[pair], edgecolors=colour,
+                           facecolors="none" if below else colour, linewidths=1.2, zorder=3)
             ax.set_yscale("log")
+            ax.set_ylim(floor / 1.5, top * 2)
             ax.set_xlabel(x_label)
-            ax.set_ylabel(label)
-            ax.set_title(name if len(name) < 48 else name[:45] + "...")
+            ax.set_ylabel(label, fontsize=9)
+            ax.set_title(_short(name))
             ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], ls="", marker=marker[p], ms=7, color=_family(p)[1], label=p) for p in pairs]
+    families = list(dict.fromkeys(_family(p) for p in pairs))
+    handles += [plt.Line2D([], [], ls="", marker="s", ms=9, color=c, label=f"family: {n}") for n, c in families]
+    handles.append(plt.Line2D([], [], ls="", marker="o", ms=7, mfc="none", color="grey", label="below the axis (drawn on it)"))
+    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1 - 2.5 / fig.get_size_inches()[0], 1))
     fig.savefig(path, dpi=120, format=os.path.splitext(path)[1].lower().lstrip(".").replace("jpg", "jpeg"))
     plt.close(fig)
 
@@ -113,8 +160,11 @@ def cmd_table(args: argparse.Namespace) -> int:
         raise ValueError("give --pairs or --keys/--values, not both")
     if args.keys or args.values:
         pairs = _cross(args.keys, args.values)
-    if args.plot:
-        _plot_path(args.plot)  # before the sweep, which may take minutes
+    if args.plot:  # before the sweep, which may take minutes
+        _writable(_plot_path(args.plot), "--plot")
+        _pyplot("--plot")
+    if args.output:
+        _writable(args.output, "--output")
     show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
     result = _core.sweep(
         args.data or DEFAULT_DATA,
@@ -125,7 +175,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         data_seed=args.seed,
         block_tokens=args.block_tokens,
         int8_value_weights=args.int8_value_weights,
-        progress=ProgressBar() if show_progress else None,
+        progress=ProgressBar("kvq table", "step") if show_progress else None,
     )
     text = result.format(args.format)
     if args.output:
@@ -216,6 +266,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         text = f.read()
     if args.plot and not args.per_layer:
         raise ValueError("--plot draws the per-layer KL: give --per-layer too")
+    if args.plot:  # before the model loads and the evaluation runs
+        _writable(_plot_path(args.plot), "--plot")
+        _pyplot("--plot")
+    if args.output:
+        _writable(args.output, "--output")
     try:
         import torch
     except ImportError as e:
@@ -232,7 +287,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = model_eval.eval_model(
         model, tokenizer, text=text, pairs=pairs, ctx=args.ctx, max_chunks=args.max_chunks, baseline=args.baseline,
         per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs),
-        progress=ProgressBar() if show_progress else None, **cache_config)
+        progress=ProgressBar("kvq eval", "chunk") if show_progress else None, **cache_config)
     result.info["model"] = args.model
     result.info["text"] = args.text
     result.info["seconds"] = round(time.monotonic() - t0, 1)
@@ -245,7 +300,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(out)
     if args.plot:
-        model_eval.plot_per_layer(result.per_layer, args.plot, title=f"{args.model}: one layer quantized, others f32")
+        name = args.model if os.path.sep not in args.model else os.path.basename(args.model.rstrip(os.path.sep))
+        model_eval.plot_per_layer(result.per_layer, args.plot, title=f"{name}: one layer quantized, others f32")
         print(f"kvq eval: plot written to {args.plot}", file=sys.stderr)
     return 0
 
@@ -263,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="K/V codec pairs, e.g. q8_0/q4_0,q4_0+rot+center/q4_0 (default: kvq.default_pairs())")
     t.add_argument("--keys", metavar="A,B", help="key codecs, crossed with --values")
     t.add_argument("--values", metavar="C,D", help="value codecs, crossed with --keys")
-    t.add_argument("--model", default="llama-3-8b", help="model preset or config.json for bytes per token (default llama-3-8b)")
+    t.add_argument("--model", help="model preset or config.json for bytes per token (default: the model of npy: dumps, "
+                                   "from their shape and meta.json; else llama-3-8b)")
     t.add_argument("--format", choices=formats, default="markdown")
     t.add_argument("--output", metavar="FILE", help="write the table to FILE instead of stdout")
     t.add_argument("--plot", metavar="FILE.png", help="draw error against bits per value into FILE (.png, .pdf, .svg; matplotlib)")

@@ -290,11 +290,19 @@ def plot_per_layer(rows: list[dict], path: str, title: str = "") -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise SystemExit("kvq eval --plot needs matplotlib: pip install matplotlib") from e
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    from ._plot import MARKERS, family
+
+    fig, ax = plt.subplots(figsize=(10.5, 4.5))
     pairs = list(dict.fromkeys(r["pair"] for r in rows))
-    for p in pairs:
+    # One line and marker per pair, coloured by codec family (two pairs of a family: solid and dashed).
+    seen: dict[str, int] = {}
+    for i, p in enumerate(pairs):
+        name, colour = family(p)
+        style = ["-", "--", ":", "-."][seen.get(name, 0) % 4]
+        seen[name] = seen.get(name, 0) + 1
         pts = sorted((r["layer"], max(r["kl_mean"], 1e-9)) for r in rows if r["pair"] == p)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=4, label=p)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker=MARKERS[i % len(MARKERS)], ms=5, color=colour,
+                ls=style, label=f"{p} ({name})")
     full = sorted({r["layer"] for r in rows if r["window"] == "full"})
     for i, l in enumerate(full):
         ax.axvline(l, color="grey", alpha=0.3, lw=6, label="full-attention layer" if i == 0 else None)
@@ -306,7 +314,7 @@ def plot_per_layer(rows: list[dict], path: str, title: str = "") -> None:
     if title:
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -5,6 +5,7 @@
 #include "bindings.hpp"
 
 namespace kvq::python {
+using namespace pybind11::literals;
 namespace {
 
 std::string describe_expected(std::initializer_list<Dim> dims) {
@@ -61,7 +62,7 @@ CheckedArray checked(py::array a) {
 
 [[noreturn]] void raise_expected(py::handle obj, std::string_view what, const char* dtype,
                                  std::initializer_list<Dim> dims) {
-    raise_value_error(std::string(what) + ": expected a C-contiguous " + dtype + " array of shape " +
+    raise_value_error(std::string(what) + ": expected a " + dtype + " array of shape " +
                       describe_expected(dims) + ", got " + describe_got(obj));
 }
 
@@ -69,24 +70,39 @@ CheckedArray checked(py::array a) {
 
 void raise_value_error(const std::string& message) { throw py::value_error(message); }
 
-CheckedArray float_array(py::handle obj, std::string_view what, std::initializer_list<Dim> dims) {
-    const char* expected = "float32 or float16";
-    if (!py::isinstance<py::array>(obj)) raise_expected(obj, what, expected, dims);
-    auto a = py::reinterpret_borrow<py::array>(obj);
-    if (!(a.flags() & py::array::c_style) || !shape_matches(a, dims)) raise_expected(obj, what, expected, dims);
-    if (py::isinstance<py::array_t<float>>(a)) return checked(std::move(a));
-    if (a.dtype().kind() == 'f' && a.dtype().itemsize() == 2) {
-        // float16: one conversion to float32 (numpy's, exact), then the same path.
-        return checked(a.attr("astype")(py::dtype::of<float>()).cast<py::array>());
+// A torch tensor as a numpy array (detached, on the CPU; bfloat16, which numpy lacks, as float32); anything
+// else unchanged.
+py::object from_torch(py::handle obj) {
+    const py::handle type = py::type::handle_of(obj);
+    if (py::str(type.attr("__module__")).cast<std::string>() != "torch" || !py::hasattr(obj, "numpy")) {
+        return py::reinterpret_borrow<py::object>(obj);
     }
-    raise_expected(obj, what, expected, dims);
+    py::object t = obj.attr("detach")().attr("cpu")();
+    if (py::str(t.attr("dtype")).cast<std::string>() == "torch.bfloat16") t = t.attr("float")();
+    return t.attr("numpy")();
+}
+
+CheckedArray float_array(py::handle input, std::string_view what, std::initializer_list<Dim> dims) {
+    const char* expected = "float32, float16 or float64";
+    const py::object obj = from_torch(input);
+    if (!py::isinstance<py::array>(obj)) raise_expected(input, what, expected, dims);
+    auto a = py::reinterpret_borrow<py::array>(obj);
+    if (!shape_matches(a, dims) || a.dtype().kind() != 'f' || a.dtype().itemsize() < 2 || a.dtype().itemsize() > 8) {
+        raise_expected(obj, what, expected, dims);
+    }
+    if (py::isinstance<py::array_t<float>>(a) && (a.flags() & py::array::c_style)) return checked(std::move(a));
+    // float16, float64 or a strided view: one conversion to C-contiguous float32 (numpy's: exact from
+    // float16, rounded to nearest from float64, where values beyond float32's range become Inf and are
+    // then refused as non-finite), then the same path.
+    const py::object numpy = py::module_::import("numpy");
+    return checked(numpy.attr("ascontiguousarray")(a, "dtype"_a = numpy.attr("float32")).cast<py::array>());
 }
 
 CheckedArray byte_array(py::handle obj, std::string_view what, std::initializer_list<Dim> dims) {
-    if (!py::isinstance<py::array>(obj)) raise_expected(obj, what, "uint8", dims);
+    if (!py::isinstance<py::array>(obj)) raise_expected(obj, what, "C-contiguous uint8", dims);
     auto a = py::reinterpret_borrow<py::array>(obj);
     if (!(a.flags() & py::array::c_style) || !shape_matches(a, dims) || !py::isinstance<py::array_t<uint8_t>>(a)) {
-        raise_expected(obj, what, "uint8", dims);
+        raise_expected(obj, what, "C-contiguous uint8", dims);
     }
     return checked(std::move(a));
 }

@@ -52,14 +52,23 @@ py::dict sweep_row_dict(const SweepRow& r) {
                     "decode_vs_f16"_a = or_none(r.decode_vs_f16 > 0, r.decode_vs_f16), "error"_a = r.error);
 }
 
-py::dict plan_row_dict(const MemoryPlan& r, bool mla) {
-    return py::dict("pair"_a = r.format.label(), "key"_a = r.format.key_codec, "value"_a = r.format.value_codec,
-                    "key_centered"_a = r.format.center_keys, "supported"_a = r.supported,
+// The CSV's fields (report.cpp's format_plan), with Python types: a "K/V|K2/V2" pair's window layers' codecs
+// are window_key/window_value/window_key_centered (None for a pair of every layer), where the CSV writes "K|K2".
+py::dict plan_row_dict(const MemoryPlan& r, const ModelShape& model, const PlanOptions& o) {
+    const bool mla = model.is_mla();
+    const KVFormat* w = r.format.window.get();
+    return py::dict("model"_a = model.name, "pair"_a = r.format.label(), "key"_a = r.format.key_codec,
+                    "value"_a = r.format.value_codec, "key_centered"_a = r.format.center_keys,
+                    "window_key"_a = w ? py::object(py::str(w->key_codec)) : py::object(py::none()),
+                    "window_value"_a = w ? py::object(py::str(w->value_codec)) : py::object(py::none()),
+                    "window_key_centered"_a = w ? py::object(py::bool_(w->center_keys)) : py::object(py::none()),
+                    "supported"_a = r.supported,
                     "key_bits"_a = or_none(r.supported, r.key_bits), "value_bits"_a = or_none(r.supported && !mla, r.value_bits),
                     "bytes_per_token"_a = or_none(r.supported, r.bytes_per_token),
                     "bytes_total"_a = or_none(r.supported, r.bytes_total), "fp16_bytes_per_token"_a = r.fp16_bytes_per_token,
                     "fp16_bytes_total"_a = r.fp16_bytes_total, "compression_vs_f16"_a = or_none(r.supported, r.compression),
-                    "error"_a = r.error);
+                    "cache_bytes_total"_a = or_none(r.supported && !mla, r.cache_bytes_total), "context"_a = o.context,
+                    "batch"_a = o.batch, "error"_a = r.error);
 }
 
 // A plan kept whole so that its text forms come from the C++ formatter (lib/eval/report.cpp).
@@ -80,13 +89,13 @@ std::vector<KVFormat> formats_from(const std::optional<std::vector<std::string>>
 std::string text(const std::string& format, const std::function<std::string(TableFormat)>& f) { return f(parse_table_format(format)); }
 
 SweepResult sweep(const std::vector<std::variant<std::string, KVData>>& datasets, const std::optional<std::vector<std::string>>& pairs,
-                  const std::string& model, bool timing, int repeats, uint64_t data_seed, uint64_t seed, int block_tokens,
+                  const std::optional<std::string>& model, bool timing, int repeats, uint64_t data_seed, uint64_t seed, int block_tokens,
                   int top_k, bool int8_value_weights, py::object progress) {
     if (datasets.empty()) raise_value_error("sweep: give at least one data set");
     if (repeats < 1) raise_value_error("sweep: repeats must be at least 1");
     SweepOptions o;
     o.formats = formats_from(pairs);
-    o.model = load_model(model);
+    if (model) o.model = load_model(*model);  // else the dumps' own shape, or llama-3-8b (run_sweep)
     o.timing = timing;
     o.timing_repeats = repeats;
     o.seed = seed;
@@ -163,18 +172,18 @@ void bind_eval(py::module_& m) {
             return text(format, [&](TableFormat f) { return format_sweep(r, f); });
         }, "format"_a = "markdown", "The table as 'markdown', 'csv' or 'json' text.");
 
-    m.def("sweep", &sweep, "datasets"_a, "pairs"_a = py::none(), "model"_a = "llama-3-8b", "timing"_a = true, "repeats"_a = 10,
+    m.def("sweep", &sweep, "datasets"_a, "pairs"_a = py::none(), "model"_a = py::none(), "timing"_a = true, "repeats"_a = 10,
           "data_seed"_a = 0, "seed"_a = kDefaultSeed, "block_tokens"_a = 32, "top_k"_a = 8,
           "int8_value_weights"_a = false, "progress"_a = py::none(),
           "Errors against the FP32 reference and decode time vs f16 for each data set (spec or kvq.Dataset) and K/V "
           "pair ('q8_0/q4_0', 'q4_0+rot+center/q4_0'; None: the default list). model: a preset or config.json for "
-          "bytes per token. int8_value_weights: q4_0 values on int8 weights (kvq.KVCache's), in the errors and "
+          "bytes per token (None: the model of npy dumps, from their shape and meta.json, else llama-3-8b). int8_value_weights: q4_0 values on int8 weights (kvq.KVCache's), in the errors and "
           "the timing. progress(done, total) is called as the sweep goes; Ctrl-C stops it.");
 
     py::class_<Plan>(m, "Plan", "KV-cache bytes of a model for each K/V pair (kvq.plan).")
         .def_property_readonly("rows", [](const Plan& p) {
             py::list rows;
-            for (const auto& row : p.rows) rows.append(plan_row_dict(row, p.model.is_mla()));
+            for (const auto& row : p.rows) rows.append(plan_row_dict(row, p.model, p.options));
             return rows;
         })
         .def_property_readonly("model", [](const Plan& p) { return model_dict(p.model); })

@@ -1,5 +1,6 @@
 // Shared by every python/src/*.cpp: how a file adds its part of kvq._core, and how numpy arrays cross
-// into C++ (without a copy when they are C-contiguous float32; float16 is converted once).
+// into C++ (without a copy when they are C-contiguous float32; float16, float64, strided arrays and torch
+// tensors are converted once).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -35,7 +36,7 @@ struct Dim {
 };
 
 // A numpy array checked against an expected shape. For float arrays, `array` is float32 and
-// C-contiguous: the caller's own array when it was float32 (no copy), a converted copy when it was float16.
+// C-contiguous: the caller's own array when it was C-contiguous float32 (no copy), else a converted copy.
 struct CheckedArray {
     py::array array;
     std::vector<py::ssize_t> shape;
@@ -46,9 +47,10 @@ struct CheckedArray {
     py::ssize_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
 };
 
-// what names the argument in errors ("append: k"). Anything else than a C-contiguous float32/float16
-// ndarray of the expected shape raises ValueError: "append: k: expected a C-contiguous float32 or
-// float16 array of shape (T, n_kv_heads=8, head_dim=128), got a float64 array of shape (4, 8, 128)".
+// what names the argument in errors ("append: k"). Takes a float32, float16 or float64 ndarray of the
+// expected shape, strided or not, or a torch tensor (detached and moved to the CPU; bfloat16 via float32);
+// anything else raises ValueError: "append: k: expected a float32, float16 or float64 array of shape
+// (T, n_kv_heads=8, head_dim=128), got a int32 array of shape (4, 8, 128)".
 CheckedArray float_array(py::handle obj, std::string_view what, std::initializer_list<Dim> dims);
 // The same for a C-contiguous uint8 array (codes), never copied.
 CheckedArray byte_array(py::handle obj, std::string_view what, std::initializer_list<Dim> dims);

@@ -3,6 +3,7 @@ large to make, a directory as the plot file, and Hugging Face configs the planne
 transformers does. Each is a one-line error and exit status 2, as argparse's own usage errors are."""
 
 import json
+import sys
 
 import pytest
 
@@ -58,6 +59,55 @@ def test_plot_into_a_directory_is_an_error_before_the_sweep(capsys, tmp_path):
     assert code == 2 and ".png" in err and not (tmp_path / "errors.png").exists()
 
 
+def test_missing_matplotlib_or_an_unwritable_output_fail_before_the_sweep(capsys, tmp_path, monkeypatch):
+    """Nothing runs for minutes to fail at the end: --plot without matplotlib is a bad argument (with the
+    command to install it), an --output or --plot in a missing directory an I/O error, both before the sweep
+    (no table printed, no progress)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    code, out, err = run(capsys, "table", "--data", SMALL, "--pairs", "q8_0/q4_0", "--no-timing", "--progress",
+                         "--plot", str(tmp_path / "e.png"))
+    assert code == 2 and "pip install matplotlib" in err and one_line_error(err) and out == "" and "%|" not in err
+    monkeypatch.undo()
+    for flag in ("--output", "--plot"):
+        code, out, err = run(capsys, "table", "--data", SMALL, "--pairs", "q8_0/q4_0", "--no-timing", "--progress",
+                             flag, str(tmp_path / "missing" / "e.png"))
+        assert code == 1 and "no such directory" in err and out == "" and "%|" not in err
+
+
+def test_plot_is_readable_one_marker_per_pair_titles_are_names(tmp_path):
+    """The plot: one legend entry (marker) per pair and one per codec family, no text on the points, titles
+    that are names (npy:dump, not its path), and a y axis that f16's 1e-8 does not stretch."""
+    pytest.importorskip("matplotlib")
+    from matplotlib import pyplot as plt
+    rows = []
+    for pair, kl, err in [("f16/f16", 2e-8, 3e-4), ("q8_0/q4_0", 2e-4, 0.09), ("q4_0+rot/q4_0", 1e-2, 0.15),
+                          ("turbo4/turbo4", 1.2e-2, 0.15), ("polar/polar", 5e-2, 0.3)]:
+        k, v = pair.split("/")
+        bits = {"f16": 16, "q8_0": 8.5, "q4_0+rot": 4.5, "q4_0": 4.5, "turbo4": 4.125, "polar": 3.875}
+        rows.append(dict(dataset="npy:/very/long/path/to/dump", layers="all", key=k, value=v, key_centered=False,
+                         key_bits=bits[k], value_bits=bits[v], kl_mean=kl, output_err_mean=err, error=""))
+    saved = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, *a, **kw):
+        saved["fig"] = fig
+        return real_savefig(fig, *a, **kw)
+
+    plt.Figure.savefig = keep
+    try:
+        cli.plot_sweep(rows, str(tmp_path / "p.png"))
+    finally:
+        plt.Figure.savefig = real_savefig
+    fig = saved["fig"]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:5] == ["f16/f16", "q8_0/q4_0", "q4_0+rot/q4_0", "turbo4/turbo4", "polar/polar"]
+    assert {"family: ggml blocks", "family: rotated", "family: turbo", "family: polar"} <= set(labels)
+    for ax in fig.axes:
+        assert ax.get_title() == "npy:dump" and not ax.texts  # no labels drawn on the points
+        assert ax.get_ylim()[0] > 1e-7  # f16's 2e-8 KL sits on the floor, not 4 decades below the others
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
 def test_plot_is_written_under_the_name_printed(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "plots" / "e.svg"
@@ -103,3 +153,8 @@ def test_heads_that_are_not_a_multiple_of_kv_heads_are_refused(capsys, tmp_path)
                                 "num_key_value_heads": 7, "hidden_size": 4096}))
     code, _, err = run(capsys, "plan", "--config", str(path))
     assert code == 2 and "32 attention heads are not a multiple of 7 kv heads" in err and one_line_error(err)
+
+
+def test_progress_is_a_tqdm_bar_on_stderr(capsys):
+    code, out, err = run(capsys, "table", "--data", SMALL, "--pairs", "q8_0/q4_0", "--no-timing", "--progress")
+    assert code == 0 and out.startswith("|") and "kvq table: 100%|" in err

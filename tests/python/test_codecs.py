@@ -109,18 +109,50 @@ def test_empty_batches_give_empty_results():
 
 
 @pytest.mark.parametrize("bad, got", [
-    (np.zeros((4, 128), np.float64), "got a float64 array of shape (4, 128)"),
     (np.zeros((4, 128), np.int32), "got a int32 array of shape (4, 128)"),
-    (np.zeros((4, 256), np.float32)[:, ::2], "got a non-contiguous float32 array of shape (4, 128)"),
-    (np.zeros((128, 4), np.float32).T, "got a non-contiguous float32 array of shape (4, 128)"),
+    (np.zeros((4, 128), np.complex64), "got a complex64 array of shape (4, 128)"),
+    (np.zeros((4, 128), np.longdouble), "got a float128 array of shape (4, 128)"),
+    (np.zeros((4, 256), np.int8)[:, ::2], "got a non-contiguous int8 array of shape (4, 128)"),
     (np.float32(1.0), "got an object of type float32"),
     ([0.0] * 128, "got an object of type list"),
 ])
-def test_quantize_rejects_what_it_cannot_read_without_copying(bad, got):
+def test_quantize_rejects_what_it_cannot_read(bad, got):
     with pytest.raises(ValueError) as e:
         kvq.quantize(bad, "q8_0")
-    assert "expected a C-contiguous float32 or float16 array of shape (..., head_dim)" in str(e.value)
+    assert "expected a float32, float16 or float64 array of shape (..., head_dim)" in str(e.value)
     assert got in str(e.value)
+
+
+def test_float64_strided_and_torch_input_is_converted_once_to_float32():
+    """quantize, KVCache.append and attend take float64 and strided arrays and torch tensors (float32/16/64,
+    bfloat16): converted once to C-contiguous float32, the same codes and outputs as that float32 array."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 128))
+    x32 = x.astype(np.float32)
+    want = kvq.quantize(x32, "q8_0")
+    np.testing.assert_array_equal(kvq.quantize(x, "q8_0"), want)
+    wide = np.zeros((6, 256), np.float32)
+    wide[:, ::2] = x32
+    np.testing.assert_array_equal(kvq.quantize(wide[:, ::2], "q8_0"), want)
+    np.testing.assert_array_equal(kvq.quantize(np.asfortranarray(x32), "q8_0"), want)
+    # float64 beyond float32's range becomes Inf, refused as any non-finite input.
+    with pytest.raises(ValueError, match="not finite|NaN|Inf"), np.errstate(over="ignore"):
+        kvq.quantize(np.full((1, 128), 1e300), "q8_0")
+    cache = kvq.KVCache(n_layers=1, n_kv_heads=2, head_dim=64, n_heads=4)
+    ref = kvq.KVCache(n_layers=1, n_kv_heads=2, head_dim=64, n_heads=4)
+    cache.add_sequence(), ref.add_sequence()
+    k, v, q = rng.standard_normal((40, 2, 64)), rng.standard_normal((40, 2, 64)), rng.standard_normal((4, 64))
+    cache.append(0, k, v)
+    ref.append(0, k.astype(np.float32), v.astype(np.float32))
+    np.testing.assert_array_equal(cache.attend(0, q), ref.attend(0, q.astype(np.float32)))
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        t = torch.from_numpy(x32).to(dtype)
+        np.testing.assert_array_equal(kvq.quantize(t, "q8_0"), kvq.quantize(t.float().numpy(), "q8_0"))
+    tq = torch.from_numpy(q.astype(np.float32)).requires_grad_(True)
+    np.testing.assert_array_equal(cache.attend(0, tq), ref.attend(0, q.astype(np.float32)))
+    with pytest.raises(ValueError, match="got a int32 array"):
+        kvq.quantize(torch.zeros((2, 128), dtype=torch.int32), "q8_0")
 
 
 def test_quantize_rejects_nan_inf_and_head_sizes_the_codec_cannot_take():

@@ -1,4 +1,4 @@
-"""scripts/dump_hf_kv.py: the dump's files have the shapes kvq reads and hold what the model's attention
+"""kvq.dump_hf_kv (kvq-dump-hf-kv, scripts/dump_hf_kv.py): the dump's files have the shapes kvq reads and hold what the model's attention
 used. Always tested with a fake model object (numpy, no torch); with a tiny randomly initialized Llama
 when torch and transformers are installed (they are not kvq dependencies, so CI may skip that test)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 import kvq
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "dump_hf_kv.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "python" / "kvq" / "dump_hf_kv.py"
 spec = importlib.util.spec_from_file_location("dump_hf_kv", SCRIPT)
 dump_hf_kv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(dump_hf_kv)
@@ -155,3 +155,23 @@ def test_dump_tiny_gemma3_keeps_sliding_layers_whole_and_writes_windows(tmp_path
             scores = k[layer, seen, 0] @ q[layer, -1, head] * info["scale"]
             w = np.exp(scores - scores.max())
             np.testing.assert_allclose(w / w.sum(), attentions[layer][0, head, -1, seen].numpy(), atol=1e-5)
+
+
+def test_default_text_is_a_real_long_text_not_a_repeated_paragraph():
+    """Without --text-file the dump runs the Python Language Reference's topics (pydoc_data, in every CPython):
+    far more than 2048 tokens of distinct text (the old default was one paragraph repeated)."""
+    text = dump_hf_kv.default_text()
+    assert len(text) > 400_000
+    lines = [l for l in text.splitlines() if l.strip()]
+    assert len(set(lines)) > 0.6 * len(lines)  # the topics share some lines (rules, grammar); the old default had 4
+    assert "The \"assert\" statement" in text[:200]
+
+
+def test_installed_as_a_console_script():
+    """pip install puts kvq-dump-hf-kv beside the interpreter; --help runs without torch being imported."""
+    import subprocess
+    exe = Path(sys.executable).parent / "kvq-dump-hf-kv"
+    if not exe.exists():
+        pytest.skip("kvq is not installed into this interpreter's environment (run from build/venv)")
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--text-file" in out and "pydoc_data" in out

@@ -293,3 +293,86 @@ def test_per_channel_keys_go_through_kvqcache():
     assert 0 < errs["chan8"] < errs["chan3"] / 4, errs
     with pytest.raises(ValueError, match="on_block_full"):
         kvq.hf.KVQCache(model.config, "chan3", "q4_0", seal="on_append")
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_generate_without_a_cache_uses_a_default_kvqcache(kind):
+    """A model on kvq attention generates with no cache argument (generate() makes a KVQCache: q8_0/q4_0, or
+    the codecs of generation_config.cache_config), and cache_implementation="kvq" asks for the same: the
+    tokens and logits of an explicit KVQCache of the same codecs."""
+    model = tiny(kind)
+    ids = prompt(30, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    want_seq, want_logits = generate(model, ids, cache=kvq.hf.KVQCache(model.config), mask=mask)
+    seq, logits = generate(model, ids, mask=mask)
+    assert torch.equal(seq, want_seq) and torch.equal(logits, want_logits)
+    # Other codecs through generation_config.cache_config; an exact f32 cache differs from q8_0/q4_0.
+    model.generation_config.cache_config = {"key_codec": "q4_0+rot", "value_codec": "q4_0", "block_tokens": 16}
+    want_seq, want_logits = generate(model, ids, mask=mask, cache=kvq.hf.KVQCache(
+        model.config, key_codec="q4_0+rot", value_codec="q4_0", block_tokens=16))
+    seq, logits = generate(model, ids, mask=mask)
+    assert torch.equal(seq, want_seq) and torch.equal(logits, want_logits)
+    seq2, logits2 = generate(model, ids, mask=mask, cache_implementation="kvq")
+    assert torch.equal(seq2, want_seq) and torch.equal(logits2, want_logits)
+    model.generation_config.cache_config = {"key_codec": "f32", "value_codec": "f32"}
+    _, f32_logits = generate(model, ids, mask=mask)
+    assert not torch.equal(f32_logits, want_logits)
+    # A bad cache_config is refused with the reason; a cache passed with cache_implementation="kvq" too.
+    model.generation_config.cache_config = {"key_codec": "q3_0", "value_codec": "q4_0"}
+    with pytest.raises(ValueError, match="unknown codec"):
+        generate(model, ids, mask=mask)
+    model.generation_config.cache_config = None
+    with pytest.raises(ValueError, match="cache_implementation"):
+        generate(model, ids, mask=mask, cache=kvq.hf.KVQCache(model.config), cache_implementation="kvq")
+
+
+def test_pipeline_without_a_cache_matches_an_explicit_kvqcache():
+    """pipeline("text-generation") on a kvq-attention model (no cache argument) gives the tokens of generate()
+    with an explicit KVQCache."""
+    model = tiny("gemma3")
+    model.set_attn_implementation("kvq")
+
+    class Tokenizer(transformers.PreTrainedTokenizer):
+        """Characters to ids 1..95 (a tokenizer without files: nothing is downloaded)."""
+        model_input_names = ["input_ids", "attention_mask"]
+
+        def __init__(self, **kw):
+            super().__init__(pad_token="\0", **kw)
+
+        @property
+        def vocab_size(self):
+            return VOCAB
+
+        def get_vocab(self):
+            return {chr(i): i for i in range(VOCAB)}
+
+        def _tokenize(self, text):
+            return list(text)
+
+        def _convert_token_to_id(self, token):
+            return ord(token) % VOCAB
+
+        def _convert_id_to_token(self, index):
+            return chr(index)
+
+        def convert_tokens_to_string(self, tokens):
+            return "".join(tokens)
+
+    tok = Tokenizer()
+    text = "kvq stores keys and values in blocks"
+    ids = torch.tensor([tok(text)["input_ids"]])
+    want, _ = generate(model, ids, cache=kvq.hf.KVQCache(model.config), max_new_tokens=8)
+    pipe = transformers.pipeline("text-generation", model=model, tokenizer=tok)
+    out = pipe(text, max_new_tokens=8, do_sample=False, return_tensors=True)
+    assert out[0]["generated_token_ids"] == want[0].tolist()
+
+
+def test_assisted_generation_runs_on_default_kvq_caches():
+    """generate(assistant_model=...) with both models on kvq attention: each gets a default KVQCache (the
+    assistant's with past recording, as transformers does), the main one cropped where candidates are refused."""
+    model, assistant = tiny("llama"), tiny("llama", num_hidden_layers=2)
+    assistant.set_attn_implementation("kvq")
+    ids = prompt(20)
+    seq, _ = generate(model, ids, assistant_model=assistant, max_new_tokens=12)
+    assert seq.shape == (1, 32)

@@ -133,6 +133,13 @@ def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
     assert rc == 2 and "neither a model directory nor a GGUF file" in capsys.readouterr().err  # a bad argument
     rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--plot", "x.png"])
     assert rc == 2 and "--per-layer" in capsys.readouterr().err
+    # A directory as the plot, or an output that cannot be written: refused before the model loads.
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--per-layer", "--plot", str(plots)])
+    assert rc == 2 and "is a directory" in capsys.readouterr().err and list(plots.iterdir()) == []
+    rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--output", str(tmp_path / "no" / "t.md")])
+    assert rc == 1 and "no such directory" in capsys.readouterr().err
 
 
 def test_one_gguf_parse_shares_the_reader_of_a_file_and_restores_gguf(tmp_path):

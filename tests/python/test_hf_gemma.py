@@ -69,7 +69,7 @@ def test_gemma_short_eval(gemma):
 
 def test_gemma_dump_has_every_token_and_the_windows(gemma, tmp_path):
     model, tok = gemma
-    spec = importlib.util.spec_from_file_location("dump_hf_kv", Path(__file__).resolve().parents[2] / "scripts" / "dump_hf_kv.py")
+    spec = importlib.util.spec_from_file_location("dump_hf_kv", Path(__file__).resolve().parents[2] / "python" / "kvq" / "dump_hf_kv.py")
     dump_hf_kv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(dump_hf_kv)
     root, kw = dump_hf_kv.model_source("gemma3-270m")

@@ -143,6 +143,46 @@ def test_npy_dumps_from_numpy(capsys, tmp_path):
     assert (d.layers, d.tokens, d.kv_heads, d.q_heads, d.head_dim) == (2, 48, 2, 4, 32)
 
 
+def test_npy_dump_bytes_per_token_are_the_dumped_models(capsys, tmp_path):
+    """kvq table --data npy:DUMP counts bytes per token for the dump's own model (its layers, kv heads, head size
+    and windows; meta.json's name), not Llama 3 8B's; --model still overrides it."""
+    _write_dump(tmp_path, shape=(3, 48, 1, 64), q_heads=4)
+    (tmp_path / "meta.json").write_text(json.dumps({"model": "tiny-gemma", "windows": [16, 0, 16]}))
+    code, out, _ = run(capsys, "table", "--data", f"npy:{tmp_path}", "--pairs", "f16/f16,q8_0/q4_0", "--format", "json",
+                       "--no-timing")
+    assert code == 0
+    result = json.loads(out)
+    assert result["model"]["name"] == "tiny-gemma"
+    assert (result["model"]["layers"], result["model"]["kv_heads"], result["model"]["head_dim"]) == (3, 1, 64)
+    assert result["model"]["sliding_window"] == [16, 0, 16]
+    f16, q = (next(r for r in result["rows"] if (r["key"], r["value"]) == pair) for pair in (("f16", "f16"), ("q8_0", "q4_0")))
+    assert f16["bytes_per_token"] == 3 * 2 * 64 * 2  # 3 layers × (K + V) × 1 kv head × 64 × 2 bytes
+    assert q["bytes_per_token"] == 3 * (2 * 34 + 2 * 18)  # q8_0 keys, q4_0 values, 2 blocks of 32 per row
+    code, out, _ = run(capsys, "table", "--data", f"npy:{tmp_path}", "--pairs", "f16/f16", "--no-timing")
+    assert "tiny-gemma (3 layers, 1 kv heads × 64 (4 query heads)" in out
+    code, out, _ = run(capsys, "table", "--data", f"npy:{tmp_path}", "--pairs", "f16/f16", "--format", "json",
+                       "--no-timing", "--model", "llama-3-8b")
+    assert json.loads(out)["rows"][0]["bytes_per_token"] == 128 * 1024
+    # A synthetic data set beside the dump: one model for every row, so the preset.
+    code, out, _ = run(capsys, "table", "--data", f"npy:{tmp_path}", SMALL, "--pairs", "f16/f16", "--format", "json",
+                       "--no-timing")
+    assert json.loads(out)["model"]["name"] == "llama-3-8b"
+
+
+def test_plan_rows_have_the_csv_fields(capsys):
+    """kvq.plan(...).rows holds every column of the plan's CSV (per-layer pairs' window codecs as window_*)."""
+    plan = kvq.plan("gemma-3-27b", ["q8_0/q4_0|q4_0/q4_0"], context=4096, batch=2)
+    header = plan.format("csv").splitlines()[0].split(",")
+    csv_row = next(csv.DictReader(io.StringIO(plan.format("csv"))))
+    row = plan.rows[0]
+    assert set(header) <= set(row)
+    assert row["model"] == csv_row["model"] and (row["context"], row["batch"]) == (4096, 2)
+    assert row["cache_bytes_total"] == pytest.approx(float(csv_row["cache_bytes_total"]), rel=1e-9)
+    assert (row["key"], row["window_key"], row["window_value"]) == ("q8_0", "q4_0", "q4_0")
+    assert csv_row["key"] == "q8_0|q4_0"
+    assert kvq.plan("llama-3-8b", ["q8_0/q4_0"]).rows[0]["window_key"] is None
+
+
 @pytest.mark.parametrize("problem,message", [
     ("float64", "'<f8' is not supported"),
     ("3d", "expected shape (layers, tokens, kv_heads, head_dim), got (96, 2, 32)"),

@@ -2,8 +2,16 @@
 
     import kvq.hf                                   # registers attn_implementation="kvq"
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="kvq")
+    out = model.generate(**inputs, max_new_tokens=64)           # a q8_0/q4_0 KVQCache made by generate()
+    model.generation_config.cache_config = {"key_codec": "q4_0+rot", "value_codec": "q4_0"}  # its codecs
     cache = kvq.hf.KVQCache(model.config, key_codec="q8_0", value_codec="q4_0", max_batch_size=4)
-    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)
+    out = model.generate(**inputs, cache=cache, max_new_tokens=64)  # or a cache of your own
+
+Default cache. Without a cache argument, generate() (and so pipeline()) on a model whose attention is kvq's
+makes KVQCache(model.config, **generation_config.cache_config); cache_implementation="kvq" asks for the same
+on any call. transformers has no registry of cache implementations: importing kvq.hf wraps
+GenerationMixin._prepare_cache_for_generation for this (_generate.py); other models and caches are
+untouched.
 
 How it works. ``KVQCache`` is a ``transformers.Cache`` whose layers hold no tensors: every batch row is one
 sequence of a ``kvq.KVCache`` (all layers). ``update`` only records the new keys and values of a layer; the
@@ -39,7 +47,8 @@ per-layer sensitivity runs of ``kvq eval --per-layer`` quantize one layer and ke
 
 Layout: _config.py reads the model (layer shapes, windows, scale, the cache keyword), _layer.py holds the
 per-layer bookkeeping, _tensors.py what crosses the torch boundary (device and dtype checks, the attention
-mask read as real tokens), _cache.py the Cache class and _attention.py the attention function.
+mask read as real tokens), _cache.py the Cache class, _attention.py the attention function and _generate.py
+generate()'s default cache.
 """
 
 from __future__ import annotations
@@ -59,7 +68,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from ._attention import ATTN_IMPLEMENTATION, kvq_attention, register as _register
 from ._cache import KVQCache
 from ._config import _layer_windows, _pair, cache_keyword, split_key_spec  # the first two for kvq.model_eval
+from ._generate import CACHE_IMPLEMENTATION, default_cache, install as _install_generate
 
-__all__ = ["ATTN_IMPLEMENTATION", "KVQCache", "cache_keyword", "kvq_attention", "split_key_spec"]
+__all__ = ["ATTN_IMPLEMENTATION", "CACHE_IMPLEMENTATION", "KVQCache", "cache_keyword", "default_cache",
+           "kvq_attention", "split_key_spec"]
 
 _register()
+_install_generate()

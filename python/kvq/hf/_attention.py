@@ -25,8 +25,8 @@ def kvq_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.T
     None)."""
     entry = _PENDING.pop(id(key), None)
     if entry is None or entry[2] is not key:
-        raise ValueError("kvq attention: these keys did not come from a kvq.hf.KVQCache; pass "
-                         "past_key_values=kvq.hf.KVQCache(model.config, ...) (with use_cache=True)")
+        raise ValueError("kvq attention: these keys did not come from a kvq.hf.KVQCache; call generate() (which "
+                         "makes one), or pass cache=kvq.hf.KVQCache(model.config, ...) with use_cache=True")
     cache, layer_idx, _ = entry
     if getattr(module, "layer_idx", layer_idx) != layer_idx:
         raise ValueError(f"kvq attention: module of layer {module.layer_idx} got the keys of layer {layer_idx}")
