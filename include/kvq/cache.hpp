@@ -75,9 +75,12 @@ struct LayerCodecs {
 };
 
 // Bounds of a configuration (checked by KVCache's constructor, so every cache can be saved and loaded):
-// n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..4096, threads 1..256;
-// a sequence holds at most kMaxSequenceTokens tokens per layer.
+// n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..kMaxBlockTokens,
+// threads 1..256, initial_blocks and grow_blocks at most kMaxPoolBlocks (a pool numbers its blocks with 32
+// bits); a sequence holds at most kMaxSequenceTokens tokens per layer.
 inline constexpr int kMaxCacheDim = 1 << 16;
+inline constexpr int kMaxBlockTokens = 4096;
+inline constexpr size_t kMaxPoolBlocks = 0xffffffffu;
 inline constexpr size_t kMaxSequenceTokens = size_t(1) << 48;
 
 struct CacheConfig {
@@ -144,7 +147,8 @@ CacheConfig validate_config(CacheConfig c);
 struct LoadOptions {
     size_t max_blocks = 0;   // pool capacity in blocks; 0 = no limit. A file with more blocks: PoolExhausted
     size_t max_bytes = 0;    // pool capacity in bytes (CacheConfig::max_bytes); 0 = no limit
-    size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own)
+    size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own);
+                             // 1..kMaxPoolBlocks
     int threads = 1;         // as CacheConfig::threads
     bool int8_value_weights = false;  // as CacheConfig::int8_value_weights
     Executor executor;       // as CacheConfig::executor

@@ -226,9 +226,11 @@ typedef enum kvq_nan_policy {
 /* Mirrors kvq::CacheConfig (kvq/cache.hpp). Grows by appending fields (see the ABI notes); start from
  * kvq_cache_params_default(). Bounds (KVQ_ERR_BAD_PARAMS beyond them): n_layers, n_kv_heads, n_heads and
  * head_dim at most KVQ_MAX_CACHE_DIM, block_tokens 1..4096, threads 1..256, initial_blocks <= max_blocks
- * when max_blocks is set. A sequence holds at most KVQ_MAX_SEQUENCE_TOKENS tokens per layer. */
+ * when max_blocks is set, initial_blocks and grow_blocks at most KVQ_MAX_POOL_BLOCKS (a pool numbers its
+ * blocks with 32 bits). A sequence holds at most KVQ_MAX_SEQUENCE_TOKENS tokens per layer. */
 #define KVQ_MAX_CACHE_DIM 65536
 #define KVQ_MAX_SEQUENCE_TOKENS (UINT64_C(1) << 48)
+#define KVQ_MAX_POOL_BLOCKS UINT32_MAX
 typedef struct kvq_cache_params {
     size_t size;                   /* sizeof(kvq_cache_params) */
     int32_t n_layers;              /* default 1 */
@@ -401,7 +403,8 @@ typedef struct kvq_load_params {
     size_t size;                  /* sizeof(kvq_load_params) */
     size_t max_blocks;            /* 0 = no limit; a file with more blocks: KVQ_ERR_POOL_EXHAUSTED */
     size_t max_bytes;             /* 0 = no limit */
-    size_t grow_blocks;           /* blocks added when the pool grows after the load, default 64 (>= 1) */
+    size_t grow_blocks;           /* blocks added when the pool grows after the load, default 64
+                                     (1..KVQ_MAX_POOL_BLOCKS) */
     int32_t threads;              /* 1..256, default 1 */
     int32_t int8_value_weights;   /* 0 or 1 (kvq_cache_params.int8_value_weights), default 0 */
     void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);

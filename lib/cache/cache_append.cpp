@@ -11,6 +11,7 @@
 #include "../codec/centering.hpp"
 #include "../codec/channel_keys.hpp"
 #include "../spec/key_groups.hpp"
+#include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -230,11 +231,9 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
     // Before a single value is read: n tokens of k and v must be buffers that can exist.
-    if (n > static_cast<size_t>(PTRDIFF_MAX) / (token_floats * sizeof(float))) {
-        throw std::invalid_argument("KVCache::append: n_tokens = " + std::to_string(n) + " overflows the size of k and v (" +
-                                    std::to_string(n) + " x " + std::to_string(n_kv) + " kv heads x " + std::to_string(d) +
-                                    " floats); nothing was read");
-    }
+    const detail::CheckedSize bytes = detail::CheckedSize(n) * token_floats * sizeof(float);
+    detail::check_buffer_sizes({{"k and v", bytes, "n_tokens x n_kv_heads x head_dim floats"}},
+                               [&] { return "KVCache::append: n_tokens = " + std::to_string(n); });
     if (n > kMaxSequenceTokens - seq.layers[layer].n_tokens) {
         throw std::invalid_argument("KVCache::append: " + std::to_string(n) + " more tokens would take layer " +
                                     std::to_string(layer) + " past " + std::to_string(kMaxSequenceTokens) +
