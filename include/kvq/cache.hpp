@@ -188,7 +188,12 @@ public:
     void remove(SequenceId seq);
     // A new sequence with the same tokens as parent; full blocks are shared, the open block is copied.
     SequenceId fork(SequenceId parent);
-    // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length).
+    // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length). A sealed block cut
+    // into takes the next appends: codecs of rows quantize them into it as they arrive; keys with
+    // parameters fitted to the whole block (chanB minimums and steps, center_keys means) are not given the
+    // old block's parameters: the next append moves the block's rows back to the float staging (as they
+    // read) and the block seals anew over them and the new rows (that append may then need staging from
+    // the pool: PoolExhausted, with nothing changed, where a limit leaves no room).
     void truncate(SequenceId seq, size_t n_tokens);
 
     // k, v: n_tokens × n_kv_heads × head_dim floats (C order). n_tokens whose buffers could not exist
