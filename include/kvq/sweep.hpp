@@ -26,7 +26,7 @@ namespace kvq {
 struct SweepOptions {
     std::vector<KVFormat> formats;  // empty means default_kv_formats()
     ModelShape model;               // shape for bytes per token; empty (n_layers == 0) means llama-3-8b
-    int block_tokens = 32;          // block size for key centering (as the cache seals blocks)
+    int block_tokens = 32;          // block size for key centering (as the cache seals blocks), 1..kMaxBlockTokens
     int top_k = 8;
     bool timing = true;
     int timing_repeats = 10;

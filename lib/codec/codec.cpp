@@ -82,6 +82,9 @@ CodecSpec parse_codec_spec(std::string_view spec) {
     if (const auto colon = base.find(':'); colon != std::string_view::npos) {
         parsed.params = std::string(base.substr(colon + 1));
         base = base.substr(0, colon);
+        if (parsed.params.empty()) {
+            throw BadParams("codec '" + std::string(spec) + "': nothing after ':' (give key=value parameters, or no ':')");
+        }
     }
     const auto* row = detail::find_codec(base);
     if (!row) {

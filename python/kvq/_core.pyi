@@ -8,6 +8,7 @@ import numpy.typing as npt
 
 __version__: str
 DEFAULT_SEED: int
+MAX_BLOCK_TOKENS: int
 
 FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float16]
 
