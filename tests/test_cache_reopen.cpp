@@ -141,3 +141,39 @@ TEST_CASE("truncate into a sealed block, then append: as accurate as the same to
         }
     }
 }
+
+TEST_CASE("a re-opened block of keys at the top of fp16's range seals again with finite parameters") {
+    // Rows as a block reads them can pass 65504 by a rounding (an fp16 step or scale rounded up): they
+    // are brought back within what append admits, so sealing them again neither overflows nor throws.
+    for (const auto staging : {kvq::StagingType::f32, kvq::StagingType::f16}) {
+        for (const Case& c : {Case{"chan2", false}, Case{"chan8", false}, Case{"q8_0", true}, Case{"q4_1", true}}) {
+            CAPTURE(c.key);
+            CAPTURE(int(staging));
+            kvq::CacheConfig cfg;
+            cfg.n_kv_heads = kKv;
+            cfg.n_heads = kHeads;
+            cfg.head_dim = kDim;
+            cfg.key_codec = c.key;
+            cfg.value_codec = "q4_1";
+            cfg.block_tokens = kBlock;
+            cfg.center_keys = c.center;
+            cfg.staging = staging;
+            kvq::KVCache cache(cfg);
+            const float top = c.center ? (c.key == "q4_1" ? 32752.0f : 65504.0f) : 65504.0f;
+            std::vector<float> k(2 * kBlock * kKv * kDim), v(k.size());
+            for (size_t i = 0; i < k.size(); ++i) {
+                const size_t t = i / (kKv * kDim);
+                k[i] = (t % 3 == 0 ? top : t % 3 == 1 ? -top : top * 0.999f) * (i % 2 ? 1.0f : 0.97f);
+                v[i] = (i % 5 == 0 ? -65504.0f : 65504.0f) * (t % 2 ? 1.0f : 0.9991f);
+            }
+            const auto seq = cache.add_sequence();
+            cache.append(0, seq, k.data(), v.data(), kBlock);
+            cache.truncate(seq, 5);
+            cache.append(0, seq, token(k, 5), token(v, 5), 2 * kBlock - 5);  // block 0 seals again, block 1 too
+            CHECK(cache.n_tokens(seq, 0) == 2 * kBlock);
+            const auto q = kvq::test::gaussian(size_t(kHeads) * kDim, 7, 1e-3f);
+            const auto out = attend(cache, seq, q);
+            CHECK(kvq::all_finite(out.data(), out.size()));
+        }
+    }
+}

@@ -103,6 +103,19 @@ void read_block_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, 
     detail::impl_of(kind.value).dequantize_rows(block + lay.v_offset + h * lay.v_head_stride, kind.value.row_bytes(), n, values);
 }
 
+// A row as a block reads it may pass the limit append admits by a rounding (an fp16 step, scale or mean
+// rounded up near the top of the range): brought back within it, so that sealing it again is as safe as
+// sealing an appended row (finite fp16 minimums, steps, means and scales). Non-finite rows (stored under
+// NanPolicy::propagate, and recorded) stay as they are.
+void bring_within(float* row, int d, const InputLimit& limit) {
+    const double size = limit.size_of(row, d);
+    if (!std::isfinite(size) || size <= limit.max_abs) return;
+    for (int j = 0; j < d; ++j) {
+        row[j] = limit.on_norm ? static_cast<float>(row[j] * (limit.max_abs / size * (1 - 1e-6)))
+                               : std::clamp(row[j], -limit.max_abs, limit.max_abs);
+    }
+}
+
 AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st, int layer, size_t n) {
     AppendPlan p;
     const size_t bt = c.bt();
@@ -292,6 +305,10 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
         for (int h = 0; h < n_kv; ++h) {
             read_block_rows(*this, kd, st.data.back(), h, p.restaged, restaged_k.data() + h * head_floats,
                             restaged_v.data() + h * head_floats);
+        }
+        for (size_t r = 0; r < n_kv * p.restaged; ++r) {
+            bring_within(&restaged_k[r * d], d, kd.key_limit);
+            bring_within(&restaged_v[r * d], d, kd.value_limit);
         }
     }
     // The blocks and any new staging from the pool in one step (all or nothing).
