@@ -127,17 +127,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     for (float& x : v) x = u(rng);
                 }
                 cache.append(layer, id, k.data(), v.data(), n);
+                const int chan = test::channel_bits(cache.key_codec(layer));
+                if (chan && ml.pool_end % bt) {  // a chanB block re-opened by a truncate goes back to the staging
+                    ml.tok.restage_channels(ml.pool_end / bt, bt, ml.pool_end, chan, cache.value_codec(layer));
+                    ml.pool_end = ml.pool_end / bt * bt;
+                }
                 const size_t old_n = ml.tok.n(), n_final = old_n + n, old_pool_end = ml.pool_end;
                 ml.tok.add(k.data(), v.data(), n);
                 if (cfg.seal == SealPolicy::on_append) {
                     ml.pool_end = n_final;
-                } else {  // a block partly filled after a truncate is quantized as it fills, then staging
+                } else {  // a block partly filled after a truncate (keys of rows) is quantized as it fills, then staging
                     const size_t boundary = (ml.pool_end + bt - 1) / bt * bt;
                     ml.pool_end = ml.pool_end % bt && n_final <= boundary ? n_final : std::max(boundary, n_final / bt * bt);
                 }
                 // chanB: the blocks sealed from staging by this append fix their minimums and steps.
-                if (const int bits = test::channel_bits(cache.key_codec(layer))) {
-                    for (size_t b = (old_pool_end + bt - 1) / bt; (b + 1) * bt <= ml.pool_end; ++b) ml.tok.seal_channels(b, bt, bits);
+                if (chan) {
+                    for (size_t b = (old_pool_end + bt - 1) / bt; (b + 1) * bt <= ml.pool_end; ++b) ml.tok.seal_channels(b, bt, chan);
                 }
             } else if (op == 2) {
                 const SequenceId child = cache.fork(id);

@@ -41,8 +41,27 @@ struct LayerTokens {
     const float* vrow(size_t t, int h) const { return &v[(t * n_kv + h) * d]; }
 
     // Per-channel keys (chanB): each sealed block's per-channel minimum and step (per kv head: d minimums,
-    // d steps, fp16-rounded), fixed when the block is sealed: rows written into it after a truncate take them.
+    // d steps, fp16-rounded), fixed when the block is sealed.
     std::map<size_t, std::vector<float>> chan_params;
+    // Key j of row t (kv head h) as a sealed chanB block holds it: min + step·(nearest code, clamped).
+    float chan_key(size_t t, int h, int j, size_t bt, int bits) const {
+        const float* p = &chan_params.at(t / bt)[static_cast<size_t>(h) * 2 * d];
+        const float inv = p[d + j] > 0 ? 1.0f / p[d + j] : 0.0f;
+        return p[j] + p[d + j] * std::clamp(std::round((krow(t, h)[j] - p[j]) * inv), 0.0f, static_cast<float>((1 << bits) - 1));
+    }
+    // A chanB block re-opened by a truncate, rows [block·bt, end) kept: the next append moves them back to
+    // the staging as they read (keys min + step·code, values the value codec's rows); the block seals anew.
+    void restage_channels(size_t block, size_t bt, size_t end, int bits, const Codec& vc) {
+        std::vector<uint8_t> vb(vc.row_bytes());
+        for (size_t t = block * bt; t < end; ++t) {
+            for (int h = 0; h < n_kv; ++h) {
+                for (int j = 0; j < d; ++j) k[(t * n_kv + h) * d + j] = chan_key(t, h, j, bt, bits);
+                vc.quantize_rows(vrow(t, h), 1, vb.data());
+                vc.dequantize_rows(vb.data(), 1, &v[(t * n_kv + h) * d]);
+            }
+        }
+        chan_params.erase(block);
+    }
     void seal_channels(size_t block, size_t bt, int bits) {
         std::vector<float>& p = chan_params[block];
         p.assign(static_cast<size_t>(n_kv) * 2 * d, 0.0f);
@@ -114,12 +133,7 @@ inline std::vector<float> expected_attention(const CacheConfig& cfg, const Codec
                 }
             }
             if (const int bits = channel_bits(kc)) {  // min + step·(nearest code, clamped)
-                const float* p = &tok.chan_params.at(t / bt)[static_cast<size_t>(h) * 2 * d];
-                const float top = static_cast<float>((1 << bits) - 1);
-                for (int j = 0; j < d; ++j) {
-                    const float inv = p[d + j] > 0 ? 1.0f / p[d + j] : 0.0f;
-                    kr[j] = p[j] + p[d + j] * std::clamp(std::round((tok.krow(t, h)[j] - p[j]) * inv), 0.0f, top);
-                }
+                for (int j = 0; j < d; ++j) kr[j] = tok.chan_key(t, h, j, bt, bits);
                 vc.quantize_rows(tok.vrow(t, h), 1, vb.data());
                 vc.dequantize_rows(vb.data(), 1, vr);
                 continue;

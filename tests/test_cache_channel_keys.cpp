@@ -221,7 +221,7 @@ TEST_CASE("chanB keys: a saved and loaded cache attends identically, per-layer c
     CHECK(mismatched.sequences().empty());
 }
 
-TEST_CASE("chanB keys: rows appended after a truncate into a sealed block take its minimums and steps") {
+TEST_CASE("chanB keys: a block re-opened by a truncate seals anew over its rows as they read and the new ones") {
     kvq::KVCache cache(chan_config("chan8"));
     const auto k = biased_keys(64, 10), v = kvq::test::gaussian(64 * kKv * kDim, 11);
     const auto q = kvq::test::gaussian(size_t(kHeads) * kDim, 12, 0.5f);
@@ -229,16 +229,23 @@ TEST_CASE("chanB keys: rows appended after a truncate into a sealed block take i
     cache.append(0, seq, k.data(), v.data(), 40);
     cache.truncate(seq, 20);  // into the sealed block 0
     cache.append(0, seq, k.data() + 20 * kKv * kDim, v.data() + 20 * kKv * kDim, 44);
-    // The same tokens: block 0's minimums and steps are those of its first sealing, and 8-bit codes of the
-    // same keys are those of that sealing too, so the result is the cache that never truncated.
-    kvq::KVCache straight(chan_config("chan8"));
-    const auto s = straight.add_sequence();
-    straight.append(0, s, k.data(), v.data(), 64);
-    CHECK(same_bits(attend(cache, 0, seq, q), attend(straight, 0, s, q)));
-    // Other keys than the block was sealed with are clamped to its range, and still attend finitely.
-    const auto other = biased_keys(10, 13);
+    // Block 0 sealed again over its first 20 rows as the first sealing stored them and rows 20..31 as
+    // given (the old minimums and steps, fitted to rows 20..39 too, are not reused).
+    const size_t token = size_t(kKv) * kDim;
+    auto again = k;
+    const auto first = expected_keys(k, 32, 8);
+    std::copy(first.begin(), first.begin() + 20 * token, again.begin());
+    const auto stored = expected_keys(again, 64, 8);
+    CHECK(relative_error(attend(cache, 0, seq, q), attention(q, stored, v, 64)) < 2e-5);
+    // Keys far outside the range block 0 was sealed with: staged as given (they were clamped to the old
+    // range), next to its first 25 rows as they read.
+    auto other = biased_keys(5, 13);
+    for (float& x : other) x *= 4;
     cache.truncate(seq, 25);
     cache.append(0, seq, other.data(), v.data(), 5);
-    const auto out = attend(cache, 0, seq, q);
-    CHECK(kvq::all_finite(out.data(), out.size()));
+    std::vector<float> now(stored.begin(), stored.begin() + 25 * token);
+    now.insert(now.end(), other.begin(), other.end());
+    std::vector<float> values(v.begin(), v.begin() + 25 * token);
+    values.insert(values.end(), v.begin(), v.begin() + 5 * token);
+    CHECK(relative_error(attend(cache, 0, seq, q), attention(q, now, values, 30)) < 2e-5);
 }

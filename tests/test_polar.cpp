@@ -130,6 +130,16 @@ TEST_CASE("polar parameters and head sizes get clear errors") {
     throws("polar:L=3", 64, "needs bits=");
     throws("polar:bits=4.2,budget=3", 64, "not both");
     throws("polar:budget=0.5", 64, "no allocation fits");
+    // A budget beyond what the largest allocation uses (every level at 8 bits) bought nothing more: it
+    // was taken silently (polar:budget=99 gave 12 bits/value). The range's end is accepted.
+    throws("polar:budget=99", 128, "budget must be at most 12 bits/value (L=1, 8 bits at every level)");
+    throws("polar:budget=12.01", 128, "at most 12 bits/value");
+    throws("polar:L=3,budget=9.5", 128, "at head_dim 128 and L=3: budget must be at most 9 bits/value");
+    CHECK(Codec::make("polar:budget=12", 128).bits_per_value() == 12.0);
+    CHECK(Codec::make("polar:L=3,budget=9", 128).bits_per_value() == 9.0);
+    throws("polar:", 64, "nothing after ':'");
+    throws("q8_0:", 64, "nothing after ':'");
+    throws("turbo3:+rot", 64, "nothing after ':'");
     throws("polar:budget=three", 64, "must be a number");
     throws("polar:levels=4", 64, "unknown parameter 'levels'");
     throws("polar:L=4,L=4,bits=4.2.2.2", 64, "L given twice");

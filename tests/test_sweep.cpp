@@ -408,3 +408,17 @@ TEST_CASE("sweep: a K/V|K2/V2 format measures each layer with its own pair, and 
     CHECK(half[0].error.empty());
     CHECK(half[0].decode_seconds == 0);
 }
+
+TEST_CASE("sweep: block_tokens beyond what a KVCache takes is refused, naming the range (it was taken without timing)") {
+    const auto data = kvq::make_dataset("llm:layers=1,kv_heads=1,tokens=64,head_dim=32");
+    kvq::SweepOptions o;
+    o.formats = kvq::parse_kv_formats("q4_0+center/q4_0");
+    o.timing = false;
+    for (const int bt : {0, -1, kvq::kMaxBlockTokens + 1, 1 << 30}) {
+        CAPTURE(bt);
+        o.block_tokens = bt;
+        CHECK_THROWS_WITH_AS(kvq::run_sweep({data}, o), doctest::Contains("block_tokens must be in 1..4096"), std::invalid_argument);
+    }
+    o.block_tokens = kvq::kMaxBlockTokens;
+    CHECK(kvq::run_sweep({data}, o).rows.size() == 1);
+}

@@ -100,9 +100,12 @@ struct LayerCodecs {
 };
 
 // Bounds of a configuration (checked by KVCache's constructor, so every cache can be saved and loaded):
-// n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..4096, threads 1..256;
-// a sequence holds at most kMaxSequenceTokens tokens per layer.
+// n_layers, n_kv_heads, n_heads and head_dim at most kMaxCacheDim, block_tokens 1..kMaxBlockTokens,
+// threads 1..256, initial_blocks and grow_blocks at most kMaxPoolBlocks (a pool numbers its blocks with 32
+// bits); a sequence holds at most kMaxSequenceTokens tokens per layer.
 inline constexpr int kMaxCacheDim = 1 << 16;
+inline constexpr int kMaxBlockTokens = 4096;
+inline constexpr size_t kMaxPoolBlocks = 0xffffffffu;
 inline constexpr size_t kMaxSequenceTokens = size_t(1) << 48;
 
 struct CacheConfig {
@@ -169,7 +172,8 @@ CacheConfig validate_config(CacheConfig c);
 struct LoadOptions {
     size_t max_blocks = 0;   // pool capacity in blocks; 0 = no limit. A file with more blocks: PoolExhausted
     size_t max_bytes = 0;    // pool capacity in bytes (CacheConfig::max_bytes); 0 = no limit
-    size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own)
+    size_t grow_blocks = 64; // blocks added when the pool grows after the load (the load takes exactly its own);
+                             // 1..kMaxPoolBlocks
     int threads = 1;         // as CacheConfig::threads
     bool int8_value_weights = false;  // as CacheConfig::int8_value_weights
     Executor executor;       // as CacheConfig::executor
@@ -209,7 +213,12 @@ public:
     void remove(SequenceId seq);
     // A new sequence with the same tokens as parent; full blocks are shared, the open block is copied.
     SequenceId fork(SequenceId parent);
-    // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length).
+    // Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length). A sealed block cut
+    // into takes the next appends: codecs of rows quantize them into it as they arrive; keys with
+    // parameters fitted to the whole block (chanB minimums and steps, center_keys means) are not given the
+    // old block's parameters: the next append moves the block's rows back to the float staging (as they
+    // read) and the block seals anew over them and the new rows (that append may then need staging from
+    // the pool: PoolExhausted, with nothing changed, where a limit leaves no room).
     void truncate(SequenceId seq, size_t n_tokens);
 
     // k, v: n_tokens × n_kv_heads × head_dim floats (C order). n_tokens whose buffers could not exist

@@ -158,7 +158,10 @@ KVQ_API kvq_status kvq_codec_spec_row_bytes(const char* spec, int32_t head_dim, 
 /* ---- codecs on rows --------------------------------------------------------------------------- */
 
 /* A codec for one head size: quantizes, dequantizes, scores and accumulates rows of head_dim values.
- * Rows are byte buffers in the codec's layout, kvq_codec_row_bytes() each; a stride of 0 means packed. */
+ * Rows are byte buffers in the codec's layout, kvq_codec_row_bytes() each; a stride of 0 means packed.
+ * Sizes: a count, stride or n_q whose buffer would pass PTRDIFF_MAX bytes (e.g. n_rows near SIZE_MAX) is
+ * KVQ_ERR_INVALID_ARGUMENT before any buffer is read, outputs untouched; the stride of a single row or
+ * query is never used (any value is accepted). docs/reliability.md lists each function's sizes. */
 typedef struct kvq_codec kvq_codec;
 
 /* spec: "name[:params][+rot]"; seed: the rotation seed (KVQ_DEFAULT_SEED unless you need another). */
@@ -198,7 +201,9 @@ KVQ_API kvq_status kvq_codec_finish_accumulate(const kvq_codec* codec, float* ac
  * k + t * k_token_stride + j * k_head_stride (bytes); values likewise. A head stride of 0 means the row
  * bytes, a token stride of 0 means n_kv_heads row bytes (rows packed as [token][kv head]). For a ggml KV
  * tensor of shape [head_dim, n_kv_heads, n_ctx] the strides are its nb[2] and nb[1]. q, out: n_heads ×
- * head_dim floats. scale <= 0 means 1/sqrt(head_dim). With n_tokens = 0 the output is zero. */
+ * head_dim floats. scale <= 0 means 1/sqrt(head_dim). With n_tokens = 0 the output is zero. Rows whose
+ * extent ((n_tokens - 1) * token stride + (n_kv_heads - 1) * head stride + row bytes) would pass
+ * PTRDIFF_MAX bytes: KVQ_ERR_INVALID_ARGUMENT before any row is read, out untouched. */
 KVQ_API kvq_status kvq_attend_rows(const kvq_codec* key_codec, const kvq_codec* value_codec, int32_t n_heads,
                                    int32_t n_kv_heads, const float* q, const void* k, size_t k_token_stride,
                                    size_t k_head_stride, const void* v, size_t v_token_stride,
@@ -243,9 +248,11 @@ typedef enum kvq_nan_policy {
 /* Mirrors kvq::CacheConfig (kvq/cache.hpp). Grows by appending fields (see the ABI notes); start from
  * kvq_cache_params_default(). Bounds (KVQ_ERR_BAD_PARAMS beyond them): n_layers, n_kv_heads, n_heads and
  * head_dim at most KVQ_MAX_CACHE_DIM, block_tokens 1..4096, threads 1..256, initial_blocks <= max_blocks
- * when max_blocks is set. A sequence holds at most KVQ_MAX_SEQUENCE_TOKENS tokens per layer. */
+ * when max_blocks is set, initial_blocks and grow_blocks at most KVQ_MAX_POOL_BLOCKS (a pool numbers its
+ * blocks with 32 bits). A sequence holds at most KVQ_MAX_SEQUENCE_TOKENS tokens per layer. */
 #define KVQ_MAX_CACHE_DIM 65536
 #define KVQ_MAX_SEQUENCE_TOKENS (UINT64_C(1) << 48)
+#define KVQ_MAX_POOL_BLOCKS UINT32_MAX
 typedef struct kvq_cache_params {
     size_t size;                   /* sizeof(kvq_cache_params) */
     int32_t n_layers;              /* default 1 */
@@ -356,7 +363,9 @@ KVQ_API kvq_status kvq_cache_add_sequence(kvq_cache* cache, int64_t* seq);
 KVQ_API kvq_status kvq_cache_remove_sequence(kvq_cache* cache, int64_t seq);
 /* A new sequence with the same tokens as parent; full blocks are shared, the open block is copied. */
 KVQ_API kvq_status kvq_cache_fork(kvq_cache* cache, int64_t parent, int64_t* child);
-/* Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length). */
+/* Keeps the first n_tokens tokens of every layer (n_tokens <= the sequence's length). A sealed block cut
+ * into is appended to as kvq::KVCache::truncate says: chanB and centered keys move back to the float
+ * staging at the next append and seal anew (that append may then need staging: KVQ_ERR_POOL_EXHAUSTED). */
 KVQ_API kvq_status kvq_cache_truncate(kvq_cache* cache, int64_t seq, size_t n_tokens);
 
 /* k, v: n_tokens × n_kv_heads × head_dim floats (C order). KVQ_ERR_INVALID_ARGUMENT before anything is
@@ -379,7 +388,8 @@ KVQ_API kvq_status kvq_cache_attend(const kvq_cache* cache, int32_t layer, int64
  * KVQ_ERR_INVALID_ARGUMENT, before q is read, when n_queries exceeds the layer's tokens. */
 KVQ_API kvq_status kvq_cache_attend_prefill(const kvq_cache* cache, int32_t layer, int64_t seq,
                                             const float* q, size_t n_queries, float* out);
-/* Decode attention of n_seqs sequences of one layer in one call (a batch of decoding sequences):
+/* Decode attention of n_seqs sequences of one layer in one call (a batch of decoding sequences); an n_seqs
+ * whose seqs, q or out would pass PTRDIFF_MAX bytes is KVQ_ERR_INVALID_ARGUMENT before seqs is read:
  * q, out: n_seqs × n_heads × head_dim floats, sequence seqs[i]'s at i·n_heads·head_dim. The work is
  * split across sequences, block ranges and kv heads; each result is bit-identical to kvq_cache_attend.
  * A sequence may appear once. KVQ_ERR_BAD_SEQUENCE, KVQ_ERR_BAD_LAYER, KVQ_ERR_NON_FINITE,
@@ -423,7 +433,8 @@ typedef struct kvq_load_params {
     size_t size;                  /* sizeof(kvq_load_params) */
     size_t max_blocks;            /* 0 = no limit; a file with more blocks: KVQ_ERR_POOL_EXHAUSTED */
     size_t max_bytes;             /* 0 = no limit */
-    size_t grow_blocks;           /* blocks added when the pool grows after the load, default 64 (>= 1) */
+    size_t grow_blocks;           /* blocks added when the pool grows after the load, default 64
+                                     (1..KVQ_MAX_POOL_BLOCKS) */
     int32_t threads;              /* 1..256, default 1 */
     int32_t int8_value_weights;   /* 0 or 1 (kvq_cache_params.int8_value_weights), default 0 */
     void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);

@@ -28,7 +28,7 @@ struct SweepOptions {
     // Shape for bytes per token; empty (n_layers == 0): the data's own when every data set is a dump of one
     // model shape (npy:DIR, data_shape), else llama-3-8b.
     ModelShape model;
-    int block_tokens = 32;          // block size for key centering (as the cache seals blocks)
+    int block_tokens = 32;          // block size for key centering (as the cache seals blocks), 1..kMaxBlockTokens
     int top_k = 8;
     bool timing = true;
     int timing_repeats = 10;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../util/checked_size.hpp"
 #include "decode_attention.hpp"
 
 namespace kvq {
@@ -42,6 +43,14 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     if (v.head_stride == 0) v.head_stride = values.row_bytes();
     if (k.token_stride == 0) k.token_stride = static_cast<size_t>(n_kv_heads) * keys.row_bytes();
     if (v.token_stride == 0) v.token_stride = static_cast<size_t>(n_kv_heads) * values.row_bytes();
+    // The rows' extents, checked before a row is read (n_tokens, the strides and n_kv_heads come from the caller).
+    using detail::strided;
+    detail::check_buffer_sizes(
+        {{"k", strided(n_tokens, k.token_stride, strided(n_kv_heads, k.head_stride, keys.row_bytes())),
+          "n_tokens tokens token_stride apart, each n_kv_heads rows head_stride apart"},
+         {"v", strided(n_tokens, v.token_stride, strided(n_kv_heads, v.head_stride, values.row_bytes())),
+          "n_tokens tokens token_stride apart, each n_kv_heads rows head_stride apart"}},
+        [] { return "attend_rows"; });
     if (n_tokens > 1 && (k.token_stride < keys.row_bytes() || v.token_stride < values.row_bytes())) {
         bad("a token stride is smaller than the row bytes");
     }

@@ -10,7 +10,9 @@
 
 #include "../codec/centering.hpp"
 #include "../codec/channel_keys.hpp"
+#include "../spec/half.hpp"
 #include "../spec/key_groups.hpp"
+#include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -62,10 +64,57 @@ struct AppendPlan {
     size_t old_pool_end, new_pool_end;
     bool staging;                     // SealPolicy::on_block_full
     bool partial_pool_block;          // on_block_full: only after a truncate
+    size_t restaged;                  // rows of a re-opened block moved back to the float staging
     size_t n_drop;                    // blocks at the front of the table given back
     size_t n_new;                     // blocks added at the end
     bool copy_last;                   // the partly filled last block is shared: written to a copy
 };
+
+// Keys with parameters fitted to a whole block (see plan_append).
+bool re_quantizes_on_reopen(const detail::CacheImpl& c, const detail::LayerKind& kind) {
+    return detail::channel_bits_of(kind.key) != 0 || c.cfg.center_keys;
+}
+
+// The first n key and value rows of kv head h of a block as attention reads them (dequantized, the key
+// mean added back), into keys and values (n × head_dim each).
+void read_block_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* block, int h, size_t n,
+                     float* keys, float* values) {
+    const detail::BlockLayout& lay = kind.layout;
+    const int d = c.cfg.head_dim;
+    const uint8_t* key_head = block + lay.k_offset + h * lay.k_head_stride;
+    if (const int bits = detail::channel_bits_of(kind.key)) {
+        const auto* params = reinterpret_cast<const uint16_t*>(block + lay.channel_offset) + h * 2 * d;
+        detail::dequantize_channel_rows(key_head, kind.key.row_bytes(), n, d, bits, params, keys);
+    } else {
+        std::vector<uint8_t> rows;
+        if (lay.k_groups) {  // the head's rows back in ggml's bytes
+            rows.resize(c.bt() * kind.key.row_bytes());
+            detail::rows_from_groups(key_head, c.bt(), static_cast<size_t>(d) / detail::kQK, rows.data(), kind.key.row_bytes());
+            key_head = rows.data();
+        }
+        detail::impl_of(kind.key).dequantize_rows(key_head, kind.key.row_bytes(), n, keys);
+        if (c.cfg.center_keys) {
+            const auto* mean = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
+            for (size_t r = 0; r < n; ++r) {
+                for (int j = 0; j < d; ++j) keys[r * d + j] += detail::f16_to_f32(mean[j]);
+            }
+        }
+    }
+    detail::impl_of(kind.value).dequantize_rows(block + lay.v_offset + h * lay.v_head_stride, kind.value.row_bytes(), n, values);
+}
+
+// A row as a block reads it may pass the limit append admits by a rounding (an fp16 step, scale or mean
+// rounded up near the top of the range): brought back within it, so that sealing it again is as safe as
+// sealing an appended row (finite fp16 minimums, steps, means and scales). Non-finite rows (stored under
+// NanPolicy::propagate, and recorded) stay as they are.
+void bring_within(float* row, int d, const InputLimit& limit) {
+    const double size = limit.size_of(row, d);
+    if (!std::isfinite(size) || size <= limit.max_abs) return;
+    for (int j = 0; j < d; ++j) {
+        row[j] = limit.on_norm ? static_cast<float>(row[j] * (limit.max_abs / size * (1 - 1e-6)))
+                               : std::clamp(row[j], -limit.max_abs, limit.max_abs);
+    }
+}
 
 AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st, int layer, size_t n) {
     AppendPlan p;
@@ -83,6 +132,13 @@ AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st,
     p.keep_block = p.keep_from / bt;
     p.staging = c.cfg.seal == SealPolicy::on_block_full;
     p.old_pool_end = st.pool_end();
+    // A block re-opened by a truncate whose keys share block-level parameters (chanB minimums and steps, a
+    // centered block's key mean) is not appended to with those parameters, which were fitted to the rows it
+    // was sealed with: its rows go back to the float staging (as they read, dequantized) and the block
+    // seals anew over them and the new rows, as a block that was never sealed. Codecs of rows (q8_0 in
+    // groups included) keep quantizing into the partly filled block: their rows are the same either way.
+    p.restaged = p.staging && re_quantizes_on_reopen(c, c.kind(layer)) ? p.old_pool_end % bt : 0;
+    p.old_pool_end -= p.restaged;
     p.partial_pool_block = p.old_pool_end % bt != 0;
     p.new_pool_end = p.n_final;
     if (p.staging) {
@@ -90,7 +146,7 @@ AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st,
         p.new_pool_end = p.partial_pool_block && p.n_final <= boundary ? p.n_final : std::max(boundary, p.n_final / bt * bt);
     }
     const size_t first_block = st.first_pos / bt;
-    const size_t old_blocks_end = first_block + st.table.size();
+    const size_t old_blocks_end = first_block + st.table.size() - (p.restaged ? 1 : 0);
     p.n_drop = p.keep_block > first_block ? std::min(p.keep_block, old_blocks_end) - first_block : 0;
     const size_t new_from = std::max(old_blocks_end, p.keep_block);
     const size_t new_blocks_end = (p.new_pool_end + bt - 1) / bt;
@@ -141,7 +197,8 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     uint8_t* block = st.data[block_index];
     std::vector<float> rows(n * d);
-    const int bits = detail::channel_bits_of(kind.key);
+    // Only codecs of rows get here: a re-opened block of keys with block-level parameters (chanB, centered)
+    // goes back to the staging instead (plan_append).
     for (int h = 0; h < n_kv; ++h) {
         uint8_t* const key_head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
         uint8_t* key_rows = key_head + row * kind.key.row_bytes();
@@ -152,20 +209,8 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
             detail::rows_from_groups(key_head, bt(), static_cast<size_t>(d) / detail::kQK, grouped.data(), kind.key.row_bytes());
             key_rows = grouped.data() + row * kind.key.row_bytes();
         }
-        if (bits) {
-            // A block sealed before a truncate into it: the new rows take its minimums and steps.
-            const auto* params = reinterpret_cast<const uint16_t*>(block + kind.layout.channel_offset) + h * 2 * d;
-            detail::quantize_channel_rows(k + h * d, static_cast<size_t>(n_kv) * d, n, d, bits, params, key_rows,
-                                          kind.key.row_bytes());
-        } else {
-            if (cfg.center_keys) {
-                const auto* mean = reinterpret_cast<const uint16_t*>(block + kind.layout.mean_offset) + h * d;
-                detail::subtract_mean(k + h * d, static_cast<size_t>(n_kv) * d, n, d, mean, rows.data());
-            } else {
-                for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
-            }
-            detail::impl_of(kind.key).quantize_rows(rows.data(), n, key_rows, kind.key.row_bytes());
-        }
+        for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
+        detail::impl_of(kind.key).quantize_rows(rows.data(), n, key_rows, kind.key.row_bytes());
         if (kind.layout.k_groups) {
             detail::groups_from_rows(grouped.data(), kind.key.row_bytes(), bt(), static_cast<size_t>(d) / detail::kQK, key_head);
         }
@@ -230,11 +275,9 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
     // Before a single value is read: n tokens of k and v must be buffers that can exist.
-    if (n > static_cast<size_t>(PTRDIFF_MAX) / (token_floats * sizeof(float))) {
-        throw std::invalid_argument("KVCache::append: n_tokens = " + std::to_string(n) + " overflows the size of k and v (" +
-                                    std::to_string(n) + " x " + std::to_string(n_kv) + " kv heads x " + std::to_string(d) +
-                                    " floats); nothing was read");
-    }
+    const detail::CheckedSize bytes = detail::CheckedSize(n) * token_floats * sizeof(float);
+    detail::check_buffer_sizes({{"k and v", bytes, "n_tokens x n_kv_heads x head_dim floats"}},
+                               [&] { return "KVCache::append: n_tokens = " + std::to_string(n); });
     if (n > kMaxSequenceTokens - seq.layers[layer].n_tokens) {
         throw std::invalid_argument("KVCache::append: " + std::to_string(n) + " more tokens would take layer " +
                                     std::to_string(layer) + " past " + std::to_string(kMaxSequenceTokens) +
@@ -252,6 +295,22 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     if (p.staging && st.staging.empty()) new_staging.assign(staging_layer_bytes, 0);
     std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + p.n_drop);
     if (p.copy_last) give_back.push_back(st.table.back());
+    // A re-opened block (plan_append): its rows as floats now, since the pool may hand its memory out again.
+    std::vector<float> restaged_k, restaged_v;
+    if (p.restaged) {
+        give_back.push_back(st.table.back());
+        const size_t head_floats = p.restaged * static_cast<size_t>(d);
+        restaged_k.resize(n_kv * head_floats);
+        restaged_v.resize(n_kv * head_floats);
+        for (int h = 0; h < n_kv; ++h) {
+            read_block_rows(*this, kd, st.data.back(), h, p.restaged, restaged_k.data() + h * head_floats,
+                            restaged_v.data() + h * head_floats);
+        }
+        for (size_t r = 0; r < n_kv * p.restaged; ++r) {
+            bring_within(&restaged_k[r * d], d, kd.key_limit);
+            bring_within(&restaged_v[r * d], d, kd.value_limit);
+        }
+    }
     // The blocks and any new staging from the pool in one step (all or nothing).
     std::vector<size_t> want(kind_of[layer] + 1, 0);
     want[kind_of[layer]] = p.n_new + p.copy_last;
@@ -266,6 +325,16 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     }
     st.table.erase(st.table.begin(), st.table.begin() + p.n_drop);
     st.data.erase(st.data.begin(), st.data.begin() + p.n_drop);
+    if (p.restaged) {
+        st.table.pop_back();
+        st.data.pop_back();
+        const detail::CodecImpl& staged = detail::impl_of(exact);
+        for (int h = 0; h < n_kv; ++h) {
+            const size_t at = h * p.restaged * static_cast<size_t>(d);
+            staged.quantize_rows(restaged_k.data() + at, p.restaged, staged_row(st, true, h, 0), exact.row_bytes());
+            staged.quantize_rows(restaged_v.data() + at, p.restaged, staged_row(st, false, h, 0), exact.row_bytes());
+        }
+    }
     st.first_pos = std::max(st.first_pos, p.keep_from);
     if (p.copy_last) {
         std::memcpy(fresh.back().data, st.table.back().data, block_bytes(layer));

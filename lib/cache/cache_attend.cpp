@@ -12,6 +12,7 @@
 #include "../codec/channel_keys.hpp"
 #include "../spec/key_groups.hpp"
 #include "../spec/half.hpp"
+#include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -199,7 +200,10 @@ void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q,
     if (!q || !out) throw std::invalid_argument("KVCache::attend_prefill: q or out is a null pointer");
     const detail::LayerState& st = seq.layers[layer];
     const size_t n = st.n_tokens, w = window(layer);
-    if (n_queries > n || n_queries > static_cast<size_t>(PTRDIFF_MAX) / (sizeof(float) * cfg.n_heads * cfg.head_dim)) {
+    detail::check_buffer_sizes({{"q and out", detail::CheckedSize(n_queries) * cfg.n_heads * cfg.head_dim * sizeof(float),
+                                 "n_queries x n_heads x head_dim floats"}},
+                               [] { return "KVCache::attend_prefill"; });
+    if (n_queries > n) {
         throw std::invalid_argument("KVCache::attend_prefill: " + std::to_string(n_queries) +
                                     " queries but the sequence holds " + std::to_string(n) + " tokens in layer " +
                                     std::to_string(layer));
@@ -239,6 +243,9 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     check_layer("attend_batch", layer);
     if (ids.empty()) return;
     if (!q || !out) throw std::invalid_argument("KVCache::attend_batch: q or out is a null pointer");
+    detail::check_buffer_sizes({{"q and out", detail::CheckedSize(ids.size()) * cfg.n_heads * cfg.head_dim * sizeof(float),
+                                 "sequences x n_heads x head_dim floats"}},
+                               [] { return "KVCache::attend_batch"; });
     const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
     // This thread's buffers, grown once and kept: a decode step of a batch allocates nothing.
     struct Scratch {

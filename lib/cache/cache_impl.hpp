@@ -8,7 +8,9 @@
 //                                              float16: CacheConfig::staging; SealPolicy::on_block_full),
 //                                              only when pool_end() is a block boundary
 // first_pos is always a block boundary. Under on_block_full the last pool block is partly filled only
-// after a truncate into a sealed block; appends fill it (quantized as they arrive) before staging again.
+// after a truncate into a sealed block; appends fill it (quantized as they arrive) before staging again,
+// except where keys share parameters fitted to the whole block (chanB minimums and steps, a centered
+// block's key mean): the next append moves such a block's rows back to the staging, to be sealed anew.
 #pragma once
 
 #include <atomic>

@@ -303,8 +303,9 @@ KVCache KVCache::load(const std::string& path, const LoadOptions& options) {
     return with_path(path, "load", [&] {
         const InFile f(path);
         const Header h = detail::file::read_header(f);
-        if (options.threads < 1 || options.threads > 256 || options.grow_blocks < 1) {
-            throw std::invalid_argument("KVCache::load: LoadOptions need threads in 1..256 and grow_blocks >= 1, got " +
+        if (options.threads < 1 || options.threads > 256 || options.grow_blocks < 1 || options.grow_blocks > kMaxPoolBlocks) {
+            throw std::invalid_argument("KVCache::load: LoadOptions need threads in 1..256 and grow_blocks in 1.." +
+                                        std::to_string(kMaxPoolBlocks) + ", got " +
                                         std::to_string(options.threads) + " and " + std::to_string(options.grow_blocks));
         }
         // Before the cache is made: its pool's limit against the file's blocks.

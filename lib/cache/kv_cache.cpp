@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -10,6 +11,7 @@
 #include "../codec/channel_keys.hpp"
 #include "../spec/half.hpp"
 #include "../spec/key_groups.hpp"
+#include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 
 namespace kvq {
@@ -39,14 +41,21 @@ CacheConfig checked_fields(CacheConfig c) {
     }
     check_dim("n_heads", c.n_heads);
     check_dim("head_dim", c.head_dim);
-    if (c.block_tokens < 1 || c.block_tokens > 4096) {
-        bad_config("block_tokens must be in 1..4096, got " + std::to_string(c.block_tokens));
+    if (c.block_tokens < 1 || c.block_tokens > kMaxBlockTokens) {
+        bad_config("block_tokens must be in 1.." + std::to_string(kMaxBlockTokens) + ", got " + std::to_string(c.block_tokens));
     }
     if (c.max_blocks != 0 && c.initial_blocks > c.max_blocks) {
         bad_config("initial_blocks (" + std::to_string(c.initial_blocks) + ") exceeds max_blocks (" +
                    std::to_string(c.max_blocks) + ")");
     }
     if (c.grow_blocks < 1) bad_config("grow_blocks must be at least 1");
+    // A pool numbers its blocks with 32 bits: it never holds more (and would fail every growth beyond).
+    static_assert(kMaxPoolBlocks == std::numeric_limits<detail::BlockId>::max());
+    if (c.initial_blocks > kMaxPoolBlocks || c.grow_blocks > kMaxPoolBlocks) {
+        bad_config("initial_blocks and grow_blocks must be at most " + std::to_string(kMaxPoolBlocks) +
+                   " (a pool's blocks have 32-bit ids), got " + std::to_string(c.initial_blocks) + " and " +
+                   std::to_string(c.grow_blocks));
+    }
     if (!std::isfinite(c.scale) || c.scale < 0) bad_config("scale must be finite and >= 0 (0 = 1/sqrt(head_dim))");
     if (c.scale == 0) c.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     if (!std::isfinite(c.softcap) || c.softcap < 0) bad_config("softcap must be finite and >= 0 (0 = off)");
@@ -182,11 +191,14 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     size_t given = 0;
     for (size_t k = 1; k < kinds.size(); ++k) given += initial[k] = cfg.initial_blocks * layers_of[k] / cfg.n_layers;
     initial[0] = cfg.initial_blocks - given;
-    size_t initial_bytes = 0;
-    for (size_t k = 0; k < kinds.size(); ++k) initial_bytes += initial[k] * class_bytes[k];
-    if (cfg.max_bytes != 0 && initial_bytes > cfg.max_bytes) {
-        bad_config("initial_blocks (" + std::to_string(cfg.initial_blocks) + " blocks, " + std::to_string(initial_bytes) +
-                   " bytes) exceed max_bytes (" + std::to_string(cfg.max_bytes) + ")");
+    detail::CheckedSize initial_bytes = 0;
+    for (size_t k = 0; k < kinds.size(); ++k) initial_bytes = initial_bytes + detail::CheckedSize(initial[k]) * class_bytes[k];
+    if (initial_bytes.too_large()) {
+        bad_config("initial_blocks (" + std::to_string(cfg.initial_blocks) + " blocks) would take more bytes than any allocation");
+    }
+    if (cfg.max_bytes != 0 && initial_bytes.value() > cfg.max_bytes) {
+        bad_config("initial_blocks (" + std::to_string(cfg.initial_blocks) + " blocks, " +
+                   std::to_string(initial_bytes.value()) + " bytes) exceed max_bytes (" + std::to_string(cfg.max_bytes) + ")");
     }
     if (!allocate) std::fill(initial.begin(), initial.end(), 0);
     pool = std::make_unique<detail::BlockPool>(class_bytes, cfg.max_blocks, cfg.max_bytes, initial, cfg.grow_blocks);

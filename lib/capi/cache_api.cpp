@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "../util/checked_size.hpp"
 #include "boundary.hpp"
 
 struct kvq_cache {
@@ -46,6 +47,8 @@ static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 184 && offsetof
                                      offsetof(kvq_cache_params, max_bytes) == 168 &&
                                      offsetof(kvq_cache_params, int8_value_weights) == 176),
               "kvq_cache_params has implicit padding");
+static_assert(KVQ_MAX_POOL_BLOCKS == kMaxPoolBlocks && KVQ_MAX_CACHE_DIM == kMaxCacheDim &&
+              KVQ_MAX_SEQUENCE_TOKENS == kMaxSequenceTokens, "kvq.h's bounds are kvq/cache.hpp's");
 static_assert(sizeof(void*) != 8 || (sizeof(kvq_load_params) == 56 && offsetof(kvq_load_params, executor) == 40),
               "kvq_load_params has implicit padding");
 
@@ -290,12 +293,15 @@ kvq_status kvq_cache_attend_batch(const kvq_cache* cache, int32_t layer, const i
         if (n_seqs == 0) return KVQ_OK;
         if (!seqs || !q || !out) return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: seqs, q or out is NULL");
         KVQ_TRY(kvq::capi::check_layer(cache, layer, function));
-        for (size_t i = 0; i < n_seqs; ++i) KVQ_TRY(kvq::capi::check_sequence(cache, seqs[i], function));
+        // Before seqs is read: n_seqs ids, and n_seqs queries and outputs, must be buffers that can exist.
         const auto& cfg = cache->cache.config();
         const size_t n_heads = static_cast<size_t>(cfg.n_heads > 0 ? cfg.n_heads : cfg.n_kv_heads);
-        if (n_seqs > SIZE_MAX / (n_heads * static_cast<size_t>(cfg.head_dim))) {
-            return kvq::capi::fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_attend_batch: n_seqs overflows the query size");
-        }
+        using kvq::detail::CheckedSize;
+        kvq::detail::check_buffer_sizes(
+            {{"seqs", CheckedSize(n_seqs) * sizeof(int64_t), "n_seqs ids"},
+             {"q and out", CheckedSize(n_seqs) * n_heads * cfg.head_dim * sizeof(float), "n_seqs x n_heads x head_dim floats"}},
+            [&] { return function; });
+        for (size_t i = 0; i < n_seqs; ++i) KVQ_TRY(kvq::capi::check_sequence(cache, seqs[i], function));
         // NaN/Inf queries come back as kvq::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded).
         cache->cache.attend_batch(layer, std::span<const kvq::SequenceId>(seqs, n_seqs), q, out);
         return KVQ_OK;
@@ -364,7 +370,9 @@ kvq_status kvq_cache_load_with(const char* path, const kvq_load_params* params, 
         KVQ_TRY(kvq::capi::read_versioned(params, kvq::capi::kLoadParamsSizeV1, "kvq_cache_load: params is NULL", p));
         const auto bad = [](const std::string& what) { return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_load: " + what); };
         if (p.threads < 1 || p.threads > 256) return bad("threads must be in 1..256, got " + std::to_string(p.threads));
-        if (p.grow_blocks < 1) return bad("grow_blocks must be at least 1");
+        if (p.grow_blocks < 1 || p.grow_blocks > kvq::kMaxPoolBlocks) {
+            return bad("grow_blocks must be in 1.." + std::to_string(kvq::kMaxPoolBlocks) + ", got " + std::to_string(p.grow_blocks));
+        }
         if (p.int8_value_weights != 0 && p.int8_value_weights != 1) {
             return bad("int8_value_weights must be 0 or 1, got " + std::to_string(p.int8_value_weights));
         }

@@ -13,7 +13,7 @@
 // it is not in the codec table, Codec::make refuses it, and KVCache (CacheConfig::key_codec "chanB",
 // sealed a block at a time) and the accuracy tables make it here. Its Codec's row operations throw; the
 // engine scores its codes through the implementation (score_rows against a query prepared per block).
-// The cache (seal, write_rows) and the tables (lib/eval/quantized_attention.cpp) quantize through the
+// The cache (seal) and the tables (lib/eval/quantized_attention.cpp) quantize through the
 // functions below.
 #pragma once
 
@@ -46,8 +46,8 @@ inline size_t channel_params_bytes(int head_dim) { return 4 * static_cast<size_t
 // std::invalid_argument, writing nothing, if a minimum or step is not finite in fp16.
 void quantize_channel_block(const float* k, size_t k_stride, size_t n, int d, int bits, uint16_t* params,
                             uint8_t* codes, size_t code_stride);
-// Rows added to a block whose minimums and steps are already stored (after a truncate into it): each
-// value's nearest code, clamped to 0 .. 2^B − 1.
+// The codes of rows under minimums and steps already worked out (quantize_channel_block's second step):
+// each value's nearest code, clamped to 0 .. 2^B − 1.
 void quantize_channel_rows(const float* k, size_t k_stride, size_t n, int d, int bits, const uint16_t* params,
                            uint8_t* codes, size_t code_stride);
 // min + step·code of n rows, into out (n × d).

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../simd/dispatch.hpp"
+#include "../util/checked_size.hpp"
 #include "rotated.hpp"
 #include "table.hpp"
 
@@ -81,6 +82,9 @@ CodecSpec parse_codec_spec(std::string_view spec) {
     if (const auto colon = base.find(':'); colon != std::string_view::npos) {
         parsed.params = std::string(base.substr(colon + 1));
         base = base.substr(0, colon);
+        if (parsed.params.empty()) {
+            throw BadParams("codec '" + std::string(spec) + "': nothing after ':' (give key=value parameters, or no ':')");
+        }
     }
     const auto* row = detail::find_codec(base);
     if (!row) {
@@ -142,10 +146,13 @@ void Codec::check_range(const float* x, size_t n_rows) const {
 }
 
 namespace {
-// n_rows rows of head_dim floats, or of `stride` bytes, would be a buffer larger than any can be.
-bool sizes_overflow(size_t n_rows, int head_dim, size_t stride) {
-    const size_t limit = static_cast<size_t>(PTRDIFF_MAX);
-    return n_rows > limit / (static_cast<size_t>(head_dim) * sizeof(float)) || n_rows > limit / stride;
+constexpr size_t kFloat = sizeof(float);
+using detail::CheckedSize;
+using detail::strided;
+
+// The buffers of a row operation, each size computed with checks (lib/util/checked_size.hpp).
+void check_sizes(const std::string& codec, const char* op, std::initializer_list<detail::BufferSize> buffers) {
+    detail::check_buffer_sizes(buffers, [&] { return "codec '" + codec + "': " + op; });
 }
 }  // namespace
 
@@ -155,9 +162,9 @@ void Codec::quantize_rows(const float* x, size_t n_rows, void* dst, size_t dst_s
     require(x && dst, name_, "quantize_rows: null pointer");
     if (dst_stride == 0) dst_stride = row_bytes();
     require(dst_stride >= row_bytes(), name_, "quantize_rows: dst_stride is smaller than row_bytes()");
-    if (sizes_overflow(n_rows, head_dim_, dst_stride)) {
-        fail(name_, "quantize_rows: " + std::to_string(n_rows) + " rows overflow the size of x or dst; nothing was read");
-    }
+    check_sizes(name_, "quantize_rows",
+                {{"x", CheckedSize(n_rows) * head_dim_ * kFloat, "n_rows x head_dim floats"},
+                 {"dst", strided(n_rows, dst_stride, row_bytes()), "n_rows rows dst_stride apart"}});
     if (nan == NanPolicy::reject) {
         const size_t n = n_rows * head_dim_;
         // One vectorized pass checks finiteness and the largest |x| together; the scalar passes only run
@@ -185,9 +192,9 @@ void Codec::dequantize_rows(const void* src, size_t n_rows, float* y, size_t src
     require(src && y, name_, "dequantize_rows: null pointer");
     if (src_stride == 0) src_stride = row_bytes();
     require(src_stride >= row_bytes(), name_, "dequantize_rows: src_stride is smaller than row_bytes()");
-    if (sizes_overflow(n_rows, head_dim_, src_stride)) {
-        fail(name_, "dequantize_rows: " + std::to_string(n_rows) + " rows overflow the size of src or y; nothing was read");
-    }
+    check_sizes(name_, "dequantize_rows",
+                {{"src", strided(n_rows, src_stride, row_bytes()), "n_rows rows src_stride apart"},
+                 {"y", CheckedSize(n_rows) * head_dim_ * kFloat, "n_rows x head_dim floats"}});
     impl_->dequantize_rows(static_cast<const uint8_t*>(src), src_stride, n_rows, y);
 }
 
@@ -196,6 +203,9 @@ void Codec::prepare_queries(const float* q, int n_q, void* prep, NanPolicy nan) 
     require(n_q >= 0, name_, "prepare_queries: n_q is negative");
     if (n_q == 0) return;
     require(q && prep, name_, "prepare_queries: null pointer");
+    check_sizes(name_, "prepare_queries",
+                {{"q", CheckedSize(n_q) * head_dim_ * kFloat, "n_q x head_dim floats"},
+                 {"prep", CheckedSize(n_q) * query_bytes(), "n_q x query_bytes()"}});
     if (nan == NanPolicy::reject && !detail::all_finite(q, static_cast<size_t>(n_q) * head_dim_)) {
         throw NonFiniteInput("codec '" + name_ + "': prepare_queries: query is not finite (NaN or Inf)");
     }
@@ -218,6 +228,10 @@ void Codec::score_rows(const void* prep, int n_q, const void* rows, size_t n_row
     require(n_q == 1 || score_stride >= n_rows, name_, "score_rows: score_stride is smaller than n_rows");
     if (row_stride == 0) row_stride = row_bytes();
     require(row_stride >= row_bytes(), name_, "score_rows: row_stride is smaller than row_bytes()");
+    check_sizes(name_, "score_rows",
+                {{"prep", CheckedSize(n_q) * query_bytes(), "n_q x query_bytes()"},
+                 {"rows", strided(n_rows, row_stride, row_bytes()), "n_rows rows row_stride apart"},
+                 {"scores", strided(n_q, score_stride, n_rows) * kFloat, "n_q rows of n_rows floats, score_stride apart"}});
     const uint8_t* p = static_cast<const uint8_t*>(prep);
     if (misaligned(prep)) {
         const size_t bytes = static_cast<size_t>(n_q) * query_bytes();
@@ -236,6 +250,10 @@ void Codec::accumulate_rows(const float* w, size_t w_stride, int n_q, const void
     require(n_q == 1 || w_stride >= n_rows, name_, "accumulate_rows: w_stride is smaller than n_rows");
     if (row_stride == 0) row_stride = row_bytes();
     require(row_stride >= row_bytes(), name_, "accumulate_rows: row_stride is smaller than row_bytes()");
+    check_sizes(name_, "accumulate_rows",
+                {{"w", strided(n_q, w_stride, n_rows) * kFloat, "n_q rows of n_rows floats, w_stride apart"},
+                 {"rows", strided(n_rows, row_stride, row_bytes()), "n_rows rows row_stride apart"},
+                 {"acc", CheckedSize(n_q) * head_dim_ * kFloat, "n_q x head_dim floats"}});
     impl_->accumulate_rows(w, w_stride, n_q, static_cast<const uint8_t*>(rows), row_stride, n_rows, acc);
 }
 
@@ -244,6 +262,8 @@ void Codec::finish_accumulate(float* acc, int n_q) const {
     require(n_q >= 0, name_, "finish_accumulate: n_q is negative");
     if (n_q == 0) return;
     require(acc != nullptr, name_, "finish_accumulate: null pointer");
+    check_sizes(name_, "finish_accumulate",
+                {{"acc", CheckedSize(n_q) * head_dim_ * kFloat, "n_q x head_dim floats"}});
     impl_->finish_accumulate(acc, n_q);
 }
 

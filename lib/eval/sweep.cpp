@@ -380,7 +380,11 @@ ModelShape default_model(const std::vector<KVData>& data) {
 }  // namespace
 
 SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& options) {
-    if (options.block_tokens <= 0 || options.top_k <= 0) throw std::invalid_argument("sweep: block_tokens and top_k must be positive");
+    if (options.block_tokens < 1 || options.block_tokens > kMaxBlockTokens) {
+        throw std::invalid_argument("sweep: block_tokens must be in 1.." + std::to_string(kMaxBlockTokens) +
+                                    " (what a KVCache takes), got " + std::to_string(options.block_tokens));
+    }
+    if (options.top_k <= 0) throw std::invalid_argument("sweep: top_k must be positive");
     const std::vector<KVFormat> formats = options.formats.empty() ? default_kv_formats() : options.formats;
     SweepResult result;
     result.model = options.model.n_layers > 0 ? options.model : default_model(data);

@@ -1,6 +1,7 @@
 #include "polar_params.hpp"
 
 #include <charconv>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -40,6 +41,12 @@ void check_levels(int levels, int head_dim) {
         fail_head_dim("L=" + std::to_string(levels) + " needs a head_dim that is a multiple of 2^L = " + std::to_string(1 << levels) +
              ", got " + std::to_string(head_dim));
     }
+}
+
+std::string shortest(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return buf;
 }
 
 int max_levels(int head_dim) {
@@ -111,6 +118,19 @@ PolarConfig min_error_allocation(double budget, int head_dim, int levels) {
     const int lo = levels ? levels : 1, hi = levels ? levels : max_levels(head_dim);
     if (levels) check_levels(levels, head_dim);
     if (hi < 1) fail_head_dim("head_dim must be even, got " + std::to_string(head_dim));
+    // The most a row can take: every level at kPolarMaxBits, at the level count that stores the most
+    // (the fewest levels: more radii). A budget beyond it would silently buy nothing more.
+    double most = 0;
+    int most_levels = lo;
+    for (int l = lo; l <= hi; ++l) {
+        const double bits = 8.0 * polar_row_bytes(PolarConfig{l, std::vector<int>(l, kPolarMaxBits)}, head_dim) / head_dim;
+        if (bits > most) most = bits, most_levels = l;
+    }
+    if (budget > most + 1e-9) {
+        fail("budget=" + shortest(budget) + " is beyond the most a row can use at head_dim " + std::to_string(head_dim) +
+             (levels ? " and L=" + std::to_string(levels) : std::string()) + ": budget must be at most " + shortest(most) +
+             " bits/value (L=" + std::to_string(most_levels) + ", " + std::to_string(kPolarMaxBits) + " bits at every level)");
+    }
     std::optional<PolarConfig> best;
     double best_error = std::numeric_limits<double>::infinity();
     for (int l = lo; l <= hi; ++l) {

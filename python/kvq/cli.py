@@ -242,6 +242,7 @@ _positive = _bounded(1, 2**31 - 1, "an integer")
 _seed = _bounded(0, 2**64 - 1, "a seed")
 _context = _bounded(1, 2**48, "a token count")  # kvq::kMaxSequenceTokens
 _batch = _bounded(1, 2**32, "a sequence count")
+_block_tokens = _bounded(1, _core.MAX_BLOCK_TOKENS, "a block size in tokens (what a KVCache takes)")
 
 
 def _model_path(spec: str) -> str:
@@ -326,8 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--plot", metavar="FILE.png", help="draw error against bits per value into FILE (.png, .pdf, .svg; matplotlib)")
     t.add_argument("--seed", type=_seed, default=0, help="seed of the synthetic data sets, 0..2^64-1 (default 0)")
     t.add_argument("--no-timing", action="store_true", help="skip the decode timing")
-    t.add_argument("--block-tokens", type=_positive, default=32,
-                   help="tokens per cache block: the +center and chanB blocks (default 32)")
+    t.add_argument("--block-tokens", type=_block_tokens, default=32,
+                   help=f"tokens per cache block: the +center and chanB blocks, 1..{_core.MAX_BLOCK_TOKENS} (default 32)")
     t.add_argument("--repeats", type=_positive, default=10, help="decode timing: best of this many samples (default 10)")
     t.add_argument("--int8-value-weights", action="store_true", help="q4_0 values multiplied by int8 weights, in the "
                    "errors and the timing (kvq.KVCache int8_value_weights; see docs/DESIGN.md)")
@@ -364,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="model weights' dtype")
     e.add_argument("--threads", type=_positive, default=1, help="threads of one kvq attention call (default 1)")
     e.add_argument("--torch-threads", type=_positive, help="torch's intra-op threads (default: torch's choice)")
-    e.add_argument("--block-tokens", type=_positive, default=32, help="kvq cache block size in tokens (default 32)")
+    e.add_argument("--block-tokens", type=_block_tokens, default=32,
+                   help=f"kvq cache block size in tokens, 1..{_core.MAX_BLOCK_TOKENS} (default 32)")
     e.add_argument("--int8-value-weights", action="store_true", help="q4_0 values multiplied by int8 weights in "
                    "every cache (kvq.KVCache int8_value_weights; see docs/DESIGN.md)")
     e.add_argument("--format", choices=formats, default="markdown")

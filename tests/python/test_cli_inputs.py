@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import kvq
 from kvq import cli
 
 SMALL = "llm:layers=1,kv_heads=2,tokens=128,query_positions=2"
@@ -33,10 +34,23 @@ def one_line_error(err):
     (["table", "--seed", "-1"], "expected a seed in 0..18446744073709551615"),
     (["table", "--seed", str(2**64)], "expected a seed"),
     (["info", "--head-dim", "99999999999999999999"], "expected a head size"),
+    # Beyond what a KVCache takes: `table --no-timing` never made a cache and took it silently.
+    (["table", "--block-tokens", "4097", "--no-timing"], "expected a block size in tokens (what a KVCache takes) in 1..4096"),
+    (["table", "--block-tokens", "0"], "in 1..4096"),
+    (["eval", "gemma3-270m", "--text", "t.txt", "--block-tokens", "100000"], "in 1..4096"),
 ])
 def test_numbers_beyond_the_library_are_usage_errors(capsys, argv, message):
     code, _, err = run(capsys, *argv)
     assert code == 2 and message in err and one_line_error(err)
+
+
+def test_a_codec_parameter_beyond_its_range_is_refused_with_the_range():
+    # polar:budget=99 was taken as the largest allocation (12 bits/value). The table reports a codec's
+    # error in its row, as for any codec the data set cannot take; the library refuses it.
+    with pytest.raises(ValueError, match="budget must be at most 12 bits/value"):
+        kvq.codec_info("polar:budget=99", 128)
+    result = kvq.sweep([SMALL], ["q8_0/polar:budget=99"], timing=False)
+    assert "budget must be at most 12 bits/value" in result.format("markdown")
 
 
 def test_a_data_set_too_large_to_make_is_a_bad_argument(capsys):
