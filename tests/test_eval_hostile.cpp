@@ -15,6 +15,7 @@
 #include "kvq/datasets.hpp"
 #include "kvq/eval.hpp"
 #include "kvq/npy.hpp"
+#include "kvq/planner.hpp"
 #include "kvq/sweep.hpp"
 #include "test_util.hpp"
 
@@ -247,4 +248,18 @@ TEST_CASE("compare_attention: non-finite results are refused by query and array"
     bad_o[1] = INFINITY;
     CHECK_THROWS_WITH_AS(kvq::compare_attention(s.data(), w.data(), o.data(), s.data(), w.data(), bad_o.data(), n_q, n, d),
                          doctest::Contains("query 0's output"), std::invalid_argument);
+}
+
+TEST_CASE("load_model: a config.json that is a FIFO, huge, or a path fs cannot look at is a clear error") {
+    Dump dump;  // a directory to hold the configs
+    REQUIRE(::mkfifo(dump.file("config.json").c_str(), 0600) == 0);
+    CHECK_THROWS_WITH_AS(kvq::load_model(dump.path.string()), doctest::Contains("config.json: is a FIFO"), std::invalid_argument);
+    fs::remove(dump.file("config.json"));
+    { std::ofstream(dump.file("config.json")) << "{}"; }
+    fs::resize_file(dump.file("config.json"), uint64_t(1) << 30);  // sparse
+    const long peak_before = peak_rss_kib();
+    CHECK_THROWS_WITH_AS(kvq::load_model(dump.file("config.json")), doctest::Contains("more than the 16777216 this file may have"),
+                         std::invalid_argument);
+    CHECK(peak_rss_kib() - peak_before < 256 * 1024);
+    CHECK_THROWS_AS(kvq::load_model(std::string(5000, 'a') + ".json"), std::invalid_argument);  // ENAMETOOLONG
 }
