@@ -240,6 +240,13 @@ TEST_CASE("compare_attention: non-finite results are refused by query and array"
     const size_t n = 3;
     std::vector<float> s = {1, 2, 3, 1, 2, 3}, w = {0.1f, 0.2f, 0.7f, 0.1f, 0.2f, 0.7f}, o(n_q * d, 0.5f);
     CHECK(kvq::compare_attention(s.data(), w.data(), o.data(), s.data(), w.data(), o.data(), n_q, n, d).kl.worst == 0);
+    // Finite scores and outputs whose float difference overflows: the errors are taken in double.
+    std::vector<float> ref_s = {3e38f, 0, 0, 1, 2, 3}, far_s = {-3e38f, 0, 0, 1, 2, 3}, ref_o = o, far_o = o;
+    ref_o[2] = 3e38f;
+    far_o[2] = -3e38f;
+    const auto far = kvq::compare_attention(ref_s.data(), w.data(), ref_o.data(), far_s.data(), w.data(), far_o.data(), n_q, n, d);
+    CHECK(far.score_rmse.worst == doctest::Approx(std::sqrt(6.0)));  // an error of 6e38 over a spread of sqrt(2)·1e38
+    CHECK(far.output_l2.worst == doctest::Approx(2.0));
     auto bad_w = w;
     bad_w[4] = NAN;  // a NaN weight is never > 0: it read as KL 0, top-k 1
     CHECK_THROWS_WITH_AS(kvq::compare_attention(s.data(), bad_w.data(), o.data(), s.data(), w.data(), o.data(), n_q, n, d),

@@ -63,7 +63,8 @@ AttentionErrors compare_attention(const float* ref_scores, const float* ref_weig
         double kl_i = 0, se = 0, mean = 0, var = 0;
         for (size_t r = 0; r < n_rows; ++r) {
             if (rw[r] > 0) kl_i += rw[r] * (std::log(double(rw[r])) - std::log(std::max(double(w[r]), 1e-300)));
-            se += double(s[r] - rs[r]) * (s[r] - rs[r]);
+            const double ds = double(s[r]) - rs[r];  // in double: float differences of finite scores may overflow
+            se += ds * ds;
             mean += rs[r];
         }
         mean /= n_rows;
@@ -81,7 +82,8 @@ AttentionErrors compare_attention(const float* ref_scores, const float* ref_weig
         const float* o = out + i * d;
         double diff = 0, nr = 0, no = 0, dot = 0;
         for (int j = 0; j < d; ++j) {
-            diff += double(o[j] - ro[j]) * (o[j] - ro[j]);
+            const double dj = double(o[j]) - ro[j];
+            diff += dj * dj;
             nr += double(ro[j]) * ro[j];
             no += double(o[j]) * o[j];
             dot += double(o[j]) * ro[j];
