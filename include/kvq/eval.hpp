@@ -1,6 +1,7 @@
 // kvq — accuracy against the FP32 reference.
 //
-// reference_attention computes softmax(scale · q Kᵀ) V in float32 with Eigen on the unquantized rows.
+// reference_attention computes softmax(scale · q Kᵀ) V in float32 with Eigen on the unquantized rows (in
+// double for a query whose float scores overflow).
 // attention_error runs the same attention on quantized rows, through the decode engine the cache uses (the
 // key codec scores its codes, the value codec accumulates its codes), and compares, per query, with the
 // metrics of DESIGN.md.
