@@ -1,7 +1,7 @@
-"""kvq.hf.KVQCache batch edits (issue 36, item 10): reorder_cache, batch_select_indices and
-batch_repeat_interleave take the indices torch's own edits take (index_select, indexing, repeat_interleave)
-and refuse the rest with the reason; a refused or failed edit (PoolExhausted) changes nothing. Skipped
-without torch and transformers."""
+"""kvq.hf.KVQCache batch edits (issue 36, item 10): reorder_cache, batch_select_indices,
+batch_repeat_interleave and crop take the indices and counts torch's own edits take (index_select,
+indexing, repeat_interleave, an int) and refuse the rest with the reason; a refused or failed edit
+(PoolExhausted) changes nothing. Skipped without torch and transformers."""
 
 import pytest
 
@@ -153,3 +153,15 @@ def test_a_reorder_that_runs_out_of_blocks_changes_nothing():
         cache.batch_repeat_interleave(2)
     assert same_state(state(cache), before)
     assert same_logits(next_logits(model, cache, 3), ref_logits)
+
+
+@pytest.mark.parametrize("tokens", [-2.5, -2.0, True, "-2", torch.tensor(-2.0)])
+def test_crop_takes_an_integer_only(tokens):
+    model = tiny_llama()
+    cache = filled_cache(model)
+    before = state(cache)
+    with pytest.raises(ValueError, match="tokens_to_remove must be an integer"):
+        cache.crop(tokens)
+    assert same_state(state(cache), before)
+    cache.crop(torch.tensor(-2))  # a 0-d integer tensor is a count
+    assert cache.get_seq_length() == 18

@@ -18,6 +18,16 @@ from ._layer import _Group, _KVQLayer
 from ._tensors import _check_cpu, _to_numpy, _valid_new
 
 
+def _integer(where: str, name: str, x) -> int:
+    """x as a count, as torch takes one: an int (a numpy integer, a 0-d integer tensor), not a bool or a float."""
+    if not isinstance(x, bool):
+        try:
+            return operator.index(x)
+        except TypeError:
+            pass
+    raise ValueError(f"{where}: {name} must be an integer, got {x!r}")
+
+
 class KVQCache(Cache):
     """A transformers Cache stored in kvq (one kvq sequence per batch row); use with attn_implementation="kvq".
 
@@ -203,9 +213,10 @@ class KVQCache(Cache):
         """Removes the last tokens (transformers' convention: crop(-n) removes n, crop(0) does nothing; a
         positive argument is refused as by DynamicCache). A windowed layer can go back at most
         block_tokens tokens past its window (kvq raises otherwise, changing nothing)."""
+        tokens_to_remove = _integer("kvq.hf.KVQCache.crop", "tokens_to_remove", tokens_to_remove)
         if tokens_to_remove > 0:
             raise ValueError(f"kvq.hf.KVQCache.crop({tokens_to_remove}): pass a negative number of tokens to remove")
-        n = -int(tokens_to_remove)
+        n = -tokens_to_remove
         if n == 0 or not self.rows:
             return
         length = self.get_seq_length()
@@ -312,13 +323,7 @@ class KVQCache(Cache):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Each row repeated `repeats` times in place (generate's expansion for beams or samples): repeats >= 1."""
-        try:
-            if isinstance(repeats, bool):  # an int to operator.index, not a count
-                raise TypeError
-            n = operator.index(repeats)
-        except TypeError as e:
-            raise ValueError(f"kvq.hf.KVQCache.batch_repeat_interleave: repeats must be a positive integer, got "
-                             f"{repeats!r}") from e
+        n = _integer("kvq.hf.KVQCache.batch_repeat_interleave", "repeats", repeats)
         if n < 1:
             raise ValueError(f"kvq.hf.KVQCache.batch_repeat_interleave: repeats must be >= 1, got {n} (the cache "
                              "would hold no rows)")
