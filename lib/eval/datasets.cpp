@@ -157,7 +157,7 @@ void KVData::validate() const {
                                   const std::vector<int>* positions) {
         const auto it = std::find_if(x.begin(), x.end(), [](float f) { return !std::isfinite(f); });
         if (it == x.end()) return;
-        size_t i = static_cast<size_t>(it - x.begin()) / head_dim;
+        const size_t i = static_cast<size_t>(it - x.begin()) / head_dim;
         const size_t head = i % heads, row = i / heads % per_layer_rows, layer = i / heads / per_layer_rows;
         const size_t token = positions ? size_t((*positions)[row]) : row;
         bad("data set '" + name + "': " + what + " holds " + std::to_string(*it) + " at layer " + std::to_string(layer) + ", token " +
