@@ -137,6 +137,8 @@ TEST_CASE("npy: shape numbers and element counts that do not fit 64 bits are ref
     CHECK(error("(4294967296, 4294967297)").find("more elements than fit in 64 bits") != std::string::npos);
     CHECK(error("(4611686018427387904,)").find("more bytes than fit in 64 bits") != std::string::npos);  // 2^62 floats
     CHECK(error("(4,)") == "no error");
+    const std::string empty = npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }");  // no data (UBSan: no memcpy)
+    CHECK(kvq::parse_npy(empty.data(), empty.size()).shape == std::vector<size_t>{0, 4});
     // A dump whose dimension does not fit the data set's int is refused by name, not truncated.
     const std::vector<float> one(1);
     CHECK_THROWS_WITH_AS(kvq::write_npy("/nonexistent/x.npy", one.data(), 0, {size_t(1) << 32, size_t(1) << 32}),

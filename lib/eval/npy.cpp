@@ -176,6 +176,7 @@ NpyArray to_array(NpyHeader h, const uint8_t* data) {
     a.dtype = h.dtype;
     const size_t n = h.data_bytes / h.item;
     a.data.resize(n);
+    if (n == 0) return a;  // (memcpy of nothing from or to a null pointer is still undefined)
     if (h.item == 4) {
         std::memcpy(a.data.data(), data, n * 4);
     } else {
