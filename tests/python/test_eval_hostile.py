@@ -74,15 +74,18 @@ def test_a_directory_in_place_of_a_file_is_a_one_line_error(capsys, tmp_path):
     refused(capsys, spec, "meta.json: is a directory, not a regular file")
 
 
+def npy_with_shape(shape: str, data: bytes = b"") -> bytes:
+    """A .npy file of float32 with the shape text as given (NumPy could not write these)."""
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + data
+
+
 def test_shape_numbers_beyond_64_bits_are_a_one_line_error(capsys, tmp_path):
     spec = write_dump(tmp_path)
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 12345678901234567890123, 1, 32), }"
-    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
-    (tmp_path / "k.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(64))
+    (tmp_path / "k.npy").write_bytes(npy_with_shape("(1, 12345678901234567890123, 1, 32)", bytes(64)))
     refused(capsys, spec, "shape number 12345678901234567890123 is beyond")
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 1, 1), }"
-    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
-    (tmp_path / "k.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    (tmp_path / "k.npy").write_bytes(npy_with_shape("(4294967296, 4294967296, 1, 1)"))
     refused(capsys, spec, "holds more elements than fit in 64 bits")
 
 

@@ -142,7 +142,8 @@ def test_a_reorder_that_runs_out_of_blocks_changes_nothing():
     model = tiny_llama()
     # The smallest pool that holds the forward of 3 rows of 20 tokens (2 layers, 16-token blocks; 36 blocks
     # today), and a third more: room for the first fork or so (each copies its row's open blocks), not 5.
-    smallest = next(m for m in range(1, 200) if fits(lambda: filled_cache(model, rows=3, block_tokens=16, max_blocks=m)))
+    smallest = next(m for m in range(1, 200)
+                    if fits(lambda: filled_cache(model, rows=3, block_tokens=16, max_blocks=m)))
     cache = filled_cache(model, rows=3, block_tokens=16, max_blocks=smallest + smallest // 3)
     ref_logits = next_logits(model, filled_cache(model, rows=3, block_tokens=16), 3)
     before = state(cache)

@@ -259,7 +259,8 @@ class KVQCache(Cache):
         try:
             idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
         except (TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"{where}: {name} must be a 1-D integer tensor or list ({torch_op}); got {indices!r}") from e
+            raise ValueError(f"{where}: {name} must be a 1-D integer tensor or list ({torch_op}); "
+                             f"got {indices!r}") from e
         if idx.ndim != 1:
             raise ValueError(f"{where}: {name} must be 1-D ({torch_op}), got shape {tuple(idx.shape)}")
         if idx.numel() == 0:
