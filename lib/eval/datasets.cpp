@@ -2,13 +2,14 @@
 #include "kvq/datasets.hpp"
 
 #include <algorithm>
+#include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <stdexcept>
 
+#include "input_file.hpp"
 #include "json_reader.hpp"
 #include "kvq/npy.hpp"
 #include "random.hpp"
@@ -18,6 +19,9 @@ namespace kvq {
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument(what); }
+
+// A dump's meta.json holds a few names and numbers (one window per layer at most).
+constexpr size_t kMaxMetaBytes = size_t(1) << 20;
 
 void fill_normal(std::vector<float>& x, detail::Rng& rng) {
     for (float& v : x) v = static_cast<float>(rng.normal());
@@ -147,6 +151,21 @@ void KVData::validate() const {
     for (size_t l = 0; l < windows.size(); ++l) {
         if (windows[l] < 0) bad("data set '" + name + "': the sliding window of layer " + std::to_string(l) + " is negative");
     }
+    if (!std::isfinite(scale) || scale < 0) bad("data set '" + name + "': the softmax scale must be finite and positive (0: 1/sqrt(head_dim))");
+    // Attention on NaN or Inf has no reference to measure against: refused, with where it is.
+    const auto check_finite = [&](const char* what, const std::vector<float>& x, int per_layer_rows, int heads,
+                                  const std::vector<int>* positions) {
+        const auto it = std::find_if(x.begin(), x.end(), [](float f) { return !std::isfinite(f); });
+        if (it == x.end()) return;
+        const size_t i = static_cast<size_t>(it - x.begin()) / head_dim;
+        const size_t head = i % heads, row = i / heads % per_layer_rows, layer = i / heads / per_layer_rows;
+        const size_t token = positions ? size_t((*positions)[row]) : row;
+        bad("data set '" + name + "': " + what + " holds " + std::to_string(*it) + " at layer " + std::to_string(layer) + ", token " +
+            std::to_string(token) + ", head " + std::to_string(head) + " (keys, values and queries must be finite)");
+    };
+    check_finite("the keys", k, tokens, kv_heads, nullptr);
+    check_finite("the values", v, tokens, kv_heads, nullptr);
+    check_finite("the queries", q, n_queries(), q_heads, &query_positions);
 }
 
 KVData make_gaussian_data(const GaussianDataOptions& o) {
@@ -175,14 +194,18 @@ KVData make_gaussian_data(const GaussianDataOptions& o) {
 KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
     namespace fs = std::filesystem;
     const fs::path root(dir);
-    if (!fs::is_directory(root)) bad("npy data: '" + dir + "' is not a directory (expected k.npy, v.npy and optionally q.npy in it)");
+    std::error_code ec;  // the non-throwing forms: a path fs cannot look at is an error message, not a crash
+    if (!fs::is_directory(root, ec)) bad("npy data: '" + dir + "' is not a directory (expected k.npy, v.npy and optionally q.npy in it)");
+    // Present when anything is there (a dangling link or a FIFO too: reading it says what is wrong).
+    auto present = [&](const fs::path& path) { return fs::exists(fs::symlink_status(path, ec)); };
     auto load = [&](const char* file) {
         const fs::path path = root / file;
-        if (!fs::exists(path)) bad("npy data: missing " + path.string());
+        if (!present(path)) bad("npy data: missing " + path.string());
         NpyArray a = read_npy(path.string());
-        if (a.shape.size() != 4 || a.size() == 0) {
+        const bool dims_fit = std::all_of(a.shape.begin(), a.shape.end(), [](size_t s) { return s <= size_t(INT_MAX); });
+        if (a.shape.size() != 4 || a.size() == 0 || !dims_fit) {
             bad(path.string() + ": expected shape (layers, tokens, " + (file[0] == 'q' ? "n_heads" : "kv_heads") +
-                ", head_dim), got " + shape_string(a.shape));
+                ", head_dim), got " + shape_string(a.shape) + (dims_fit ? "" : " (each at most " + std::to_string(INT_MAX) + ")"));
         }
         return a;
     };
@@ -199,7 +222,7 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
     d.k = std::move(k.data);
     d.v = std::move(v.data);
     const int nq = d.n_queries();
-    if (fs::exists(root / "q.npy")) {
+    if (present(root / "q.npy")) {
         NpyArray q = load("q.npy");
         if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || q.shape[3] != k.shape[3] || q.shape[2] % k.shape[2] != 0) {
             bad((root / "q.npy").string() + ": expected shape (" + std::to_string(d.layers) + ", " + std::to_string(d.tokens) +
@@ -237,9 +260,8 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
         }
     }
     // The softmax scale, when the dump states it (scripts/dump_hf_kv.py writes the model's own).
-    if (const fs::path meta = root / "meta.json"; fs::exists(meta)) {
-        std::ifstream f(meta);
-        const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    if (const fs::path meta = root / "meta.json"; present(meta)) {
+        const std::string text = detail::read_text_file(meta.string(), kMaxMetaBytes);
         detail::JsonValue json;
         try {
             json = detail::parse_json(text);
@@ -247,8 +269,13 @@ KVData load_npy_data(const std::string& dir, const NpyDataOptions& options) {
             bad(meta.string() + ": " + e.what());
         }
         if (const detail::JsonValue* scale = json.find("scale"); scale && !scale->is_null()) {
-            if (!scale->as_number() || !(*scale->as_number() > 0)) bad(meta.string() + ": 'scale' must be a positive number");
-            d.scale = static_cast<float>(*scale->as_number());
+            // The scale is a float in attention: one float cannot hold (1e300 or 1e-300) is refused, not
+            // rounded to Inf or to 0 (which would mean 1/sqrt(head_dim)).
+            const double* x = scale->as_number();
+            if (!x || !(*x >= FLT_MIN && *x <= FLT_MAX)) {
+                bad(meta.string() + ": 'scale' must be a positive number within float's range (1.2e-38 .. 3.4e38)");
+            }
+            d.scale = static_cast<float>(*x);
         }
         d.windows = read_windows(json, d.layers, meta.string());
         if (const detail::JsonValue* model = json.find("model"); model && model->as_string() && !model->as_string()->empty()) {

@@ -2,6 +2,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kvq/eval.hpp"
@@ -16,7 +19,8 @@ struct Accumulator {
     explicit Accumulator(bool higher_worse) : worst(higher_worse ? -INFINITY : INFINITY), higher_is_worse(higher_worse) {}
     void add(double x) {
         sum += x;
-        worst = higher_is_worse ? std::max(worst, x) : std::min(worst, x);
+        // A NaN is the worst of all (std::max would drop it, leaving a NaN mean beside a clean worst).
+        worst = std::isnan(x) || std::isnan(worst) ? NAN : higher_is_worse ? std::max(worst, x) : std::min(worst, x);
     }
     MetricSummary summary(size_t n) const { return {n ? sum / n : 0.0, worst}; }
 };
@@ -36,6 +40,20 @@ std::vector<size_t> top_indices(const float* w, size_t n, size_t k) {
 AttentionErrors compare_attention(const float* ref_scores, const float* ref_weights, const float* ref_out,
                                   const float* scores, const float* weights, const float* out, int n_q,
                                   size_t n_rows, int d, int top_k) {
+    // Metrics of float attention on non-finite numbers (scores beyond float's range, or NaN/Inf input) would
+    // read as agreement (a NaN weight is never > 0: KL 0); refused, with which query and array.
+    for (int i = 0; i < n_q; ++i) {
+        const std::pair<const char*, bool> arrays[] = {
+            {"reference scores", all_finite(ref_scores + i * n_rows, n_rows)}, {"reference weights", all_finite(ref_weights + i * n_rows, n_rows)},
+            {"reference output", all_finite(ref_out + size_t(i) * d, size_t(d))}, {"scores", all_finite(scores + i * n_rows, n_rows)},
+            {"weights", all_finite(weights + i * n_rows, n_rows)}, {"output", all_finite(out + size_t(i) * d, size_t(d))}};
+        for (const auto& [what, finite] : arrays) {
+            if (!finite) {
+                throw std::invalid_argument("attention metrics: query " + std::to_string(i) + "'s " + what +
+                                            " are not finite (a score beyond float's range, or NaN/Inf input): nothing to measure");
+            }
+        }
+    }
     Accumulator kl(true), rmse(true), topk(false), l2(true), cosine(false);
     for (int i = 0; i < n_q; ++i) {
         const float* rs = ref_scores + i * n_rows;
@@ -45,7 +63,8 @@ AttentionErrors compare_attention(const float* ref_scores, const float* ref_weig
         double kl_i = 0, se = 0, mean = 0, var = 0;
         for (size_t r = 0; r < n_rows; ++r) {
             if (rw[r] > 0) kl_i += rw[r] * (std::log(double(rw[r])) - std::log(std::max(double(w[r]), 1e-300)));
-            se += double(s[r] - rs[r]) * (s[r] - rs[r]);
+            const double ds = double(s[r]) - rs[r];  // in double: float differences of finite scores may overflow
+            se += ds * ds;
             mean += rs[r];
         }
         mean /= n_rows;
@@ -63,7 +82,8 @@ AttentionErrors compare_attention(const float* ref_scores, const float* ref_weig
         const float* o = out + i * d;
         double diff = 0, nr = 0, no = 0, dot = 0;
         for (int j = 0; j < d; ++j) {
-            diff += double(o[j] - ro[j]) * (o[j] - ro[j]);
+            const double dj = double(o[j]) - ro[j];
+            diff += dj * dj;
             nr += double(ro[j]) * ro[j];
             no += double(o[j]) * o[j];
             dot += double(o[j]) * ro[j];

@@ -3,12 +3,14 @@
 // parsed here by a small scanner that accepts exactly the three keys NumPy writes.
 #include "kvq/npy.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <stdexcept>
+#include <utility>
 
+#include "input_file.hpp"
 #include "spec/half.hpp"
 
 namespace kvq {
@@ -16,6 +18,8 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
+// NumPy writes headers of a few hundred bytes and by default reads none beyond 10000.
+constexpr size_t kMaxNpyHeaderBytes = size_t(1) << 16;
 
 [[noreturn]] void fail(const std::string& what, const std::string& problem) {
     throw std::invalid_argument(what + ": " + problem);
@@ -69,7 +73,13 @@ struct HeaderScanner {
             size_t start = pos;
             while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') ++pos;
             if (start == pos) fail(what, "corrupt .npy header (bad shape): " + text);
-            shape.push_back(std::stoull(text.substr(start, pos - start)));
+            size_t n = 0;
+            for (size_t i = start; i < pos; ++i) {
+                if (__builtin_mul_overflow(n, size_t{10}, &n) || __builtin_add_overflow(n, size_t(text[i] - '0'), &n)) {
+                    fail(what, "shape number " + text.substr(start, pos - start) + " is beyond " + std::to_string(SIZE_MAX));
+                }
+            }
+            shape.push_back(n);
             if (!take(',')) {
                 expect(')');
                 break;
@@ -78,6 +88,102 @@ struct HeaderScanner {
         return shape;
     }
 };
+
+// What a header promises: the array's shape and dtype, where its data starts and how many bytes it holds.
+struct NpyHeader {
+    std::vector<size_t> shape;
+    std::string dtype;
+    size_t item = 0;
+    size_t data_offset = 0;
+    size_t data_bytes = 0;
+};
+
+// The length of the header dict and where it starts, from the first 12 (or fewer) bytes of a file.
+std::pair<size_t, size_t> header_extent(const uint8_t* p, size_t n_bytes, const std::string& what) {
+    if (n_bytes < kMagicLen + 4 || std::memcmp(p, kMagic, kMagicLen) != 0) fail(what, "not a .npy file (bad magic)");
+    const int major = p[6];
+    if (major == 1) return {p[8] | (size_t(p[9]) << 8), 10};
+    if (major != 2 && major != 3) fail(what, "unsupported .npy format version " + std::to_string(major));
+    if (n_bytes < 12) fail(what, "truncated .npy header");
+    const size_t len = p[8] | (size_t(p[9]) << 8) | (size_t(p[10]) << 16) | (size_t(p[11]) << 24);
+    if (len > kMaxNpyHeaderBytes) {
+        fail(what, ".npy header of " + std::to_string(len) + " bytes, beyond the " + std::to_string(kMaxNpyHeaderBytes) +
+                       " read here (NumPy writes a few hundred)");
+    }
+    return {len, 12};
+}
+
+NpyHeader parse_header(const std::string& header, size_t data_offset, const std::string& what) {
+    std::string descr;
+    bool fortran = false, have_descr = false, have_order = false, have_shape = false;
+    NpyHeader h;
+    h.data_offset = data_offset;
+    HeaderScanner scan{header, what};
+    scan.expect('{');
+    while (!scan.take('}')) {
+        const std::string key = scan.string_literal();
+        scan.expect(':');
+        if (key == "descr") {
+            descr = scan.string_literal();
+            have_descr = true;
+        } else if (key == "fortran_order") {
+            fortran = scan.boolean();
+            have_order = true;
+        } else if (key == "shape") {
+            h.shape = scan.shape_tuple();
+            have_shape = true;
+        } else {
+            fail(what, "corrupt .npy header (unknown key '" + key + "')");
+        }
+        if (!scan.take(',')) {
+            scan.expect('}');
+            break;
+        }
+    }
+    if (!have_descr || !have_order || !have_shape) fail(what, "corrupt .npy header (needs descr, fortran_order and shape): " + header);
+    if (fortran) fail(what, "Fortran-order arrays are not supported (save np.ascontiguousarray(x))");
+    if (descr == "<f4" || descr == "=f4") {
+        h.dtype = "float32";
+        h.item = 4;
+    } else if (descr == "<f2" || descr == "=f2") {
+        h.dtype = "float16";
+        h.item = 2;
+    } else {
+        fail(what, "dtype '" + descr + "' is not supported (expected little-endian float32 '<f4' or float16 '<f2')");
+    }
+    // The element count and the byte count must not wrap: a shape of huge numbers promises more than any file.
+    size_t n = 1;
+    for (size_t s : h.shape) {
+        if (__builtin_mul_overflow(n, s, &n)) fail(what, "shape " + shape_string(h.shape) + " holds more elements than fit in 64 bits");
+    }
+    if (__builtin_mul_overflow(n, h.item, &h.data_bytes) || h.data_bytes > SIZE_MAX - data_offset) {
+        fail(what, "shape " + shape_string(h.shape) + " of " + h.dtype + " holds more bytes than fit in 64 bits");
+    }
+    return h;
+}
+
+void check_data_size(const NpyHeader& h, uint64_t n_bytes, const std::string& what) {
+    if (n_bytes - h.data_offset != h.data_bytes) {
+        fail(what, "data size " + std::to_string(n_bytes - h.data_offset) + " bytes does not match shape " +
+                       shape_string(h.shape) + " of " + h.dtype + " (" + std::to_string(h.data_bytes) + " bytes)");
+    }
+}
+
+// The array of a checked header from its data bytes.
+NpyArray to_array(NpyHeader h, const uint8_t* data) {
+    NpyArray a;
+    a.shape = std::move(h.shape);
+    a.dtype = h.dtype;
+    const size_t n = h.data_bytes / h.item;
+    a.data.resize(n);
+    if (n == 0) return a;  // (memcpy of nothing from or to a null pointer is still undefined)
+    if (h.item == 4) {
+        std::memcpy(a.data.data(), data, n * 4);
+    } else {
+        for (size_t i = 0; i < n; ++i) a.data[i] = detail::f16_to_f32(static_cast<uint16_t>(data[2 * i] | (data[2 * i + 1] << 8)));
+    }
+    return a;
+}
 
 }  // namespace
 
@@ -95,85 +201,36 @@ std::string shape_string(const std::vector<size_t>& shape) {
 
 NpyArray parse_npy(const void* bytes, size_t n_bytes, const std::string& what) {
     const auto* p = static_cast<const uint8_t*>(bytes);
-    if (n_bytes < kMagicLen + 4 || std::memcmp(p, kMagic, kMagicLen) != 0) fail(what, "not a .npy file (bad magic)");
-    const int major = p[6];
-    size_t header_len = 0, offset = 0;
-    if (major == 1) {
-        header_len = p[8] | (size_t(p[9]) << 8);
-        offset = 10;
-    } else if (major == 2 || major == 3) {
-        if (n_bytes < 12) fail(what, "truncated .npy header");
-        header_len = p[8] | (size_t(p[9]) << 8) | (size_t(p[10]) << 16) | (size_t(p[11]) << 24);
-        offset = 12;
-    } else {
-        fail(what, "unsupported .npy format version " + std::to_string(major));
-    }
-    if (offset + header_len > n_bytes) fail(what, "truncated .npy header");
-    const std::string header(reinterpret_cast<const char*>(p + offset), header_len);
-
-    std::string descr;
-    bool fortran = false, have_descr = false, have_order = false, have_shape = false;
-    NpyArray a;
-    HeaderScanner scan{header, what};
-    scan.expect('{');
-    while (!scan.take('}')) {
-        const std::string key = scan.string_literal();
-        scan.expect(':');
-        if (key == "descr") {
-            descr = scan.string_literal();
-            have_descr = true;
-        } else if (key == "fortran_order") {
-            fortran = scan.boolean();
-            have_order = true;
-        } else if (key == "shape") {
-            a.shape = scan.shape_tuple();
-            have_shape = true;
-        } else {
-            fail(what, "corrupt .npy header (unknown key '" + key + "')");
-        }
-        if (!scan.take(',')) {
-            scan.expect('}');
-            break;
-        }
-    }
-    if (!have_descr || !have_order || !have_shape) fail(what, "corrupt .npy header (needs descr, fortran_order and shape): " + header);
-    if (fortran) fail(what, "Fortran-order arrays are not supported (save np.ascontiguousarray(x))");
-    size_t item = 0;
-    if (descr == "<f4" || descr == "=f4") {
-        a.dtype = "float32";
-        item = 4;
-    } else if (descr == "<f2" || descr == "=f2") {
-        a.dtype = "float16";
-        item = 2;
-    } else {
-        fail(what, "dtype '" + descr + "' is not supported (expected little-endian float32 '<f4' or float16 '<f2')");
-    }
-    const size_t n = a.size();
-    const size_t data_offset = offset + header_len;
-    if (n_bytes - data_offset != n * item) {
-        fail(what, "data size " + std::to_string(n_bytes - data_offset) + " bytes does not match shape " +
-                       shape_string(a.shape) + " of " + a.dtype + " (" + std::to_string(n * item) + " bytes)");
-    }
-    a.data.resize(n);
-    const uint8_t* data = p + data_offset;
-    if (item == 4) {
-        std::memcpy(a.data.data(), data, n * 4);
-    } else {
-        for (size_t i = 0; i < n; ++i) a.data[i] = detail::f16_to_f32(static_cast<uint16_t>(data[2 * i] | (data[2 * i + 1] << 8)));
-    }
-    return a;
+    const auto [header_len, offset] = header_extent(p, n_bytes, what);
+    if (header_len > n_bytes - offset) fail(what, "truncated .npy header");
+    const NpyHeader h = parse_header(std::string(reinterpret_cast<const char*>(p + offset), header_len), offset + header_len, what);
+    check_data_size(h, n_bytes, what);
+    return to_array(h, p + h.data_offset);
 }
 
+// The header first, then exactly the bytes it promises, once the file's size is seen to match: a file
+// of the wrong size is refused before its data is read (or memory is taken for it).
 NpyArray read_npy(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::invalid_argument(path + ": cannot open");
-    const std::vector<char> bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-    return parse_npy(bytes.data(), bytes.size(), path);
+    const detail::InputFile f(path);
+    uint8_t prefix[12] = {};
+    const size_t prefix_len = static_cast<size_t>(std::min<uint64_t>(f.size(), sizeof prefix));
+    f.read(0, prefix_len, prefix);
+    const auto [header_len, offset] = header_extent(prefix, prefix_len, path);
+    if (header_len > f.size() - offset) fail(path, "truncated .npy header");
+    std::string header(header_len, '\0');
+    f.read(offset, header_len, header.data());
+    const NpyHeader h = parse_header(header, offset + header_len, path);
+    check_data_size(h, f.size(), path);
+    std::vector<uint8_t> data(h.data_bytes);
+    f.read(h.data_offset, data.size(), data.data());
+    return to_array(h, data.data());
 }
 
 void write_npy(const std::string& path, const float* data, size_t n_values, const std::vector<size_t>& shape) {
     size_t n = 1;
-    for (size_t s : shape) n *= s;
+    for (size_t s : shape) {
+        if (__builtin_mul_overflow(n, s, &n)) throw std::invalid_argument("write_npy: shape " + shape_string(shape) + " holds more values than fit in 64 bits");
+    }
     if (n != n_values) {
         throw std::invalid_argument("write_npy: shape " + shape_string(shape) + " holds " + std::to_string(n) +
                                     " values, got " + std::to_string(n_values));

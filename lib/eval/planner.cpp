@@ -11,9 +11,13 @@
 
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
+#include "input_file.hpp"
 
 namespace kvq {
 namespace {
+
+// A Hugging Face config.json is a few kilobytes.
+constexpr size_t kMaxConfigBytes = size_t(16) << 20;
 
 // Gemma 3: five local layers, then one global layer (transformers: layer i is global when (i+1) % 6 == 0).
 std::vector<int> every_sixth_global(int layers, int window) {
@@ -133,11 +137,11 @@ ModelShape model_preset(std::string_view name) {
 ModelShape load_model(std::string_view name_or_path) {
     namespace fs = std::filesystem;
     fs::path path(name_or_path);
-    if (fs::is_directory(path)) path /= "config.json";
-    if (fs::is_regular_file(path)) {
-        std::ifstream f(path);
-        if (!f) throw std::invalid_argument(path.string() + ": cannot open");
-        const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    std::error_code ec;  // the non-throwing forms: a path fs cannot look at is an error message, not a crash
+    if (fs::is_directory(path, ec)) path /= "config.json";
+    if (fs::exists(fs::symlink_status(path, ec))) {
+        // Not a regular file (a FIFO, a device) or larger than any config: refused before reading.
+        const std::string text = detail::read_text_file(path.string(), kMaxConfigBytes);
         ModelShape m = model_from_hf_config(text, path.parent_path().filename().string());
         m.source = path.string();
         if (m.name.empty()) m.name = path.string();

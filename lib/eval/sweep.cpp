@@ -34,7 +34,8 @@ struct ErrorAccumulator {
         const MetricSummary* m[5] = {&e.kl, &e.score_rmse, &e.topk, &e.output_l2, &e.cosine};
         for (int i = 0; i < 5; ++i) {
             sum[i] += m[i]->mean * double(e.queries);
-            worst[i] = (i == 2 || i == 4) ? std::min(worst[i], m[i]->worst) : std::max(worst[i], m[i]->worst);
+            const double w = m[i]->worst;  // a NaN stays (std::min and std::max would drop it)
+            worst[i] = std::isnan(w) || std::isnan(worst[i]) ? NAN : (i == 2 || i == 4) ? std::min(worst[i], w) : std::max(worst[i], w);
         }
         n += e.queries;
     }
@@ -219,11 +220,15 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
         q[i] = d.queries(l, h, i);
         const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
         ref.push_back(reference(q[i].data(), g, k.data() + first * dim, v.data() + first * dim, n - first, dim, scale));
+        if (!all_finite(ref[i].scores.data(), ref[i].scores.size()) || !all_finite(ref[i].out.data(), ref[i].out.size())) {
+            throw std::invalid_argument("the queries at token " + std::to_string(d.query_positions[i]) +
+                                        " have scores (q · k · scale) beyond float's range: nothing to measure against");
+        }
     }
     std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
     std::map<std::string, std::vector<uint8_t>> value_codes;
     const bool windowed = d.window(l) > 0;
-    for (size_t f = 0; f < prepared.size(); ++f) {
+    for (size_t f = 0; f < prepared.size(); ++f) try {
         const Prepared& p = prepared[f];
         if (!p.error.empty()) continue;
         const KVFormat& lf = p.format_of(windowed);  // this layer's pair
@@ -247,6 +252,8 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
             errors[f].all.add(e);
             (windowed ? errors[f].window : errors[f].full).add(e);
         }
+    } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(prepared[f].format.label() + ": " + e.what());
     }
 }
 
@@ -257,7 +264,12 @@ std::vector<FormatErrors> measure_errors(const KVData& d, const std::vector<Prep
     s.out.resize(size_t(d.group()) * d.head_dim);
     for (int l = 0; l < d.layers; ++l) {
         for (int h = 0; h < d.kv_heads; ++h) {
-            measure_head(d, l, h, prepared, options, s, errors);
+            try {
+                measure_head(d, l, h, prepared, options, s, errors);
+            } catch (const std::invalid_argument& e) {  // a value a codec cannot hold, a score beyond float
+                throw std::invalid_argument("data set '" + d.name + "', layer " + std::to_string(l) + ", kv head " +
+                                            std::to_string(h) + ": " + e.what());
+            }
             progress.step();
         }
     }

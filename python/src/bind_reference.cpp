@@ -91,12 +91,14 @@ void bind_reference(py::module_& m) {
     m.def("reference_attention", &reference_attention, "q"_a, "k"_a, "v"_a, "scale"_a = py::none(), py::kw_only(),
           "return_weights"_a = false,
           "FP32 attention softmax(scale * q @ k.T) @ v on unquantized rows (Eigen): q (n_q, head_dim),\n"
-          "k and v (n, head_dim); scale None means 1/sqrt(head_dim). Returns (n_q, head_dim) float32, and the\n"
-          "(n_q, n) attention weights as well when return_weights is true.");
+          "k and v (n, head_dim), finite; scale None means 1/sqrt(head_dim). A query whose float scores overflow\n"
+          "is computed in double. Returns (n_q, head_dim) float32, and the (n_q, n) attention weights as well\n"
+          "when return_weights is true.");
     m.def("attention_error", &attention_error, "q"_a, "k"_a, "v"_a, "key_codec"_a = "q8_0", "value_codec"_a = "q4_0",
           "scale"_a = py::none(), "top_k"_a = 8, py::kw_only(), "seed"_a = kDefaultSeed,
           "Quantizes k and v with the codecs, runs attention on the codes and compares it per query with\n"
-          "reference_attention. Returns a dict: kl, score_rmse, topk, output_l2, cosine (each {'mean', 'worst'};\n"
+          "reference_attention (ValueError for a query whose scores q.k*scale overflow float). Returns a dict:\n"
+          "kl, score_rmse, topk, output_l2, cosine (each {'mean', 'worst'};\n"
           "worst is the max of errors, the min of agreements), queries, top_k, key/value_bits_per_value.");
 }
 

@@ -4,6 +4,7 @@ edits of generate (crop, beam reorder, repeat, select) act on every layer's sequ
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Mapping
 
 import numpy as np
@@ -15,6 +16,16 @@ from ._attention import _PENDING, ATTN_IMPLEMENTATION
 from ._config import _AttentionShape, _layer_pairs, _scale_and_softcap, split_key_spec
 from ._layer import _Group, _KVQLayer
 from ._tensors import _check_cpu, _to_numpy, _valid_new
+
+
+def _integer(where: str, name: str, x) -> int:
+    """x as a count, as torch takes one: an int (a numpy integer, a 0-d integer tensor), not a bool or a float."""
+    if not isinstance(x, bool):
+        try:
+            return operator.index(x)
+        except TypeError:
+            pass
+    raise ValueError(f"{where}: {name} must be an integer, got {x!r}")
 
 
 class KVQCache(Cache):
@@ -202,9 +213,10 @@ class KVQCache(Cache):
         """Removes the last tokens (transformers' convention: crop(-n) removes n, crop(0) does nothing; a
         positive argument is refused as by DynamicCache). A windowed layer can go back at most
         block_tokens tokens past its window (kvq raises otherwise, changing nothing)."""
+        tokens_to_remove = _integer("kvq.hf.KVQCache.crop", "tokens_to_remove", tokens_to_remove)
         if tokens_to_remove > 0:
             raise ValueError(f"kvq.hf.KVQCache.crop({tokens_to_remove}): pass a negative number of tokens to remove")
-        n = -int(tokens_to_remove)
+        n = -tokens_to_remove
         if n == 0 or not self.rows:
             return
         length = self.get_seq_length()
@@ -239,40 +251,95 @@ class KVQCache(Cache):
             l.length -= n
             l.valid = l.valid[:, : l.length]
 
+    def _rows_of(self, fn: str, name: str, indices, *, torch_op: str, negative: bool, mask: bool) -> list[int]:
+        """The old rows a batch index names, checked as torch checks the index of its batch edit (torch_op):
+        a 1-D tensor (or list) of integers within the rows (negative ones counted from the end where torch
+        takes them), or a bool mask of one entry per row where torch takes one; never empty."""
+        where = f"kvq.hf.KVQCache.{fn}"
+        try:
+            idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{where}: {name} must be a 1-D integer tensor or list ({torch_op}); "
+                             f"got {indices!r}") from e
+        if idx.ndim != 1:
+            raise ValueError(f"{where}: {name} must be 1-D ({torch_op}), got shape {tuple(idx.shape)}")
+        if idx.numel() == 0:
+            raise ValueError(f"{where}: {name} is empty; the cache would hold no rows")
+        if idx.dtype == torch.bool and mask:
+            if self.rows and idx.numel() != self.rows:
+                raise ValueError(f"{where}: a bool mask of {idx.numel()} entries for {self.rows} rows")
+            idx = idx.nonzero().reshape(-1)
+            if idx.numel() == 0:
+                raise ValueError(f"{where}: {name} selects no row; the cache would hold no rows")
+        elif idx.dtype == torch.bool or idx.dtype == torch.uint8 or idx.is_floating_point() or idx.is_complex():
+            kinds = "integers or a bool mask" if mask else "integers"
+            raise ValueError(f"{where}: {name} must hold {kinds} ({torch_op}), got {idx.dtype}")
+        order = [int(i) for i in idx.tolist()]
+        if not self.rows:
+            return order
+        low = -self.rows if negative else 0
+        for i in order:
+            if not low <= i < self.rows:
+                allowed = f"{low}..{self.rows - 1}"
+                raise ValueError(f"{where}: row {i} out of range ({self.rows} rows: {allowed}, as {torch_op} takes)")
+        return [i % self.rows for i in order]
+
     def _rebuild_rows(self, order: list[int]) -> None:
-        """Row i of the new batch is old row order[i]: forks share the full blocks; old sequences removed."""
-        if self.layers[0].pending is not None or any(l.pending is not None for l in self.layers):
+        """Row i of the new batch is old row order[i]: forks share the full blocks; old sequences removed. The
+        forks are all made before anything is removed, so a failure (PoolExhausted) changes nothing."""
+        if any(l.pending is not None for l in self.layers):
             raise RuntimeError("kvq.hf.KVQCache: batch edit in the middle of a forward pass")
         if self.max_batch_size is not None and len(order) > self.max_batch_size:
             raise ValueError(f"kvq.hf.KVQCache: {len(order)} rows exceed max_batch_size={self.max_batch_size}")
-        for i in order:
-            if not 0 <= i < self.rows:
-                raise ValueError(f"kvq.hf.KVQCache: row {i} out of range ({self.rows} rows)")
-        for g in self._groups:
-            new = [g.cache.fork(g.seqs[i]) for i in order]
+        if not order or not all(0 <= i < self.rows for i in order):
+            raise ValueError(f"kvq.hf.KVQCache: rows {order} out of range ({self.rows} rows)")
+        made = []
+        try:
+            for g in self._groups:
+                forks: list = []
+                made.append((g, forks))
+                for i in order:
+                    forks.append(g.cache.fork(g.seqs[i]))
+        except BaseException:
+            for g, forks in made:
+                for s in forks:
+                    g.cache.remove(s)
+            raise
+        for g, forks in made:
             for s in g.seqs:
                 g.cache.remove(s)
-            g.seqs = new
+            g.seqs = forks
         index = torch.tensor(order, dtype=torch.long)
         for l in self.layers:
             if l.valid is not None:
                 l.valid = l.valid.index_select(0, index)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Beam search: row i becomes old row beam_idx[i] (kvq fork: full blocks shared, not copied)."""
+        """Beam search: row i becomes old row beam_idx[i] (kvq fork: full blocks shared, not copied). beam_idx
+        as torch's index_select takes it: 1-D integers in 0..rows-1; a failed reorder changes nothing."""
+        order = self._rows_of("reorder_cache", "beam_idx", beam_idx, torch_op="index_select", negative=False,
+                              mask=False)
         if self.rows:
-            self._rebuild_rows([int(i) for i in beam_idx.reshape(-1).tolist()])
+            self._rebuild_rows(order)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row repeated `repeats` times in place (generate's expansion for beams or samples): repeats >= 1."""
+        n = _integer("kvq.hf.KVQCache.batch_repeat_interleave", "repeats", repeats)
+        if n < 1:
+            raise ValueError(f"kvq.hf.KVQCache.batch_repeat_interleave: repeats must be >= 1, got {n} (the cache "
+                             "would hold no rows)")
+        if self.max_batch_size is not None and self.rows * n > self.max_batch_size:
+            raise ValueError(f"kvq.hf.KVQCache: {self.rows * n} rows exceed max_batch_size={self.max_batch_size}")
         if self.rows:
-            self._rebuild_rows([i for i in range(self.rows) for _ in range(int(repeats))])
+            self._rebuild_rows([i for i in range(self.rows) for _ in range(n)])
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keeps the rows `indices` names, as torch indexing takes it: 1-D integers (negative ones from the
+        end) or a bool mask of one entry per row."""
+        order = self._rows_of("batch_select_indices", "indices", indices, torch_op="torch indexing", negative=True,
+                              mask=True)
         if self.rows:
-            idx = torch.as_tensor(indices).reshape(-1)
-            if idx.dtype == torch.bool:
-                idx = idx.nonzero().reshape(-1)
-            self._rebuild_rows([int(i) for i in idx.tolist()])
+            self._rebuild_rows(order)
 
     def reset(self) -> None:
         for g in self._groups:
