@@ -39,6 +39,15 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+// An engine's executor (CacheConfig::executor) broke its contract: it called the task with an index outside
+// [0, n), ran a task twice, or returned without running every task. The call that used it throws this
+// once every task the executor started has returned; the cache is unchanged, the call's output
+// unspecified (KVQ_ERR_EXECUTOR).
+class ExecutorError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
 // A cache file could not be opened, read, written, synced or renamed; the message names the file and
 // holds the system's error text (errno). Saving leaves an existing file at the path as it was (KVQ_ERR_IO).
 class FileIOError : public std::runtime_error {

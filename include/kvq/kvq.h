@@ -90,6 +90,8 @@ typedef enum kvq_status {
     KVQ_ERR_BAD_FILE = 12,        /* not a cache file this kvq reads: magic, version, truncated, CRC, contents */
     KVQ_ERR_CONFIG_MISMATCH = 13, /* kvq_cache_load_into: the file's cache had another configuration */
     KVQ_ERR_SELFTEST_FAILED = 14, /* kvq_selftest: a SIMD level differs from the scalar specification */
+    KVQ_ERR_EXECUTOR = 15,        /* the engine's executor broke its contract: a task index outside [0, n), a
+                                     task run twice, or one never run (kvq::ExecutorError); output unspecified */
     KVQ_STATUS_MAX_ = 0x7fffffff  /* never returned: keeps every int status a valid value of the enum in
                                      C++ too (kvq_status_name takes any; a later version may add statuses) */
 } kvq_status;
@@ -254,8 +256,12 @@ typedef struct kvq_cache_params {
     /* Since 0.x (appended; an older caller's smaller struct leaves them NULL): the engine's own threads.
      * kvq calls executor(executor_ctx, n, task, task_ctx), which must call task(task_ctx, i) exactly once
      * for every i in [0, n), on any threads (the calling one included or not), and return when all calls
-     * have returned. NULL: kvq's own pool, shared by every cache of the process. `threads` still sets how
-     * many parts one call is split into. */
+     * have returned. It may run other work between the tasks on the calling thread, other kvq calls
+     * included (each call has buffers of its own). An executor that calls task with an index outside
+     * [0, n), calls it twice for one index, or returns without calling it for every index makes the call
+     * return KVQ_ERR_EXECUTOR (such indices are not run twice or out of range; a task called after the
+     * executor returned is undefined). NULL: kvq's own pool, shared by every cache of the process.
+     * `threads` still sets how many parts one call is split into. */
     void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);
     void* executor_ctx;
     int32_t staging;               /* kvq_staging_type (added after executor_ctx; 0 = float32) */

@@ -39,6 +39,8 @@ kvq_status guarded(Body&& body) noexcept {
         return body();
     } catch (const kvq::PoolExhausted& e) {
         return fail(KVQ_ERR_POOL_EXHAUSTED, e.what());
+    } catch (const kvq::ExecutorError& e) {
+        return fail(KVQ_ERR_EXECUTOR, e.what());
     } catch (const kvq::FileIOError& e) {
         return fail(KVQ_ERR_IO, e.what());
     } catch (const kvq::BadCacheFile& e) {
