@@ -6,6 +6,10 @@
 #include <new>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace kvq::detail {
 namespace {
 
@@ -13,6 +17,16 @@ constexpr size_t kUnlimited = std::numeric_limits<size_t>::max();
 
 uint8_t* new_block(size_t bytes) { return static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t(BlockPool::kAlignment))); }
 void delete_block(uint8_t* p) { ::operator delete[](p, std::align_val_t(BlockPool::kAlignment)); }
+
+// Blocks given back to make room for blocks of another size leave holes of their size in the allocator's
+// heap, which blocks of the other size do not fit: the allocator keeps the holes' pages and takes new ones,
+// so the process would hold up to twice the limit after a few rounds of churn between sizes (issue #36).
+// Returning the free pages to the system after such a shed keeps the process within the limit.
+void return_free_pages() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
 
 std::string limit_text(size_t limit) { return limit ? std::to_string(limit) : std::string("unlimited"); }
 
@@ -186,7 +200,9 @@ std::vector<BlockRef> BlockPool::take(std::span<const size_t> blocks, size_t uni
         }
         exhausted_locked(what.empty() ? std::string("the request") : what.substr(0, what.size() - 2));
     }
+    const size_t allocated = blocks_allocated_;
     shed_locked(missing_blocks, missing_bytes, keep, false);
+    if (blocks_allocated_ < allocated) return_free_pages();
     reserved_units_ += units;
     reserved_bytes_ += bytes;
     bookkeeping_bytes_ += bookkeeping;
