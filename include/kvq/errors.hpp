@@ -27,6 +27,13 @@ public:
     using std::invalid_argument::invalid_argument;
 };
 
+// A sequence id the cache does not hold (never given out, or removed, also while the call waited for the
+// sequence's lock) (KVQ_ERR_BAD_SEQUENCE).
+class UnknownSequence : public std::invalid_argument {
+public:
+    using std::invalid_argument::invalid_argument;
+};
+
 // NaN or Inf in rows or queries under NanPolicy::reject (KVQ_ERR_NON_FINITE).
 class NonFiniteInput : public std::invalid_argument {
 public:

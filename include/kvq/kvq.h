@@ -21,8 +21,10 @@
  * call; successful calls leave it alone.
  *
  * Threads. A kvq_codec is immutable: use it from any number of threads. A kvq_cache follows the C++
- * KVCache rules (kvq/cache.hpp): different sequences may be appended to, attended and truncated from
- * different threads at once; operations on one sequence must not overlap with a writer of it.
+ * KVCache rules (kvq/cache.hpp): any function may be called from any thread at any time with any
+ * sequence id. The cache locks each sequence itself: calls on different sequences run in parallel, calls
+ * on one sequence wait for its writers (append, truncate); a sequence is listed only once complete, and a
+ * call on a sequence removed meanwhile returns KVQ_ERR_BAD_SEQUENCE.
  *
  * ABI notes (how engines upgrade safely).
  *  - Within one major version the C ABI only grows: functions, status codes and enum values are added,

@@ -55,7 +55,7 @@ void detail::CacheImpl::remove(SequenceId id) {
         std::lock_guard<std::mutex> lock(seq_mu);
         const auto it = seqs.find(id);
         if (it == seqs.end()) {
-            throw std::invalid_argument("KVCache::remove: no sequence with id " + std::to_string(id));
+            throw UnknownSequence("KVCache::remove: no sequence with id " + std::to_string(id));
         }
         seq = std::move(it->second);
         seqs.erase(it);

@@ -249,7 +249,7 @@ void detail::CacheImpl::check_layer(const char* what, int layer) const {
 namespace {
 
 [[noreturn]] void no_sequence(const char* what, SequenceId seq) {
-    throw std::invalid_argument(std::string("KVCache::") + what + ": no sequence with id " + std::to_string(seq));
+    throw UnknownSequence(std::string("KVCache::") + what + ": no sequence with id " + std::to_string(seq));
 }
 
 }  // namespace

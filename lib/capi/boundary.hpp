@@ -47,6 +47,8 @@ kvq_status guarded(Body&& body) noexcept {
         return fail(KVQ_ERR_BAD_FILE, e.what());
     } catch (const kvq::ConfigMismatch& e) {
         return fail(KVQ_ERR_CONFIG_MISMATCH, e.what());
+    } catch (const kvq::UnknownSequence& e) {
+        return fail(KVQ_ERR_BAD_SEQUENCE, e.what());
     } catch (const kvq::NonFiniteInput& e) {
         return fail(KVQ_ERR_NON_FINITE, e.what());
     } catch (const kvq::UnknownCodec& e) {

@@ -325,8 +325,11 @@ decode attention directly on the stored bytes.
 key_codec is a codec of kvq.codecs() or, for keys only, "chan2" .. "chan8" (per-channel keys: per block
 an fp16 minimum and step per channel; seal="on_block_full" only). seq=None means the cache's only
 sequence. Bad input raises ValueError and changes nothing; a pool with
-max_blocks that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing. Different sequences
-may be used from different threads at once (the GIL is released while kvq works). int8_value_weights=True
+max_blocks or max_bytes that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing; max_bytes
+counts the blocks, the open blocks' float staging and each sequence's bookkeeping. Any call may come from
+any thread with any id: different sequences run in parallel (the GIL is released while kvq works), calls
+on one sequence wait for its appends and truncates, and a sequence removed by another thread meanwhile is
+a ValueError. A Python exit with daemon threads inside kvq waits for their calls, then exits cleanly. int8_value_weights=True
 multiplies q4_0 values by int8 weights (CacheConfig::int8_value_weights: each softmax weight times block
 scale rounded to an int8 step per group of 16 rows of a block; faster at the avx2 and avx512 levels).)doc")
         .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),
@@ -395,9 +398,10 @@ scale rounded to an int8 step per group of 16 rows of a block; faster at the avx
         .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })
         .def("bytes_used", [](const PyKVCache& c) { return c.cache().bytes_used(); },
              "Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks and\n"
-             "the per-sequence bookkeeping (metadata_bytes()).")
+             "the per-sequence bookkeeping (metadata_bytes()); max_bytes bounds it with the free blocks.")
         .def("metadata_bytes", [](const PyKVCache& c) { return c.cache().metadata_bytes(); },
-             "Bytes of the per-sequence bookkeeping (per-layer state of every sequence), part of bytes_used().")
+             "Bytes of the per-sequence bookkeeping (per-layer state of every sequence and 24 bytes per\n"
+             "block-table entry), part of bytes_used() and counted against max_bytes.")
         .def(
             "bytes_per_token",
             [](const PyKVCache& c, std::optional<int> layer) {
