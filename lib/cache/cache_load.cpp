@@ -244,14 +244,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     std::vector<size_t> want;
     for (const detail::file::KindRecord& k : h.kinds) want.push_back(k.n_blocks);
     // By file index: the kinds' blocks one after another (take returns them class by class).
-    pool->charge_bookkeeping(charged);
-    std::vector<detail::BlockRef> blocks;
-    try {
-        blocks = pool->take(want, units, staging_added, {}, true);
-    } catch (...) {
-        pool->uncharge_bookkeeping(charged);
-        throw;
-    }
+    const std::vector<detail::BlockRef> blocks = pool->take(want, units, staging_added, {}, true, charged);
     std::vector<SequenceId> ids;
     try {
         for (uint64_t i = 0; i < h.n_blocks; ++i) {

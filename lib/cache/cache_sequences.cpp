@@ -26,13 +26,7 @@ SequenceId detail::CacheImpl::fork(SequenceId parent) {
         }
         // The copy's bookkeeping: its state and its copies of the parent's block tables.
         child.charged = sequence_metadata_bytes() + shared.size() * kTableEntryBytes;
-        pool->charge_bookkeeping(child.charged);
-        try {
-            pool->reserve(units, staging_added);
-        } catch (...) {
-            pool->uncharge_bookkeeping(child.charged);
-            throw;
-        }
+        pool->take({}, units, staging_added, {}, false, child.charged);  // both or neither
         // Under the parent's lock: a writer of the parent may release these blocks once it has it.
         pool->retain(shared);
     }
