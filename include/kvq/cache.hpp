@@ -114,9 +114,9 @@ struct CacheConfig {
     size_t max_blocks = 0;
     // Capacity in bytes of everything the cache holds that grows with use: allocated blocks (free ones
     // included), the float staging of open blocks, and the bookkeeping: each sequence's state
-    // (sequence_bookkeeping_bytes) and, for a fork or a loaded sequence, its block tables (24 bytes per
-    // block reference). add_sequence, fork, append, load_into that would pass it throw PoolExhausted and
-    // change nothing. Not counted: the configuration's own fixed size, and per-call buffers (bounded by
+    // (sequence_bookkeeping_bytes) and its block tables (24 bytes per entry, so a fork of a long sequence
+    // costs bytes though it shares every block). add_sequence, fork, append, load_into that would pass it
+    // throw PoolExhausted and change nothing. Not counted: the configuration's own fixed size, and per-call buffers (bounded by
     // the shape and threads, and by the arguments of attend_batch; kept by the cache for its next calls
     // and freed with it). 0 = no limit. The limit to set when layers have codecs of different sizes
     // (layer_codecs). Both limits hold when set.
@@ -176,7 +176,8 @@ struct PoolStats {
     size_t bytes_total = 0;      // bytes of the allocated blocks (of every size class)
     size_t bytes_used = 0;       // bytes of the blocks in use
     size_t bytes_reserved = 0;   // bytes of the open blocks' float staging
-    size_t max_bytes = 0;        // capacity in bytes (0 = unlimited): bytes_total + bytes_reserved <= max_bytes
+    size_t max_bytes = 0;        // capacity in bytes (0 = unlimited): bytes_total + bytes_reserved +
+                                 // KVCache::metadata_bytes() <= max_bytes
 };
 
 class KVCache {
@@ -251,9 +252,8 @@ public:
     // per-sequence bookkeeping (metadata_bytes()).
     size_t bytes_used() const;
     // The per-sequence bookkeeping alone: for each sequence, its per-layer state (about 130 bytes per
-    // layer), so a cache of many layers costs memory per sequence before any token is appended; for a
-    // fork or a loaded sequence also its block tables as they were made (24 bytes per block reference).
-    // It counts against max_bytes (CacheConfig).
+    // layer), so a cache of many layers costs memory per sequence before any token is appended, and its
+    // block tables (24 bytes per entry). It counts against max_bytes (CacheConfig).
     size_t metadata_bytes() const;
     // The bookkeeping add_sequence adds to bytes_used() in a cache of n_layers layers.
     static size_t sequence_bookkeeping_bytes(int n_layers);

@@ -274,7 +274,8 @@ typedef struct kvq_cache_params {
     const char* const* layer_key_codecs;
     const char* const* layer_value_codecs;
     size_t n_layer_codecs;         /* 0 or n_layers */
-    size_t max_bytes;              /* pool capacity in bytes (blocks and float staging); 0 = no limit */
+    size_t max_bytes;              /* capacity in bytes: blocks, float staging and each sequence's bookkeeping
+                                      (its state, 24 bytes per block-table entry); 0 = no limit */
     /* Since 0.x (appended): 1 = q4_0 values multiplied by int8 weights (kvq::CacheConfig::
      * int8_value_weights: each softmax weight times block scale rounded to an int8 step per group of 16
      * rows of a block, faster where the SIMD level has the integer kernel); 0 = exact float weights (the
@@ -314,7 +315,7 @@ typedef struct kvq_pool_stats {
      * max_blocks (blocks_used + blocks_reserved <= max_blocks). */
     size_t blocks_reserved;
     /* Since 0.x (appended): bytes, for caches whose layers have blocks of different sizes. */
-    size_t bytes_total;    /* allocated blocks (bytes_total + bytes_reserved <= max_bytes) */
+    size_t bytes_total;    /* allocated blocks (bytes_total + bytes_reserved + bookkeeping <= max_bytes) */
     size_t bytes_used;     /* blocks in use */
     size_t bytes_reserved; /* float staging of open blocks */
     size_t max_bytes;      /* capacity in bytes (0 = unlimited) */
