@@ -4,7 +4,8 @@
 // that keeps every sequence's tokens as floats and knows which are quantized (tests/cache_model.hpp
 // computes the attention they must give).
 // Properties: attention equals the model's to float rounding; token counts and sequence ids match; an
-// operation that throws PoolExhausted changes nothing observable; removing every sequence returns every
+// operation that throws PoolExhausted (add_sequence too: bookkeeping counts against the limits) changes
+// nothing observable; removing every sequence returns every
 // block to the pool (and LeakSanitizer finds no leak); an overflowing append is refused before it reads
 // and changes nothing; a finite query gives a finite output.
 // The model header is shared with the doctest suite; here its doctest parts compile to nothing.
@@ -104,7 +105,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const SequenceId id = pick();
         const int layer = in.ConsumeIntegralInRange<int>(0, cfg.n_layers - 1);
         if (op == 0 || id < 0) {
-            const SequenceId s = cache.add_sequence();
+            // Its bookkeeping counts against the limits (issue #36): refused in full, nothing changed.
+            const auto before_add = observe(cache, model, q);
+            SequenceId s;
+            try {
+                s = cache.add_sequence();
+            } catch (const PoolExhausted&) {
+                require(cfg.max_blocks > 0 || cfg.max_bytes > 0, "PoolExhausted from a pool without a limit");
+                require(observe(cache, model, q) == before_add, "a refused add_sequence changed the cache");
+                if (model.empty()) break;  // nothing else to do
+                continue;
+            }
             require(!model.count(s), "add_sequence reused a live id");
             model.emplace(s, ModelSeq(cfg.n_layers, ModelLayer{test::LayerTokens(n_kv, d)}));
             continue;
@@ -206,8 +217,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // Memory within the limits: the allocated blocks and the open blocks' float staging together.
         require(cfg.max_blocks == 0 || ps.blocks_total + ps.blocks_reserved <= cfg.max_blocks,
                 "blocks and staging hold more than max_blocks");
-        require(cfg.max_bytes == 0 || ps.bytes_total + ps.bytes_reserved <= cfg.max_bytes,
-                "blocks and staging hold more than max_bytes");
+        require(cfg.max_bytes == 0 || ps.bytes_total + ps.bytes_reserved + cache.metadata_bytes() <= cfg.max_bytes,
+                "blocks, staging and bookkeeping hold more than max_bytes");
         require(cache.bytes_used() - cache.metadata_bytes() == ps.bytes_used + ps.bytes_reserved,
                 "bytes_used is not the blocks in use and the staging (bookkeeping aside)");
         require(cfg.max_blocks == 0 || !cfg.layer_codecs.empty() ||

@@ -94,7 +94,11 @@ TEST_CASE("layer codecs: max_bytes holds, and free blocks of one size give way t
     c.seal = SealPolicy::on_append;  // no staging: blocks only
     c.grow_blocks = 4;
     const size_t big = KVCache(alone(c, 2)).pool_stats().block_bytes;  // turbo4/q8_0: the largest
-    c.max_bytes = 6 * big;
+    // Six of them, and the bookkeeping of the two sequences below with their tables of six blocks each
+    // (less than a block).
+    const size_t bookkeeping = 2 * KVCache::sequence_bookkeeping_bytes(c.n_layers) + 12 * 24;
+    REQUIRE(bookkeeping < big);
+    c.max_bytes = 6 * big + bookkeeping;
     KVCache cache(c);
     const size_t row = size_t(c.n_kv_heads) * c.head_dim;
     const auto k = kvq::test::gaussian(64 * row, 1), v = kvq::test::gaussian(64 * row, 2);

@@ -140,3 +140,109 @@ TEST_CASE("load: LoadOptions give int8_value_weights and the executor") {
     CHECK(got == out[0]);
     fs::remove(path);
 }
+
+namespace {
+
+// What an observer sees of a cache: its ids, bytes and pool (a refused call must change none of it).
+struct Seen {
+    std::vector<SequenceId> ids;
+    size_t bytes, metadata, blocks_used;
+    explicit Seen(const KVCache& c)
+        : ids(c.sequences()), bytes(c.bytes_used()), metadata(c.metadata_bytes()), blocks_used(c.pool_stats().blocks_used) {}
+    bool operator==(const Seen&) const = default;
+};
+
+}  // namespace
+
+namespace {
+
+void test_forks(KVCache& c) {
+    const CacheConfig& cfg = c.config();
+    const SequenceId a = c.add_sequence();
+    const auto k = kvq::test::gaussian(160 * 2 * 64, 1);
+    for (int l = 0; l < cfg.n_layers; ++l) c.append(l, a, k.data(), k.data(), 160);  // 10 blocks a layer
+    const size_t tables = 32 * 10 * 24;
+    CHECK(c.metadata_bytes() == KVCache::sequence_bookkeeping_bytes(cfg.n_layers) + tables);
+    size_t forks = 0;
+    try {
+        for (; forks < 100000; ++forks) c.fork(a);
+    } catch (const kvq::PoolExhausted&) {
+    }
+    CHECK(forks > 0);
+    CHECK(c.metadata_bytes() == (forks + 1) * (KVCache::sequence_bookkeeping_bytes(cfg.n_layers) + tables));
+    CHECK(c.bytes_used() <= cfg.max_bytes);
+    CHECK(c.pool_stats().bytes_total + c.pool_stats().bytes_reserved + c.metadata_bytes() <= cfg.max_bytes);
+    const Seen at_limit(c);
+    CHECK_THROWS_AS(c.fork(a), kvq::PoolExhausted);
+    CHECK(Seen(c) == at_limit);
+    // Truncating gives a table's entries back.
+    const SequenceId last = at_limit.ids.back();
+    c.truncate(last, 16);
+    CHECK(c.metadata_bytes() == at_limit.metadata - 32 * 9 * 24);
+    for (SequenceId s : c.sequences()) c.remove(s);
+    CHECK(c.bytes_used() == 0);
+    CHECK(c.metadata_bytes() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("max_bytes bounds the bookkeeping: sequences and forks' block tables past it are PoolExhausted, nothing changed") {
+    CacheConfig cfg;
+    cfg.n_layers = 32;
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = 64;
+    cfg.block_tokens = 16;
+    cfg.max_bytes = 1 << 20;
+    KVCache c(cfg);
+    // Empty sequences (issue #36: 200,000 of them took 781 MiB under an 8 MiB limit).
+    size_t made = 0;
+    try {
+        for (; made < 100000; ++made) c.add_sequence();
+        FAIL("max_bytes never reached");
+    } catch (const kvq::PoolExhausted& e) {
+        CHECK(std::string(e.what()).find("bookkeeping") != std::string::npos);
+    }
+    CHECK(made == cfg.max_bytes / KVCache::sequence_bookkeeping_bytes(cfg.n_layers));
+    CHECK(c.bytes_used() <= cfg.max_bytes);
+    const Seen full(c);
+    CHECK_THROWS_AS(c.add_sequence(), kvq::PoolExhausted);
+    CHECK_THROWS_AS(c.fork(full.ids[0]), kvq::PoolExhausted);
+    CHECK(Seen(c) == full);
+    for (SequenceId s : full.ids) c.remove(s);
+    CHECK(c.bytes_used() == 0);
+
+    // Forks of a long sequence: each copies its tables (24 bytes per block of every layer).
+    cfg.max_bytes = 4 << 20;
+    KVCache forked(cfg);
+    test_forks(forked);
+}
+
+TEST_CASE("max_blocks alone bounds the bookkeeping too: within max_blocks blocks' bytes") {
+    CacheConfig cfg;
+    cfg.n_layers = 32;
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = 64;
+    cfg.block_tokens = 16;
+    cfg.max_blocks = 4;
+    KVCache c(cfg);
+    const size_t block = c.pool_stats().block_bytes;
+    size_t made = 0;
+    try {
+        for (; made < 100000; ++made) c.add_sequence();
+        FAIL("never refused");
+    } catch (const kvq::PoolExhausted&) {
+    }
+    CHECK(c.metadata_bytes() <= cfg.max_blocks * block);
+    CHECK(made == cfg.max_blocks * block / KVCache::sequence_bookkeeping_bytes(cfg.n_layers));
+    // The blocks themselves are not squeezed by it: max_blocks blocks still fit beside.
+    for (SequenceId s : c.sequences()) c.remove(s);
+    const SequenceId a = c.add_sequence();
+    const auto k = kvq::test::gaussian(64 * 2 * 64, 2);
+    cfg.seal = kvq::SealPolicy::on_append;
+    KVCache blocks_only(cfg);
+    const SequenceId b = blocks_only.add_sequence();
+    blocks_only.append(0, b, k.data(), k.data(), 64);  // 4 blocks: the limit
+    CHECK(blocks_only.pool_stats().blocks_used == 4);
+    CHECK_THROWS_AS(blocks_only.append(1, b, k.data(), k.data(), 1), kvq::PoolExhausted);
+    (void)a;
+}

@@ -45,9 +45,13 @@
 // same configuration. Loading validates the whole file (header, CRC32C of every section and block, block
 // tables) before it changes anything; format in docs/file-format.md.
 //
-// Thread safety: different sequences may be appended to, attended, forked from and truncated from
-// different threads at once. Operations on the same sequence must not overlap with a writer of it.
-// add_sequence, remove and fork are safe with concurrent operations on other sequences.
+// Thread safety: every entry point may be called from any thread at any time, with any id. Each sequence
+// has a reader/writer lock that the cache takes itself: attends, saves, n_tokens and forks of a sequence
+// share it, appends and truncates of it wait for one another and for its readers. A sequence appears in
+// sequences() only once it is complete (add_sequence, fork, load_into); remove takes it out of reach
+// first, then waits for the calls that hold it, and calls that found it just before then get
+// std::invalid_argument as for an unknown id. So different sequences run fully in parallel, and a
+// sequence removed under another thread's call is an error for that call, never a crash.
 #pragma once
 
 #include <cstddef>
@@ -90,7 +94,10 @@ enum class HalfType {
 };
 
 // An engine's own threads: runs task(i) once for every i in [0, n), on any threads (the calling one
-// included or not) in any order, and returns when every call has returned. task does not throw.
+// included or not) in any order, and returns when every call has returned. task does not throw. It may
+// run other work between the tasks, on the calling thread too, other kvq calls included (each call leases
+// buffers of its own). An index outside [0, n), an index run twice (neither is run) or one never run
+// makes the call throw ExecutorError once the executor returns; calling task after returning is undefined.
 using Executor = std::function<void(int n, const std::function<void(int)>& task)>;
 
 // One layer's own codecs (CacheConfig::layer_codecs); an empty name means the cache's default codec.
@@ -129,10 +136,18 @@ struct CacheConfig {
     // Pool capacity in blocks (all layers together, a block of any size counting one); 0 = no limit. The
     // float staging of open blocks (SealPolicy::on_block_full: one per sequence and layer that has begun
     // one) counts against it in units of its layer's block size, so with one block size blocks and staging
-    // together never hold more than max_blocks blocks' bytes.
+    // together never hold more than max_blocks blocks' bytes. The bookkeeping (below) is not counted in
+    // blocks; with max_blocks alone it is held within another max_blocks blocks' worth of bytes (of the
+    // largest block size).
     size_t max_blocks = 0;
-    // Pool capacity in bytes: allocated blocks plus the float staging of open blocks; 0 = no limit. The
-    // limit to set when layers have codecs of different sizes (layer_codecs). Both limits hold when set.
+    // Capacity in bytes of everything the cache holds that grows with use: allocated blocks (free ones
+    // included), the float staging of open blocks, and the bookkeeping: each sequence's state
+    // (sequence_bookkeeping_bytes) and its block tables (24 bytes per entry, so a fork of a long sequence
+    // costs bytes though it shares every block). add_sequence, fork, append, load_into that would pass it
+    // throw PoolExhausted and change nothing. Not counted: the configuration's own fixed size, and per-call buffers (bounded by
+    // the shape and threads, and by the arguments of attend_batch; kept by the cache for its next calls
+    // and freed with it). 0 = no limit. The limit to set when layers have codecs of different sizes
+    // (layer_codecs). Both limits hold when set.
     size_t max_bytes = 0;
     size_t initial_blocks = 0;  // blocks allocated up front
     size_t grow_blocks = 64;    // blocks added when the pool grows
@@ -190,7 +205,8 @@ struct PoolStats {
     size_t bytes_total = 0;      // bytes of the allocated blocks (of every size class)
     size_t bytes_used = 0;       // bytes of the blocks in use
     size_t bytes_reserved = 0;   // bytes of the open blocks' float staging
-    size_t max_bytes = 0;        // capacity in bytes (0 = unlimited): bytes_total + bytes_reserved <= max_bytes
+    size_t max_bytes = 0;        // capacity in bytes (0 = unlimited): bytes_total + bytes_reserved +
+                                 // KVCache::metadata_bytes() <= max_bytes
 };
 
 class KVCache {
@@ -274,9 +290,10 @@ public:
     // per-sequence bookkeeping (metadata_bytes()).
     size_t bytes_used() const;
     // The per-sequence bookkeeping alone: for each sequence, its per-layer state (about 130 bytes per
-    // layer), so a cache of many layers costs memory per sequence before any token is appended.
+    // layer), so a cache of many layers costs memory per sequence before any token is appended, and its
+    // block tables (24 bytes per entry). It counts against max_bytes (CacheConfig).
     size_t metadata_bytes() const;
-    // The bookkeeping one sequence adds to bytes_used() in a cache of n_layers layers.
+    // The bookkeeping add_sequence adds to bytes_used() in a cache of n_layers layers.
     static size_t sequence_bookkeeping_bytes(int n_layers);
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
     double bytes_per_token(int layer) const;  // the same for one layer

@@ -27,6 +27,13 @@ public:
     using std::invalid_argument::invalid_argument;
 };
 
+// A sequence id the cache does not hold (never given out, or removed, also while the call waited for the
+// sequence's lock) (KVQ_ERR_BAD_SEQUENCE).
+class UnknownSequence : public std::invalid_argument {
+public:
+    using std::invalid_argument::invalid_argument;
+};
+
 // NaN or Inf in rows or queries under NanPolicy::reject (KVQ_ERR_NON_FINITE).
 class NonFiniteInput : public std::invalid_argument {
 public:
@@ -35,6 +42,15 @@ public:
 
 // No free block is left in a pool with max_blocks set (KVQ_ERR_POOL_EXHAUSTED).
 class PoolExhausted : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+// An engine's executor (CacheConfig::executor) broke its contract: it called the task with an index outside
+// [0, n), ran a task twice, or returned without running every task. The call that used it throws this
+// once every task the executor started has returned; the cache is unchanged, the call's output
+// unspecified (KVQ_ERR_EXECUTOR).
+class ExecutorError : public std::runtime_error {
 public:
     using std::runtime_error::runtime_error;
 };

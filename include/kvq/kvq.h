@@ -21,8 +21,10 @@
  * call; successful calls leave it alone.
  *
  * Threads. A kvq_codec is immutable: use it from any number of threads. A kvq_cache follows the C++
- * KVCache rules (kvq/cache.hpp): different sequences may be appended to, attended and truncated from
- * different threads at once; operations on one sequence must not overlap with a writer of it.
+ * KVCache rules (kvq/cache.hpp): any function may be called from any thread at any time with any
+ * sequence id. The cache locks each sequence itself: calls on different sequences run in parallel, calls
+ * on one sequence wait for its writers (append, truncate); a sequence is listed only once complete, and a
+ * call on a sequence removed meanwhile returns KVQ_ERR_BAD_SEQUENCE.
  *
  * ABI notes (how engines upgrade safely).
  *  - Within one major version the C ABI only grows: functions, status codes and enum values are added,
@@ -90,6 +92,8 @@ typedef enum kvq_status {
     KVQ_ERR_BAD_FILE = 12,        /* not a cache file this kvq reads: magic, version, truncated, CRC, contents */
     KVQ_ERR_CONFIG_MISMATCH = 13, /* kvq_cache_load_into: the file's cache had another configuration */
     KVQ_ERR_SELFTEST_FAILED = 14, /* kvq_selftest: a SIMD level differs from the scalar specification */
+    KVQ_ERR_EXECUTOR = 15,        /* the engine's executor broke its contract: a task index outside [0, n), a
+                                     task run twice, or one never run (kvq::ExecutorError); output unspecified */
     KVQ_STATUS_MAX_ = 0x7fffffff  /* never returned: keeps every int status a valid value of the enum in
                                      C++ too (kvq_status_name takes any; a later version may add statuses) */
 } kvq_status;
@@ -278,8 +282,12 @@ typedef struct kvq_cache_params {
     /* Since 0.x (appended; an older caller's smaller struct leaves them NULL): the engine's own threads.
      * kvq calls executor(executor_ctx, n, task, task_ctx), which must call task(task_ctx, i) exactly once
      * for every i in [0, n), on any threads (the calling one included or not), and return when all calls
-     * have returned. NULL: kvq's own pool, shared by every cache of the process. `threads` still sets how
-     * many parts one call is split into. */
+     * have returned. It may run other work between the tasks on the calling thread, other kvq calls
+     * included (each call has buffers of its own). An executor that calls task with an index outside
+     * [0, n), calls it twice for one index, or returns without calling it for every index makes the call
+     * return KVQ_ERR_EXECUTOR (such indices are not run twice or out of range; a task called after the
+     * executor returned is undefined). NULL: kvq's own pool, shared by every cache of the process.
+     * `threads` still sets how many parts one call is split into. */
     void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);
     void* executor_ctx;
     int32_t staging;               /* kvq_staging_type (added after executor_ctx; 0 = float32) */
@@ -290,7 +298,8 @@ typedef struct kvq_cache_params {
     const char* const* layer_key_codecs;
     const char* const* layer_value_codecs;
     size_t n_layer_codecs;         /* 0 or n_layers */
-    size_t max_bytes;              /* pool capacity in bytes (blocks and float staging); 0 = no limit */
+    size_t max_bytes;              /* capacity in bytes: blocks, float staging and each sequence's bookkeeping
+                                      (its state, 24 bytes per block-table entry); 0 = no limit */
     /* Since 0.x (appended): 1 = q4_0 values multiplied by int8 weights (kvq::CacheConfig::
      * int8_value_weights: each softmax weight times block scale rounded to an int8 step per group of 16
      * rows of a block, faster where the SIMD level has the integer kernel); 0 = exact float weights (the
@@ -330,7 +339,7 @@ typedef struct kvq_pool_stats {
      * max_blocks (blocks_used + blocks_reserved <= max_blocks). */
     size_t blocks_reserved;
     /* Since 0.x (appended): bytes, for caches whose layers have blocks of different sizes. */
-    size_t bytes_total;    /* allocated blocks (bytes_total + bytes_reserved <= max_bytes) */
+    size_t bytes_total;    /* allocated blocks (bytes_total + bytes_reserved + bookkeeping <= max_bytes) */
     size_t bytes_used;     /* blocks in use */
     size_t bytes_reserved; /* float staging of open blocks */
     size_t max_bytes;      /* capacity in bytes (0 = unlimited) */

@@ -45,12 +45,6 @@ void prefetch_rows(const uint8_t* p, size_t n, size_t row_bytes, size_t stride) 
     }
 }
 
-struct WorkItem {
-    size_t task, source;
-    size_t block_begin, block_end;
-    int head_begin, head_end;  // kv heads
-};
-
 // s -> c·tanh(s/c) (Gemma 2's logit soft-cap).
 void soft_cap(float* s, size_t n, float softcap) {
     const float inv = 1.0f / softcap;
@@ -226,25 +220,12 @@ void plan_work(size_t task, std::span<const RowSource> sources, int n_kv_heads, 
     }
 }
 
-// This thread's buffers of a decode call, grown once and kept (no allocation on the decode path).
-struct Scratch {
-    std::vector<uint8_t> preps;
-    std::vector<size_t> prep_at;  // per (task, source): offset into preps
-    std::vector<WorkItem> items;
-    std::vector<size_t> first_prep;  // per task: prep_at index of its first source
-    std::vector<SoftmaxState> states;
-    std::vector<float> accs;
-};
-
-}  // namespace
-
-void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run,
-                            int threads) {
+// One round of a decode call: the tasks' parts (already planned into sc.items) in one parallel run.
+void decode_round(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run, int threads,
+                  DecodeScratch& sc) {
     const size_t heads = static_cast<size_t>(shape.n_heads);
     const size_t d = static_cast<size_t>(shape.head_dim);
     const int g = shape.n_heads / shape.n_kv_heads;
-    thread_local Scratch scratch;
-    Scratch& sc = scratch;  // the caller's: a lambda running on a worker would name the worker's own
 
     // Queries prepared once per task and source (a source's key codec), at 64-byte offsets.
     sc.prep_at.clear();
@@ -267,9 +248,6 @@ void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeT
         }
     }
 
-    if (!run) threads = 1;
-    sc.items.clear();
-    for (size_t t = 0; t < tasks.size(); ++t) plan_work(t, tasks[t].sources, shape.n_kv_heads, threads, sc.items);
     const std::vector<WorkItem>& items = sc.items;
     std::vector<size_t>& first_prep = sc.first_prep;
     first_prep.resize(tasks.size());
@@ -335,10 +313,44 @@ void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeT
     }
 }
 
+// Buffers of calls that bring no pool of their own (rows an engine owns); never destroyed, so that a
+// call still running on another thread at exit never finds it gone.
+ScratchPool<DecodeScratch>& process_scratch() {
+    static auto* pool = new ScratchPool<DecodeScratch>;
+    return *pool;
+}
+
+}  // namespace
+
+void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run,
+                            int threads, ScratchPool<DecodeScratch>* scratch) {
+    // This call's own buffers: a nested call on this thread (an executor running other work between this
+    // call's parts) leases others.
+    const auto lease = (scratch ? *scratch : process_scratch()).lease();
+    DecodeScratch& sc = *lease;
+    if (!run) threads = 1;
+    // Rounds of whole tasks, at most kMaxItemsPerRound parts each: the buffers stay bounded by the shape
+    // and threads however many tasks a batch has.
+    for (size_t begin = 0; begin < tasks.size();) {
+        sc.items.clear();
+        size_t end = begin;
+        for (; end < tasks.size(); ++end) {
+            const size_t before = sc.items.size();
+            plan_work(end - begin, tasks[end].sources, shape.n_kv_heads, threads, sc.items);
+            if (sc.items.size() > kMaxItemsPerRound && end > begin) {
+                sc.items.resize(before);
+                break;
+            }
+        }
+        decode_round(shape, tasks.subspan(begin, end - begin), run, threads, sc);
+        begin = end;
+    }
+}
+
 void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q, float* out,
-                      const ParallelRun* run, int threads) {
+                      const ParallelRun* run, int threads, ScratchPool<DecodeScratch>* scratch) {
     const DecodeTask task{sources, q, out};
-    decode_attention_batch(shape, std::span<const DecodeTask>(&task, 1), run, threads);
+    decode_attention_batch(shape, std::span<const DecodeTask>(&task, 1), run, threads, scratch);
 }
 
 void attention_scores(const AttentionShape& shape, const RowSource& src, const float* q, float* scores) {

@@ -13,7 +13,11 @@
 #include <functional>
 #include <span>
 
+#include <vector>
+
 #include "../codec/codec_impl.hpp"
+#include "online_softmax.hpp"
+#include "scratch_pool.hpp"
 #include "thread_pool.hpp"
 
 namespace kvq::detail {
@@ -78,17 +82,39 @@ struct DecodeTask {
     float* out = nullptr;      // n_heads × head_dim
 };
 
+// One part of a decode call: blocks [block_begin, block_end) of kv heads [head_begin, head_end) of a
+// task's source.
+struct WorkItem {
+    size_t task, source;
+    size_t block_begin, block_end;
+    int head_begin, head_end;
+};
+
+// A decode call's buffers (leased per call: lib/attention/scratch_pool.hpp). Their size is bounded by the
+// shape and threads, not by the number of tasks: a batch runs in rounds of at most kMaxItemsPerRound parts.
+struct DecodeScratch {
+    std::vector<uint8_t> preps;
+    std::vector<size_t> prep_at;  // per (task, source): offset into preps
+    std::vector<WorkItem> items;
+    std::vector<size_t> first_prep;  // per task: prep_at index of its first source
+    std::vector<SoftmaxState> states;
+    std::vector<float> accs;
+};
+// Parts of one round; a single task never has more (2 sources × max(64 block ranges, 256 head ranges)).
+inline constexpr size_t kMaxItemsPerRound = 512;
+
 // out (n_heads × head_dim) = softmax(scores) · V over every row of every source. Each source is scored
 // in its key codec's basis and accumulated in its value codec's basis (finished, e.g. un-rotated, before
 // sources merge). With run and threads > 1, long sources are split into block ranges (and a single range
 // into kv-head ranges) that run in parallel; their states merge in a fixed order, so the result does not
-// depend on which thread ran what. Every task must hold at least one row in total.
+// depend on which thread ran what. Every task must hold at least one row in total. Buffers come from
+// `scratch` (null: a pool of the process's).
 void decode_attention(const AttentionShape& shape, std::span<const RowSource> sources, const float* q,
-                      float* out, const ParallelRun* run, int threads);
-// Several sequences' steps in one parallel run: each task's result is bit-identical to decode_attention
-// of that task alone with the same threads.
+                      float* out, const ParallelRun* run, int threads, ScratchPool<DecodeScratch>* scratch = nullptr);
+// Several sequences' steps in parallel runs of at most kMaxItemsPerRound parts: each task's result is
+// bit-identical to decode_attention of that task alone with the same threads.
 void decode_attention_batch(const AttentionShape& shape, std::span<const DecodeTask> tasks, const ParallelRun* run,
-                            int threads);
+                            int threads, ScratchPool<DecodeScratch>* scratch = nullptr);
 
 // The scores decode_attention computes for one source, as a measurement (the accuracy tables' KL and top-k
 // need them): scores[i·n + r] = query head i's scaled (and soft-capped) score against the source's row r,

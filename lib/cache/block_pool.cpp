@@ -6,6 +6,10 @@
 #include <new>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace kvq::detail {
 namespace {
 
@@ -13,6 +17,16 @@ constexpr size_t kUnlimited = std::numeric_limits<size_t>::max();
 
 uint8_t* new_block(size_t bytes) { return static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t(BlockPool::kAlignment))); }
 void delete_block(uint8_t* p) { ::operator delete[](p, std::align_val_t(BlockPool::kAlignment)); }
+
+// Blocks given back to make room for blocks of another size leave holes of their size in the allocator's
+// heap, which blocks of the other size do not fit: the allocator keeps the holes' pages and takes new ones,
+// so the process would hold up to twice the limit after a few rounds of churn between sizes (issue #36).
+// Returning the free pages to the system after such a shed keeps the process within the limit.
+void return_free_pages() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
 
 std::string limit_text(size_t limit) { return limit ? std::to_string(limit) : std::string("unlimited"); }
 
@@ -45,7 +59,7 @@ size_t BlockPool::room_locked(size_t bytes) const {
     size_t room = kUnlimited;
     if (max_blocks_) room = max_blocks_ > blocks_allocated_ + reserved_units_ ? max_blocks_ - blocks_allocated_ - reserved_units_ : 0;
     if (max_bytes_) {
-        const size_t taken = bytes_allocated_ + reserved_bytes_;
+        const size_t taken = bytes_allocated_ + reserved_bytes_ + bookkeeping_bytes_;
         room = std::min(room, max_bytes_ > taken ? (max_bytes_ - taken) / bytes : 0);
     }
     return room;
@@ -54,7 +68,7 @@ size_t BlockPool::room_locked(size_t bytes) const {
 bool BlockPool::shed_locked(size_t units, size_t bytes, std::span<const size_t> keep, bool dry_run) {
     const auto fits = [&](size_t shed_blocks, size_t shed_bytes) {
         return (!max_blocks_ || blocks_allocated_ - shed_blocks + reserved_units_ + units <= max_blocks_) &&
-               (!max_bytes_ || bytes_allocated_ - shed_bytes + reserved_bytes_ + bytes <= max_bytes_);
+               (!max_bytes_ || bytes_allocated_ - shed_bytes + reserved_bytes_ + bookkeeping_bytes_ + bytes <= max_bytes_);
     };
     const auto spare = [&](size_t c) {
         const size_t k = c < keep.size() ? keep[c] : 0;
@@ -88,6 +102,21 @@ bool BlockPool::shed_locked(size_t units, size_t bytes, std::span<const size_t> 
 }
 
 void BlockPool::reserve(size_t units, size_t bytes) { take({}, units, bytes); }
+
+bool BlockPool::bookkeeping_fits_locked(size_t bytes) const {
+    if (max_bytes_ || !max_blocks_) return true;  // under max_bytes with the rest (take's check), or unlimited
+    size_t largest = 0;
+    for (const SizeClass& c : classes_) largest = std::max(largest, c.bytes);
+    const size_t limit = largest > kUnlimited / max_blocks_ ? kUnlimited : max_blocks_ * largest;
+    return bookkeeping_bytes_ <= limit && bytes <= limit - bookkeeping_bytes_;
+}
+
+void BlockPool::charge_bookkeeping(size_t bytes) { take({}, 0, 0, {}, false, bytes); }
+
+void BlockPool::uncharge_bookkeeping(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bookkeeping_bytes_ -= std::min(bytes, bookkeeping_bytes_);
+}
 
 void BlockPool::unreserve(size_t units, size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -143,13 +172,13 @@ std::vector<BlockRef> BlockPool::allocate(size_t cls, size_t n, std::span<const 
 }
 
 std::vector<BlockRef> BlockPool::take(std::span<const size_t> blocks, size_t units, size_t bytes,
-                                      std::span<const BlockRef> release, bool exact) {
+                                      std::span<const BlockRef> release, bool exact, size_t bookkeeping) {
     std::lock_guard<std::mutex> lock(mu_);
     // What the request needs beyond the free blocks (those `release` frees included), class by class, and
     // the free blocks it takes as they are (the rest may give way).
     std::vector<size_t> freed(classes_.size(), 0), missing(classes_.size(), 0), keep(classes_.size(), 0);
     for (const BlockRef& b : release) freed[class_of_[b.id]] += refs_[b.id] == 1;
-    size_t missing_blocks = units, missing_bytes = bytes, classes_missing = 0;
+    size_t missing_blocks = units, missing_bytes = bytes + bookkeeping, classes_missing = 0;
     for (size_t c = 0; c < blocks.size(); ++c) {
         const size_t free = classes_[c].free.size() + freed[c];
         missing[c] = blocks[c] > free ? blocks[c] - free : 0;
@@ -159,17 +188,24 @@ std::vector<BlockRef> BlockPool::take(std::span<const size_t> blocks, size_t uni
         classes_missing += missing[c] > 0;
     }
     // Checked whole before anything changes; then free blocks the request does not use give way.
-    if (!shed_locked(missing_blocks, missing_bytes, keep, true)) {
+    if (!bookkeeping_fits_locked(bookkeeping) || !shed_locked(missing_blocks, missing_bytes, keep, true)) {
         std::string what;
         for (size_t c = 0; c < blocks.size(); ++c) {
             if (blocks[c]) what += std::to_string(blocks[c]) + " block(s) of " + std::to_string(classes_[c].bytes) + " bytes, ";
         }
         if (bytes) what += "float staging of " + std::to_string(bytes) + " bytes, ";
+        if (bookkeeping) {
+            what += "bookkeeping of " + std::to_string(bookkeeping) + " bytes (sequences' state and block tables; " +
+                    std::to_string(bookkeeping_bytes_) + " bytes held), ";
+        }
         exhausted_locked(what.empty() ? std::string("the request") : what.substr(0, what.size() - 2));
     }
+    const size_t allocated = blocks_allocated_;
     shed_locked(missing_blocks, missing_bytes, keep, false);
+    if (blocks_allocated_ < allocated) return_free_pages();
     reserved_units_ += units;
     reserved_bytes_ += bytes;
+    bookkeeping_bytes_ += bookkeeping;
     // Growing is the one step that can fail (bad_alloc); it happens before anything is released. A single
     // class that grows grows by grow_blocks where the limits leave room.
     try {
@@ -182,6 +218,7 @@ std::vector<BlockRef> BlockPool::take(std::span<const size_t> blocks, size_t uni
     } catch (...) {
         reserved_units_ -= units;
         reserved_bytes_ -= bytes;
+        bookkeeping_bytes_ -= bookkeeping;
         throw;
     }
     release_locked(release);

@@ -50,13 +50,20 @@ public:
     // in `release` keep their counts). Growing may throw std::bad_alloc, also changing nothing. A class
     // grows by at least grow_blocks where the limits allow, or with `exact` by just the blocks missing
     // (loading a file). Returns the blocks class by class.
+    // `bookkeeping` bytes are charged as charge_bookkeeping does, in the same step.
     std::vector<BlockRef> take(std::span<const size_t> blocks, size_t units, size_t bytes,
-                               std::span<const BlockRef> release = {}, bool exact = false);
+                               std::span<const BlockRef> release = {}, bool exact = false, size_t bookkeeping = 0);
     // take() of n blocks of one class.
     std::vector<BlockRef> allocate(size_t cls, size_t n, std::span<const BlockRef> release = {}, bool exact = false);
     // take() of memory outside the pool alone; unreserve gives it back.
     void reserve(size_t units, size_t bytes);
     void unreserve(size_t units, size_t bytes);
+    // The cache's bookkeeping (its sequences' state and block tables): counted against max_bytes with the
+    // blocks and the staging (free blocks of any class give way, as for take); where only max_blocks is
+    // set, within max_blocks blocks' worth of bytes (of the largest class) of its own. PoolExhausted if
+    // it does not fit, and nothing changed.
+    void charge_bookkeeping(size_t bytes);
+    void uncharge_bookkeeping(size_t bytes);
     // One more reference to each block (fork).
     void retain(std::span<const BlockRef> blocks);
     // One reference fewer; a block whose count reaches zero returns to its class's free list.
@@ -79,6 +86,7 @@ private:
     // more blocks' worth and `bytes` more bytes fit in the limits; false (nothing given back) if even
     // giving back all of them would not make room.
     bool shed_locked(size_t units, size_t bytes, std::span<const size_t> keep, bool dry_run);
+    bool bookkeeping_fits_locked(size_t bytes) const;  // the max_blocks-only limit on bookkeeping
     void grow_locked(size_t cls, size_t n);  // adds exactly n blocks to the class
     void release_locked(std::span<const BlockRef> blocks);
     [[noreturn]] void exhausted_locked(const std::string& what) const;
@@ -98,6 +106,7 @@ private:
     size_t shared_ = 0;               // blocks with refs_ > 1
     size_t reserved_units_ = 0;       // block-sized units counted for memory outside the pool
     size_t reserved_bytes_ = 0;       // and its bytes
+    size_t bookkeeping_bytes_ = 0;    // charge_bookkeeping's, counted against max_bytes
 };
 
 }  // namespace kvq::detail

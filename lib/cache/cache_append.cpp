@@ -269,7 +269,8 @@ void detail::CacheImpl::seal(const LayerKind& kind, detail::LayerState& st, uint
 
 void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const float* v, size_t n) {
     check_layer("append", layer);
-    detail::Sequence& seq = find("append", id);
+    const WriteHeld held = write("append", id);
+    detail::Sequence& seq = *held.seq;
     if (n == 0) return;
     if (!k || !v) throw std::invalid_argument("KVCache::append: k or v is a null pointer");
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
@@ -315,8 +316,10 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     std::vector<size_t> want(kind_of[layer] + 1, 0);
     want[kind_of[layer]] = p.n_new + p.copy_last;
     const bool staging_now = !new_staging.empty();
-    const std::vector<detail::BlockRef> fresh =
-        pool->take(want, staging_now ? kd.staging_units : 0, staging_now ? staging_layer_bytes : 0, give_back);
+    // The table entries of the new blocks count against the pool too (CacheConfig::max_bytes).
+    const std::vector<detail::BlockRef> fresh = pool->take(want, staging_now ? kd.staging_units : 0,
+                                                           staging_now ? staging_layer_bytes : 0, give_back, false,
+                                                           p.n_new * kTableEntryBytes);
 
     // ---- from here on nothing fails ----
     if (!new_staging.empty()) {
@@ -325,6 +328,9 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     }
     st.table.erase(st.table.begin(), st.table.begin() + p.n_drop);
     st.data.erase(st.data.begin(), st.data.begin() + p.n_drop);
+    seq.charged += p.n_new * kTableEntryBytes;
+    metadata_bytes += p.n_new * kTableEntryBytes;
+    uncharge_entries(seq, p.n_drop + (p.restaged ? 1 : 0));  // a re-opened block leaves the table
     if (p.restaged) {
         st.table.pop_back();
         st.data.pop_back();

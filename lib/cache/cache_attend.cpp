@@ -102,7 +102,8 @@ void detail::CacheImpl::attend_range(const LayerKind& kind, const detail::LayerS
     const size_t n_sources = row_sources(kind, st, lo, hi, sources, &staging);
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,
                                        cfg.int8_value_weights};
-    detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads);
+    detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads,
+                             &decode_scratch);
     finish_output(kind, st, lo, hi, q, out);
 }
 
@@ -176,7 +177,8 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
 
 void detail::CacheImpl::attend(int layer, SequenceId id, const float* q, float* out) const {
     check_layer("attend", layer);
-    const detail::Sequence& seq = find("attend", id);
+    const ReadHeld held = read("attend", id);
+    const detail::Sequence& seq = *held.seq;
     if (!q || !out) throw std::invalid_argument("KVCache::attend: q or out is a null pointer");
     const detail::LayerState& st = seq.layers[layer];
     if (st.n_tokens == 0) {
@@ -195,7 +197,8 @@ void detail::CacheImpl::attend(int layer, SequenceId id, const float* q, float* 
 
 void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q, size_t n_queries, float* out) const {
     check_layer("attend_prefill", layer);
-    const detail::Sequence& seq = find("attend_prefill", id);
+    const ReadHeld held = read("attend_prefill", id);
+    const detail::Sequence& seq = *held.seq;
     if (n_queries == 0) return;
     if (!q || !out) throw std::invalid_argument("KVCache::attend_prefill: q or out is a null pointer");
     const detail::LayerState& st = seq.layers[layer];
@@ -247,16 +250,9 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
                                  "sequences x n_heads x head_dim floats"}},
                                [] { return "KVCache::attend_batch"; });
     const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
-    // This thread's buffers, grown once and kept: a decode step of a batch allocates nothing.
-    struct Scratch {
-        std::vector<const detail::LayerState*> layers;
-        std::vector<detail::RowSource> sources;
-        std::vector<uint8_t*> staging;
-        std::vector<detail::DecodeTask> tasks;
-        std::vector<std::pair<size_t, size_t>> ranges;
-    };
-    thread_local Scratch scratch;
-    Scratch& sc = scratch;
+    // This call's buffers, kept by the cache between calls: a decode step of a batch allocates nothing.
+    const auto lease = batch_scratch.lease();
+    BatchScratch& sc = *lease;
     sc.layers.resize(ids.size());
     sc.sources.resize(2 * ids.size());
     sc.staging.resize(ids.size());
@@ -267,14 +263,28 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     auto& staging = sc.staging;
     auto& tasks = sc.tasks;
     auto& ranges = sc.ranges;
-    for (size_t i = 0; i < ids.size(); ++i) {
-        for (size_t j = 0; j < i; ++j) {
-            if (ids[j] == ids[i]) {
-                throw std::invalid_argument("KVCache::attend_batch: sequence " + std::to_string(ids[i]) +
-                                            " is given twice (entries " + std::to_string(j) + " and " + std::to_string(i) + ")");
-            }
+    // Each sequence held as a reader for the whole call, locks taken in increasing id order (no cycle with
+    // another call that holds several); an id given twice is refused before any is taken.
+    std::vector<size_t>& order = sc.order;
+    order.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a] < ids[b]; });
+    for (size_t k = 1; k < order.size(); ++k) {
+        if (ids[order[k]] == ids[order[k - 1]]) {
+            const size_t i = std::min(order[k], order[k - 1]), j = std::max(order[k], order[k - 1]);
+            throw std::invalid_argument("KVCache::attend_batch: sequence " + std::to_string(ids[i]) +
+                                        " is given twice (entries " + std::to_string(i) + " and " + std::to_string(j) + ")");
         }
-        const detail::LayerState& st = find("attend_batch", ids[i]).layers[layer];
+    }
+    struct Unhold {  // the locks go before the lease returns the buffers that hold them
+        std::vector<ReadHeld>& held;
+        ~Unhold() { held.clear(); }
+    } unhold{sc.held};
+    sc.held.clear();
+    for (size_t i : order) sc.held.push_back(read("attend_batch", ids[i]));
+    for (size_t k = 0; k < order.size(); ++k) {
+        const size_t i = order[k];
+        const detail::LayerState& st = sc.held[k]->layers[layer];
         if (st.n_tokens == 0) {
             throw std::invalid_argument("KVCache::attend_batch: sequence " + std::to_string(ids[i]) +
                                         " has no tokens in layer " + std::to_string(layer));
@@ -293,7 +303,7 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     }
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,
                                        cfg.int8_value_weights};
-    detail::decode_attention_batch(shape, tasks, run(), cfg.threads);
+    detail::decode_attention_batch(shape, tasks, run(), cfg.threads, &decode_scratch);
     for (size_t i = 0; i < ids.size(); ++i) finish_output(kind(layer), *layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
     for (size_t h = 0; h < nan_head.size(); ++h) {
         if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -24,6 +25,7 @@
 
 #include "../attention/decode_attention.hpp"
 #include "../attention/thread_pool.hpp"
+#include "../attention/scratch_pool.hpp"
 #include "block_pool.hpp"
 #include "kvq/cache.hpp"
 
@@ -48,9 +50,29 @@ struct LayerState {
     }
 };
 
+// A sequence is published (put into CacheImpl::seqs) only once it is complete, its blocks retained and
+// its bytes counted; every entry point takes its lock, so any thread may name any id at any time: a reader
+// (attend, save, fork's copy) shares it, a writer (append, truncate) and remove hold it alone. remove
+// unpublishes the sequence first, then waits for its lock, so a thread that found it just before sees
+// `removed` once it holds the lock and gets the same error as for an unknown id.
 struct Sequence {
     std::vector<LayerState> layers;
+    mutable std::shared_mutex mu;
+    bool removed = false;  // under mu
+    // Its bookkeeping's bytes, counted against the pool (BlockPool::charge_bookkeeping): its state and
+    // 24 bytes per block table entry (under mu, held alone).
+    size_t charged = 0;
 };
+
+// A sequence held for one call, with its lock (shared or alone).
+template <class Lock>
+struct Held {
+    std::shared_ptr<Sequence> seq;
+    Lock lock;
+    Sequence* operator->() const { return seq.get(); }
+};
+using ReadHeld = Held<std::shared_lock<std::shared_mutex>>;
+using WriteHeld = Held<std::unique_lock<std::shared_mutex>>;
 
 }  // namespace kvq::detail
 
@@ -97,22 +119,49 @@ struct CacheImpl {
     detail::ParallelRun runner;
     const detail::ParallelRun* run() const { return runner ? &runner : nullptr; }
 
-    mutable std::mutex seq_mu;  // guards seqs and next_id (not the sequences' contents)
-    std::map<SequenceId, std::unique_ptr<detail::Sequence>> seqs;
+    // Guards seqs and next_id (not the sequences' contents). Never held while waiting for a sequence's
+    // lock; a call that holds several sequences' locks takes them in increasing id order (no cycle).
+    mutable std::mutex seq_mu;
+    std::map<SequenceId, std::shared_ptr<detail::Sequence>> seqs;
     SequenceId next_id = 0;
     std::atomic<size_t> staging_bytes{0};
-    std::atomic<size_t> metadata_bytes{0};  // sequences × sequence_metadata_bytes()
+    std::atomic<size_t> metadata_bytes{0};  // the sequences' Sequence::charged
+
+    // Per call buffers of attend_batch and the decode kernel, leased per call (re-entrant executors) and
+    // freed with the cache.
+    struct BatchScratch {
+        std::vector<ReadHeld> held;  // in increasing id order
+        std::vector<size_t> order;   // entries by id
+        std::vector<const detail::LayerState*> layers;
+        std::vector<detail::RowSource> sources;
+        std::vector<uint8_t*> staging;
+        std::vector<detail::DecodeTask> tasks;
+        std::vector<std::pair<size_t, size_t>> ranges;
+    };
+    mutable detail::ScratchPool<BatchScratch> batch_scratch;
+    mutable detail::ScratchPool<detail::DecodeScratch> decode_scratch;
 
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
     size_t sequence_metadata_bytes() const;  // the bookkeeping of one sequence (bytes_used counts it)
+    // What a sequence's block tables cost per block they reference (a fork copies its parent's tables).
+    static constexpr size_t kTableEntryBytes = sizeof(BlockRef) + sizeof(uint8_t*);
+    // Gives back the charge of table entries a sequence no longer holds (under its lock, held alone).
+    void uncharge_entries(detail::Sequence& seq, size_t entries);
+    // Publishes complete sequences under fresh ids (their bytes already charged); never throws but bad_alloc,
+    // and then publishes none.
+    std::vector<SequenceId> publish(std::vector<std::shared_ptr<detail::Sequence>>& fresh);
     size_t window(int layer) const {
         return cfg.sliding_window.empty() ? 0 : static_cast<size_t>(cfg.sliding_window[layer]);
     }
 
     // Argument checks shared by the entry points; `what` names the entry point in messages.
     void check_layer(const char* what, int layer) const;
-    detail::Sequence& find(const char* what, SequenceId seq) const;
+    // A sequence by id, held for one call (std::invalid_argument naming `what` if there is none, or it was
+    // removed while this call waited for its lock).
+    ReadHeld read(const char* what, SequenceId seq) const;
+    WriteHeld write(const char* what, SequenceId seq) const;
+    std::shared_ptr<detail::Sequence> find(const char* what, SequenceId seq) const;
 
     // Operations (cache_append.cpp, cache_sequences.cpp, cache_attend.cpp).
     void append(int layer, SequenceId seq, const float* k, const float* v, size_t n);

@@ -208,10 +208,14 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
 
     // Sequences with their float rows, not yet in the cache.
     const char* changed = " since it was checked: the file changed while loading";
-    std::vector<std::unique_ptr<detail::Sequence>> fresh;
-    size_t staging_added = 0, units = 0;
+    std::vector<std::shared_ptr<detail::Sequence>> fresh;
+    size_t staging_added = 0, units = 0, charged = 0;
     for (const auto& layers : t.sequences) {
-        auto& seq = fresh.emplace_back(std::make_unique<detail::Sequence>());
+        auto& seq = fresh.emplace_back(std::make_shared<detail::Sequence>());
+        size_t table_entries = 0;
+        for (const LayerRecord& r : layers) table_entries += r.blocks.size();
+        seq->charged = sequence_metadata_bytes() + table_entries * kTableEntryBytes;
+        charged += seq->charged;
         seq->layers.resize(layers.size());
         for (size_t l = 0; l < layers.size(); ++l) {
             const LayerRecord& r = layers[l];
@@ -240,7 +244,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     std::vector<size_t> want;
     for (const detail::file::KindRecord& k : h.kinds) want.push_back(k.n_blocks);
     // By file index: the kinds' blocks one after another (take returns them class by class).
-    const std::vector<detail::BlockRef> blocks = pool->take(want, units, staging_added, {}, true);
+    const std::vector<detail::BlockRef> blocks = pool->take(want, units, staging_added, {}, true, charged);
     std::vector<SequenceId> ids;
     try {
         for (uint64_t i = 0; i < h.n_blocks; ++i) {
@@ -254,23 +258,22 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
                 for (uint32_t b : t.sequences[s][l].blocks) fresh[s]->layers[l].push_block(blocks[b]);  // reserved
             }
         }
-        std::map<SequenceId, std::unique_ptr<detail::Sequence>> added;
-        std::lock_guard<std::mutex> lock(seq_mu);
-        for (size_t s = 0; s < fresh.size(); ++s) {
-            ids.push_back(next_id + static_cast<SequenceId>(s));
-            added.emplace(ids.back(), std::move(fresh[s]));
-        }
-        // ---- from here on nothing fails ----
+        // Published complete, in one step: blocks filled and retained, bytes counted.
         pool->retain(extra);
-        seqs.merge(added);
-        next_id += static_cast<SequenceId>(fresh.size());
+        staging_bytes += staging_added;
+        try {
+            ids = publish(fresh);
+        } catch (...) {
+            staging_bytes -= staging_added;
+            pool->release(extra);
+            throw;
+        }
     } catch (...) {
         pool->release(blocks);
         pool->unreserve(units, staging_added);
+        pool->uncharge_bookkeeping(charged);
         throw;
     }
-    staging_bytes += staging_added;
-    metadata_bytes += fresh.size() * sequence_metadata_bytes();
     return ids;
 }
 

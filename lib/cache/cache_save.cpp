@@ -83,13 +83,24 @@ detail::file::Tables tables_of(const detail::CacheImpl& c, const std::vector<con
 }  // namespace
 
 void detail::CacheImpl::save(const std::string& path, const SequenceId* only) const {
-    std::vector<const detail::Sequence*> chosen;
+    // Every sequence saved is held as a reader while it is written out, in increasing id order (the map's).
+    std::vector<ReadHeld> held;
     if (only) {
-        chosen.push_back(&find("save", *only));
+        held.push_back(read("save", *only));
     } else {
-        std::lock_guard<std::mutex> lock(seq_mu);
-        for (const auto& entry : seqs) chosen.push_back(entry.second.get());
+        std::vector<std::pair<SequenceId, std::shared_ptr<detail::Sequence>>> all;
+        {
+            std::lock_guard<std::mutex> lock(seq_mu);
+            all.assign(seqs.begin(), seqs.end());
+        }
+        for (auto& [id, seq] : all) {
+            ReadHeld h{std::move(seq), {}};
+            h.lock = std::shared_lock<std::shared_mutex>(h.seq->mu);
+            if (!h.seq->removed) held.push_back(std::move(h));  // removed meanwhile: not saved
+        }
     }
+    std::vector<const detail::Sequence*> chosen;
+    for (const ReadHeld& h : held) chosen.push_back(h.seq.get());
     Payloads p;
     detail::file::Tables t = tables_of(*this, chosen, p);
     std::vector<uint8_t> buffer;

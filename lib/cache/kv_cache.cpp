@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "../codec/channel_keys.hpp"
 #include "../spec/half.hpp"
@@ -18,6 +19,49 @@ namespace kvq {
 namespace {
 
 [[noreturn]] void bad_config(const std::string& what) { throw BadParams("CacheConfig: " + what); }
+
+// Runs an engine's executor and checks that it kept its contract (kvq/cache.hpp, Executor): each task
+// index in [0, n) run exactly once, all of them done when it returns. An index out of range or one run
+// a second time is not run (the second call would race the first on the same buffers); an index never
+// run leaves output unwritten. Each is an ExecutorError once the executor returns, after any task it
+// left running has finished.
+void run_checked(const Executor& ex, int n, const std::function<void(int)>& task) {
+    enum : uint8_t { not_run, running, done };
+    const auto state = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) state[i].store(not_run, std::memory_order_relaxed);
+    std::atomic<int> out_of_range{0}, twice{0};
+    std::atomic<long long> bad_index{0};
+    const std::function<void(int)> checked = [&](int i) {
+        if (i < 0 || i >= n) {
+            if (!out_of_range.fetch_add(1)) bad_index = i;
+            return;
+        }
+        uint8_t expected = not_run;
+        if (!state[i].compare_exchange_strong(expected, running, std::memory_order_acquire)) {
+            if (!twice.fetch_add(1)) bad_index = i;
+            return;
+        }
+        task(i);
+        state[i].store(done, std::memory_order_release);
+    };
+    ex(n, checked);
+    int never = -1;
+    for (int i = 0; i < n; ++i) {
+        uint8_t s = state[i].load(std::memory_order_acquire);
+        while (s == running) {  // returned early: this task still runs on another thread
+            std::this_thread::yield();
+            s = state[i].load(std::memory_order_acquire);
+        }
+        if (s == not_run && never < 0) never = i;
+    }
+    const std::string of = " of " + std::to_string(n) + " tasks";
+    if (out_of_range) {
+        throw ExecutorError("executor: called the task with index " + std::to_string(bad_index.load()) + ", outside 0.." +
+                            std::to_string(n - 1) + of);
+    }
+    if (twice) throw ExecutorError("executor: ran task " + std::to_string(bad_index.load()) + of + " more than once");
+    if (never >= 0) throw ExecutorError("executor: returned without running task " + std::to_string(never) + of);
+}
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -203,7 +247,7 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     if (!allocate) std::fill(initial.begin(), initial.end(), 0);
     pool = std::make_unique<detail::BlockPool>(class_bytes, cfg.max_blocks, cfg.max_bytes, initial, cfg.grow_blocks);
     if (cfg.executor) {
-        runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { ex(n, task); };
+        runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { run_checked(ex, n, task); };
     } else if (cfg.threads > 1) {
         runner = [t = cfg.threads](int n, const std::function<void(int)>& task) { detail::shared_pool().run(n, task, t); };
     }
@@ -216,13 +260,51 @@ void detail::CacheImpl::check_layer(const char* what, int layer) const {
     }
 }
 
-detail::Sequence& detail::CacheImpl::find(const char* what, SequenceId seq) const {
+namespace {
+
+[[noreturn]] void no_sequence(const char* what, SequenceId seq) {
+    throw UnknownSequence(std::string("KVCache::") + what + ": no sequence with id " + std::to_string(seq));
+}
+
+}  // namespace
+
+std::shared_ptr<detail::Sequence> detail::CacheImpl::find(const char* what, SequenceId seq) const {
     std::lock_guard<std::mutex> lock(seq_mu);
     const auto it = seqs.find(seq);
-    if (it == seqs.end()) {
-        throw std::invalid_argument(std::string("KVCache::") + what + ": no sequence with id " + std::to_string(seq));
+    if (it == seqs.end()) no_sequence(what, seq);
+    return it->second;
+}
+
+detail::ReadHeld detail::CacheImpl::read(const char* what, SequenceId seq) const {
+    ReadHeld h{find(what, seq), {}};
+    h.lock = std::shared_lock<std::shared_mutex>(h.seq->mu);
+    if (h.seq->removed) no_sequence(what, seq);
+    return h;
+}
+
+detail::WriteHeld detail::CacheImpl::write(const char* what, SequenceId seq) const {
+    WriteHeld h{find(what, seq), {}};
+    h.lock = std::unique_lock<std::shared_mutex>(h.seq->mu);
+    if (h.seq->removed) no_sequence(what, seq);
+    return h;
+}
+
+std::vector<SequenceId> detail::CacheImpl::publish(std::vector<std::shared_ptr<detail::Sequence>>& fresh) {
+    std::vector<SequenceId> ids;
+    ids.reserve(fresh.size());
+    std::map<SequenceId, std::shared_ptr<detail::Sequence>> added;
+    size_t charged = 0;
+    std::lock_guard<std::mutex> lock(seq_mu);
+    for (auto& seq : fresh) {
+        ids.push_back(next_id + static_cast<SequenceId>(ids.size()));
+        charged += seq->charged;
+        added.emplace(ids.back(), std::move(seq));
     }
-    return *it->second;
+    // ---- from here on nothing fails ----
+    seqs.merge(added);
+    next_id += static_cast<SequenceId>(ids.size());
+    metadata_bytes += charged;
+    return ids;
 }
 
 std::string detail::CacheImpl::dump() const {
@@ -236,8 +318,14 @@ std::string detail::CacheImpl::dump() const {
        << "\npool: " << ps.blocks_used << " of " << ps.blocks_total << " blocks used (" << ps.blocks_shared
        << " shared), max " << (ps.max_blocks ? std::to_string(ps.max_blocks) : std::string("unlimited")) << ", "
        << ps.block_bytes << " bytes/block\n";
-    std::lock_guard<std::mutex> lock(seq_mu);
-    for (const auto& [id, seq] : seqs) {
+    std::vector<std::pair<SequenceId, std::shared_ptr<detail::Sequence>>> all;
+    {
+        std::lock_guard<std::mutex> lock(seq_mu);
+        all.assign(seqs.begin(), seqs.end());
+    }
+    for (const auto& [id, seq] : all) {
+        std::shared_lock<std::shared_mutex> held(seq->mu);
+        if (seq->removed) continue;
         os << "sequence " << id << ":\n";
         for (size_t l = 0; l < seq->layers.size(); ++l) {
             const auto& st = seq->layers[l];
@@ -278,21 +366,22 @@ const Codec& KVCache::value_codec(int layer) const {
 size_t detail::CacheImpl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
 
 size_t KVCache::sequence_bookkeeping_bytes(int n_layers) {
-    return sizeof(detail::Sequence) + static_cast<size_t>(std::max(n_layers, 0)) * sizeof(detail::LayerState);
+    // The sequence with its lock and shared_ptr count, its node in the id map and their allocations'
+    // headers (about 128 bytes), and each layer's state.
+    return sizeof(detail::Sequence) + 128 + static_cast<size_t>(std::max(n_layers, 0)) * sizeof(detail::LayerState);
 }
 
 SequenceId KVCache::add_sequence() {
-    auto seq = std::make_unique<detail::Sequence>();
-    seq->layers.resize(impl_->cfg.n_layers);
-    SequenceId id;
-    {
-        std::lock_guard<std::mutex> lock(impl_->seq_mu);
-        id = impl_->next_id;
-        impl_->seqs.emplace(id, std::move(seq));
-        ++impl_->next_id;
+    std::vector<std::shared_ptr<detail::Sequence>> fresh{std::make_shared<detail::Sequence>()};
+    fresh[0]->layers.resize(impl_->cfg.n_layers);
+    fresh[0]->charged = impl_->sequence_metadata_bytes();
+    impl_->pool->charge_bookkeeping(fresh[0]->charged);
+    try {
+        return impl_->publish(fresh)[0];
+    } catch (...) {
+        impl_->pool->uncharge_bookkeeping(fresh[0]->charged);
+        throw;
     }
-    impl_->metadata_bytes += impl_->sequence_metadata_bytes();
-    return id;
 }
 
 void KVCache::remove(SequenceId seq) { impl_->remove(seq); }
@@ -331,7 +420,7 @@ void KVCache::attend_batch(int layer, std::span<const SequenceId> seqs, const fl
 
 size_t KVCache::n_tokens(SequenceId seq, int layer) const {
     impl_->check_layer("n_tokens", layer);
-    return impl_->find("n_tokens", seq).layers[layer].n_tokens;
+    return impl_->read("n_tokens", seq)->layers[layer].n_tokens;
 }
 
 std::vector<SequenceId> KVCache::sequences() const {

@@ -39,12 +39,16 @@ kvq_status guarded(Body&& body) noexcept {
         return body();
     } catch (const kvq::PoolExhausted& e) {
         return fail(KVQ_ERR_POOL_EXHAUSTED, e.what());
+    } catch (const kvq::ExecutorError& e) {
+        return fail(KVQ_ERR_EXECUTOR, e.what());
     } catch (const kvq::FileIOError& e) {
         return fail(KVQ_ERR_IO, e.what());
     } catch (const kvq::BadCacheFile& e) {
         return fail(KVQ_ERR_BAD_FILE, e.what());
     } catch (const kvq::ConfigMismatch& e) {
         return fail(KVQ_ERR_CONFIG_MISMATCH, e.what());
+    } catch (const kvq::UnknownSequence& e) {
+        return fail(KVQ_ERR_BAD_SEQUENCE, e.what());
     } catch (const kvq::NonFiniteInput& e) {
         return fail(KVQ_ERR_NON_FINITE, e.what());
     } catch (const kvq::UnknownCodec& e) {

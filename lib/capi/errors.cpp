@@ -44,6 +44,7 @@ const char* kvq_status_name(kvq_status status) {
         case KVQ_ERR_BAD_FILE: return "KVQ_ERR_BAD_FILE";
         case KVQ_ERR_CONFIG_MISMATCH: return "KVQ_ERR_CONFIG_MISMATCH";
         case KVQ_ERR_SELFTEST_FAILED: return "KVQ_ERR_SELFTEST_FAILED";
+        case KVQ_ERR_EXECUTOR: return "KVQ_ERR_EXECUTOR";
         case KVQ_STATUS_MAX_: break;
     }
     return "unknown status";

@@ -1,6 +1,7 @@
 // kvq.KVCache: the block-wise quantized KV cache (include/kvq/cache.hpp) with numpy in and out.
-// Every call that touches K/V data releases the GIL; calls on one sequence are serialized by
-// SequenceLocks, calls on different sequences run in parallel.
+// Every call that touches K/V data releases the GIL (WithoutGil: safe at interpreter exit); the cache's
+// own per-sequence locks make any call from any thread safe (include/kvq/cache.hpp), so calls on different
+// sequences run in parallel and a sequence removed under another thread's call is a ValueError there.
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -11,7 +12,6 @@
 
 #include "bindings.hpp"
 #include "kvq/cache.hpp"
-#include "sequence_locks.hpp"
 
 namespace kvq::python {
 namespace {
@@ -82,9 +82,7 @@ std::vector<LayerCodecs> parse_layer_codecs(const py::object& o) {
 class PyKVCache {
 public:
     explicit PyKVCache(const CacheConfig& config) : cache_(config) {}
-    explicit PyKVCache(KVCache&& loaded) : cache_(std::move(loaded)) {
-        for (SequenceId s : cache_.sequences()) locks_.add(s);
-    }
+    explicit PyKVCache(KVCache&& loaded) : cache_(std::move(loaded)) {}
 
     static std::unique_ptr<PyKVCache> load(const py::object& path, int64_t max_blocks, int64_t max_bytes, int64_t grow_blocks,
                                            int threads, bool int8_value_weights) {
@@ -95,33 +93,25 @@ public:
         options.grow_blocks = non_negative(grow_blocks, "load: grow_blocks");
         options.threads = threads;
         options.int8_value_weights = int8_value_weights;
-        py::gil_scoped_release unlocked;
+        WithoutGil unlocked;
         return std::make_unique<PyKVCache>(KVCache::load(p, options));
     }
 
-    // seq=None: every sequence (each held as by a reader while it is written out).
+    // seq=None: every sequence.
     void save(const py::object& path, std::optional<SequenceId> seq) const {
         const std::string p = fs_path(path);
-        py::gil_scoped_release unlocked;
+        WithoutGil unlocked;
         if (seq) {
-            SequenceGuard guard(locks_, *seq, SequenceGuard::reader);
             cache_.save(p, *seq);
-            return;
+        } else {
+            cache_.save(p);
         }
-        std::vector<std::unique_ptr<SequenceGuard>> guards;  // writers take one lock each: no cycle
-        for (SequenceId s : cache_.sequences()) guards.push_back(std::make_unique<SequenceGuard>(locks_, s, SequenceGuard::reader));
-        cache_.save(p);
     }
 
     std::vector<SequenceId> load_into(const py::object& path) {
         const std::string p = fs_path(path);
-        std::vector<SequenceId> ids;
-        {
-            py::gil_scoped_release unlocked;
-            ids = cache_.load_into(p);
-        }
-        for (SequenceId s : ids) locks_.add(s);
-        return ids;
+        WithoutGil unlocked;
+        return cache_.load_into(p);
     }
 
     const KVCache& cache() const { return cache_; }
@@ -129,41 +119,25 @@ public:
     int n_heads() const { return config().n_heads > 0 ? config().n_heads : config().n_kv_heads; }
 
     SequenceId add_sequence() {
-        SequenceId seq;
-        {
-            py::gil_scoped_release unlocked;
-            seq = cache_.add_sequence();
-        }
-        locks_.add(seq);
-        return seq;
+        WithoutGil unlocked;
+        return cache_.add_sequence();
     }
 
     SequenceId fork(std::optional<SequenceId> parent) {
         const SequenceId p = resolve(parent);
-        SequenceId child;
-        {
-            py::gil_scoped_release unlocked;
-            SequenceGuard guard(locks_, p, SequenceGuard::writer);
-            child = cache_.fork(p);
-        }
-        locks_.add(child);
-        return child;
+        WithoutGil unlocked;
+        return cache_.fork(p);
     }
 
     void remove(SequenceId seq) {
-        {
-            py::gil_scoped_release unlocked;
-            SequenceGuard guard(locks_, seq, SequenceGuard::writer);
-            cache_.remove(seq);
-        }
-        locks_.erase(seq);
+        WithoutGil unlocked;
+        cache_.remove(seq);
     }
 
     void truncate(int64_t n_tokens, std::optional<SequenceId> seq) {
         const SequenceId s = resolve(seq);
         const size_t n = non_negative(n_tokens, "truncate: n_tokens");
-        py::gil_scoped_release unlocked;
-        SequenceGuard guard(locks_, s, SequenceGuard::writer);
+        WithoutGil unlocked;
         cache_.truncate(s, n);
     }
 
@@ -172,8 +146,7 @@ public:
         const py::ssize_t kv_heads = config().n_kv_heads, d = config().head_dim;
         const CheckedArray k = float_array(k_obj, "append: k", {{"T"}, {"n_kv_heads", kv_heads}, {"head_dim", d}});
         const CheckedArray v = float_array(v_obj, "append: v", {{"T", k.dim(0)}, {"n_kv_heads", kv_heads}, {"head_dim", d}});
-        py::gil_scoped_release unlocked;
-        SequenceGuard guard(locks_, s, SequenceGuard::writer);
+        WithoutGil unlocked;
         cache_.append(layer, s, k.floats(), v.floats(), static_cast<size_t>(k.dim(0)));
     }
 
@@ -184,8 +157,7 @@ public:
         auto out = new_float_array({heads, d});
         float* o = out.mutable_data();
         {
-            py::gil_scoped_release unlocked;
-            SequenceGuard guard(locks_, s, SequenceGuard::reader);
+            WithoutGil unlocked;
             cache_.attend(layer, s, q.floats(), o);
         }
         return out;
@@ -199,8 +171,7 @@ public:
         auto out = new_float_array({q.dim(0), heads, d});
         float* o = out.mutable_data();
         {
-            py::gil_scoped_release unlocked;
-            SequenceGuard guard(locks_, s, SequenceGuard::reader);
+            WithoutGil unlocked;
             cache_.attend_prefill(layer, s, q.floats(), static_cast<size_t>(q.dim(0)), o);
         }
         return out;
@@ -214,13 +185,7 @@ public:
         auto out = new_float_array({static_cast<py::ssize_t>(seqs.size()), heads, d});
         float* o = out.mutable_data();
         {
-            py::gil_scoped_release unlocked;
-            // Reader locks in id order (writers take one lock at a time, so no cycle can form).
-            std::vector<SequenceId> order(seqs);
-            std::sort(order.begin(), order.end());
-            order.erase(std::unique(order.begin(), order.end()), order.end());
-            std::vector<std::unique_ptr<SequenceGuard>> guards;
-            for (SequenceId s : order) guards.push_back(std::make_unique<SequenceGuard>(locks_, s, SequenceGuard::reader));
+            WithoutGil unlocked;
             cache_.attend_batch(layer, seqs, q.floats(), o);
         }
         return out;
@@ -234,8 +199,7 @@ public:
         const py::ssize_t heads = n_heads(), d = config().head_dim;
         const CheckedArray q = float_array(q_obj, "_time_attend: q", {{"n_heads", heads}, {"head_dim", d}});
         std::vector<float> out(static_cast<size_t>(heads * d));
-        py::gil_scoped_release unlocked;
-        SequenceGuard guard(locks_, s, SequenceGuard::reader);
+        WithoutGil unlocked;
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < calls; ++i) cache_.attend(layer, s, q.floats(), out.data());
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
@@ -243,8 +207,7 @@ public:
 
     size_t n_tokens(std::optional<SequenceId> seq, int layer) const {
         const SequenceId s = resolve(seq);
-        py::gil_scoped_release unlocked;
-        SequenceGuard guard(locks_, s, SequenceGuard::reader);
+        WithoutGil unlocked;
         return cache_.n_tokens(s, layer);
     }
 
@@ -261,7 +224,6 @@ public:
 
 private:
     KVCache cache_;
-    mutable SequenceLocks locks_;
 };
 
 std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim, std::optional<int> n_heads,
@@ -364,8 +326,11 @@ decode attention directly on the stored bytes.
 key_codec is a codec of kvq.codecs() or, for keys only, "chan2" .. "chan8" (per-channel keys: per block
 an fp16 minimum and step per channel; seal="on_block_full" only). seq=None means the cache's only
 sequence. Bad input raises ValueError and changes nothing; a pool with
-max_blocks that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing. Different sequences
-may be used from different threads at once (the GIL is released while kvq works). int8_value_weights=True
+max_blocks or max_bytes that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing; max_bytes
+counts the blocks, the open blocks' float staging and each sequence's bookkeeping. Any call may come from
+any thread with any id: different sequences run in parallel (the GIL is released while kvq works), calls
+on one sequence wait for its appends and truncates, and a sequence removed by another thread meanwhile is
+a ValueError. A Python exit with daemon threads inside kvq waits for their calls, then exits cleanly. int8_value_weights=True
 multiplies q4_0 values by int8 weights (CacheConfig::int8_value_weights: each softmax weight times block
 scale rounded to an int8 step per group of 16 rows of a block; faster at the avx2 and avx512 levels).)doc")
         .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),
@@ -434,9 +399,10 @@ scale rounded to an int8 step per group of 16 rows of a block; faster at the avx
         .def("__contains__", [](const PyKVCache& c, SequenceId s) { return c.cache().contains(s); })
         .def("bytes_used", [](const PyKVCache& c) { return c.cache().bytes_used(); },
              "Bytes of the blocks in use (shared blocks counted once), the float staging of open blocks and\n"
-             "the per-sequence bookkeeping (metadata_bytes()).")
+             "the per-sequence bookkeeping (metadata_bytes()); max_bytes bounds it with the free blocks.")
         .def("metadata_bytes", [](const PyKVCache& c) { return c.cache().metadata_bytes(); },
-             "Bytes of the per-sequence bookkeeping (per-layer state of every sequence), part of bytes_used().")
+             "Bytes of the per-sequence bookkeeping (per-layer state of every sequence and 24 bytes per\n"
+             "block-table entry), part of bytes_used() and counted against max_bytes.")
         .def(
             "bytes_per_token",
             [](const PyKVCache& c, std::optional<int> layer) {

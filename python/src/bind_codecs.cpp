@@ -42,7 +42,7 @@ py::array quantize(py::handle x_obj, const std::string& spec, uint64_t seed, con
     const size_t rows = x.size / codec.head_dim();
     uint8_t* dst = codes.mutable_data();
     {
-        py::gil_scoped_release unlocked;
+        WithoutGil unlocked;
         codec.quantize_rows(x.floats(), rows, dst, 0, nan);
     }
     return codes;
@@ -58,7 +58,7 @@ py::array dequantize(py::handle codes_obj, const std::string& spec, int head_dim
     const size_t rows = codes.size / codec.row_bytes();
     float* dst = y.mutable_data();
     {
-        py::gil_scoped_release unlocked;
+        WithoutGil unlocked;
         codec.dequantize_rows(codes.bytes(), rows, dst);
     }
     return y;
@@ -116,11 +116,11 @@ void bind_codecs(py::module_& m) {
     m.def("selftest", [](py::object on_line) {
               std::vector<kvq::SelftestLine> lines;
               {
-                  py::gil_scoped_release release;
+                  WithoutGil release;
                   kvq::selftest([&](const kvq::SelftestLine& l) {
                       lines.push_back(l);
                       if (!on_line.is_none()) {
-                          py::gil_scoped_acquire acquire;
+                          WithGil acquire;
                           on_line(kvq::format_selftest_line(l));
                       }
                   });

@@ -105,7 +105,7 @@ SweepResult sweep(const std::vector<std::variant<std::string, KVData>>& datasets
     // Called without the GIL; takes it to report progress and to let Ctrl-C (or an exception raised by
     // the callback) stop the sweep.
     o.progress = [&progress](size_t done, size_t total) {
-        py::gil_scoped_acquire gil;
+        WithGil gil;
         if (PyErr_CheckSignals() != 0) throw py::error_already_set();
         if (!progress.is_none()) progress(done, total);
     };
@@ -114,7 +114,7 @@ SweepResult sweep(const std::vector<std::variant<std::string, KVData>>& datasets
         if (const auto* spec = std::get_if<std::string>(&d)) data.push_back(make_dataset(*spec, data_seed));
         else data.push_back(std::get<KVData>(d));
     }
-    py::gil_scoped_release unlocked;
+    WithoutGil unlocked;
     return run_sweep(data, o);
 }
 
@@ -137,7 +137,7 @@ void bind_eval(py::module_& m) {
         .def("stats", [](const KVData& d) {
                 DataStats s;
                 {
-                    py::gil_scoped_release unlocked;
+                    WithoutGil unlocked;
                     s = data_stats(d);
                 }
                 return py::dict("outlier_channel_ratio"_a = s.outlier_channel_ratio, "key_bias_ratio"_a = s.key_bias_ratio,
@@ -153,7 +153,7 @@ void bind_eval(py::module_& m) {
         });
 
     m.def("dataset", [](const std::string& spec, uint64_t seed) {
-            py::gil_scoped_release unlocked;
+            WithoutGil unlocked;
             return make_dataset(spec, seed);
         }, "spec"_a, "seed"_a = 0,
         "A data set by spec: 'gaussian', 'llm' (both take knobs: 'llm:tokens=4096,rope=0'), or 'npy:DIR' "

@@ -52,7 +52,7 @@ py::object reference_attention(py::handle q_obj, py::handle k_obj, py::handle v_
     float* o = out.mutable_data();
     float* w = return_weights ? weights.mutable_data() : nullptr;
     {
-        py::gil_scoped_release unlocked;
+        WithoutGil unlocked;
         kvq::reference_attention(in.q.floats(), in.n_q, in.k.floats(), in.v.floats(), in.n_rows, in.d, s, o, w);
     }
     if (return_weights) return py::make_tuple(out, weights);
@@ -70,7 +70,7 @@ py::dict attention_error(py::handle q_obj, py::handle k_obj, py::handle v_obj, c
     const Codec values = Codec::make(value_codec, in.d, seed);
     AttentionErrors e;
     {
-        py::gil_scoped_release unlocked;
+        WithoutGil unlocked;
         e = kvq::attention_error(in.q.floats(), in.n_q, in.k.floats(), in.v.floats(), in.n_rows, keys, values, s,
                                  top_k);
     }

@@ -64,4 +64,31 @@ py::array_t<uint8_t> new_byte_array(const std::vector<py::ssize_t>& shape);
 
 [[noreturn]] void raise_value_error(const std::string& message);
 
+// Releases the GIL for a call into kvq, as py::gil_scoped_release does, but safe at interpreter exit
+// (gil.cpp): once Python has begun to exit, a thread never takes the GIL back from here (it sleeps until
+// the process ends), and the exit waits until no call is inside kvq.
+class WithoutGil {
+public:
+    WithoutGil();
+    ~WithoutGil();
+    WithoutGil(const WithoutGil&) = delete;
+    WithoutGil& operator=(const WithoutGil&) = delete;
+
+private:
+    void* saved_;  // PyThreadState*
+};
+
+// Takes the GIL inside a WithoutGil region (a progress callback); throws std::runtime_error instead once
+// the interpreter is exiting, so that the call ends early.
+class WithGil {
+public:
+    WithGil();
+    ~WithGil();
+    WithGil(const WithGil&) = delete;
+    WithGil& operator=(const WithGil&) = delete;
+
+private:
+    int state_;  // PyGILState_STATE
+};
+
 }  // namespace kvq::python

@@ -304,6 +304,48 @@ static void test_attend_batch(void) {
     kvq_cache_destroy(cache);
 }
 
+/* An executor that breaks its contract (kvq.h, executor): a task skipped, run twice or given an index
+ * out of range is KVQ_ERR_EXECUTOR, never KVQ_OK with output left unwritten. */
+typedef struct {
+    int mode; /* 0: faithful, 1: skips the last task, 2: runs task 0 twice, 3: passes n */
+} broken_pool;
+static void broken_executor(void* ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx) {
+    const int mode = ((broken_pool*)ctx)->mode;
+    if (mode == 2) task(task_ctx, 0);
+    for (int32_t i = 0; i < n - (mode == 1); ++i) task(task_ctx, i);
+    if (mode == 3) task(task_ctx, n);
+}
+
+static void test_broken_executor(void) {
+    broken_pool pool = {0};
+    kvq_cache_params p = small_params();
+    p.threads = 2;
+    p.executor = broken_executor;
+    p.executor_ctx = &pool;
+    kvq_cache* cache = NULL;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    int64_t seq;
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    float* k = make_rows(300, 50);
+    float* v = make_rows(300, 51);
+    for (int l = 0; l < L; ++l) CHECK_OK(kvq_cache_append(cache, l, seq, k, v, 300));
+    free(k);
+    free(v);
+    static float q[QH * D], out[QH * D], again[QH * D];
+    fill_gaussian(q, QH * D, 52);
+    CHECK_OK(kvq_cache_attend(cache, 0, seq, q, out));
+    static const char* messages[] = {"", "without running task", "more than once", "outside 0.."};
+    for (pool.mode = 1; pool.mode <= 3; ++pool.mode) {
+        CHECK_STATUS(kvq_cache_attend(cache, 0, seq, q, again), KVQ_ERR_EXECUTOR, messages[pool.mode]);
+        CHECK_STATUS(kvq_cache_attend_batch(cache, 0, &seq, 1, q, again), KVQ_ERR_EXECUTOR, messages[pool.mode]);
+    }
+    CHECK(strcmp(kvq_status_name(KVQ_ERR_EXECUTOR), "KVQ_ERR_EXECUTOR") == 0);
+    pool.mode = 0; /* the cache is unharmed */
+    CHECK_OK(kvq_cache_attend(cache, 0, seq, q, again));
+    CHECK(memcmp(out, again, sizeof out) == 0);
+    kvq_cache_destroy(cache);
+}
+
 /* Per-channel keys (chanB): a key codec name of the cache, refused unless blocks are sealed when full;
  * chan8 keys attend within 1% of f32 keys; non-finite keys and row operations on the codec are refused. */
 static void test_channel_keys(void) {
@@ -440,5 +482,6 @@ int main(void) {
     test_channel_keys();
     test_cache_life();
     test_attend_batch();
+    test_broken_executor();
     return check_report("test_capi_cache");
 }

@@ -354,11 +354,12 @@ def test_layer_codecs_give_each_layer_the_attention_of_its_own_codecs(rng, tmp_p
     assert stats["blocks_used"] == 6 and stats["bytes_used"] > 0
     path = tmp_path / "mixed.kvq"
     cache.save(path)
-    back = kvq.KVCache.load(path, max_bytes=stats["bytes_used"] + stats["bytes_reserved"])
+    # max_bytes counts the bookkeeping too (sequence state, block tables): all of bytes_used().
+    back = kvq.KVCache.load(path, max_bytes=cache.bytes_used())
     assert back.layer_codecs() == cache.layer_codecs()
     assert np.array_equal(back.attend(2, q), cache.attend(2, q, seq=seq))
     with pytest.raises(kvq.PoolExhausted):
-        kvq.KVCache.load(path, max_bytes=stats["bytes_used"] - 1)
+        kvq.KVCache.load(path, max_bytes=cache.bytes_used() - 1)
     with pytest.raises(kvq.ConfigMismatch, match="codecs of layer 2"):
         kvq.KVCache(3, KV, D, n_heads=H, block_tokens=16, layer_codecs=layers[:2] + [("turbo4", "q4_0")]).load_into(path)
 

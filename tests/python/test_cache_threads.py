@@ -1,5 +1,5 @@
 """Python threads on one KVCache: the GIL is released inside kvq, so calls really overlap; different
-sequences run in parallel and calls on one sequence are serialized by the binding."""
+sequences run in parallel and calls on one sequence are serialized by the cache's own per-sequence locks."""
 
 import threading
 
