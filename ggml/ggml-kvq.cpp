@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #ifdef KVQ_GGML_OPENMP
 #include <omp.h>
@@ -40,6 +41,7 @@ constexpr const char* kName = "kvq";
 // The ggml types whose rows are kvq codecs byte for byte, by kvq's name.
 const char* codec_name(ggml_type t) {
     switch (t) {
+        case GGML_TYPE_F32: return "f32";
         case GGML_TYPE_F16: return "f16";
         case GGML_TYPE_BF16: return "bf16";
         case GGML_TYPE_Q8_0: return "q8_0";
@@ -81,7 +83,8 @@ bool supports_flash_attn(const ggml_tensor* op) {
     const ggml_tensor* v = op->src[2];
     const ggml_tensor* mask = op->src[3];
     if (!q || !k || !v) return false;
-    if (op->src[4]) return false;  // attention sinks
+    const ggml_tensor* sinks = op->src[4];
+    if (sinks && (sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(sinks) || sinks->ne[0] < q->ne[2])) return false;
     float max_bias = 0.0f;
     std::memcpy(&max_bias, reinterpret_cast<const float*>(op->op_params) + 1, sizeof(float));
     if (max_bias != 0.0f) return false;  // ALiBi
@@ -116,6 +119,7 @@ struct Context {
     int n_threads = 1;
     kvq::AttendOptions options;  // its executor is made once: a call allocates nothing
     size_t ops = 0, query_rows = 0;  // what it computed (printed at exit with KVQ_GGML_STATS=1)
+    bool check = false;              // KVQ_GGML_CHECK=1: check_flash_attn after each op
 };
 
 // Until ggml sets it (llama.cpp does, before every graph): the hardware's threads, as ggml's CPU backend.
@@ -159,6 +163,7 @@ void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
     o.mask_row_stride = mask ? mask->nb[1] / sizeof(ggml_fp16_t) : 0;
     o.threads = threads_for(ctx.n_threads);
     o.nan = kvq::NanPolicy::propagate;  // as ggml: a NaN query gives NaN, never an abort
+    o.sinks = dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr;  // one per query head
     ++ctx.ops;
     ctx.query_rows += n_rows * static_cast<size_t>(q->ne[3]);
     for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
@@ -169,6 +174,71 @@ void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
         auto* out = reinterpret_cast<float*>(static_cast<char*>(dst->data) + i3 * dst->nb[3]);
         kvq::attend_rows(keys, values, n_heads, n_kv_heads, qd, kr, vr, n_tokens, out, o);
     }
+}
+
+// KVQ_GGML_CHECK=1: every op is compared with a double-precision reference computed here from ggml's own
+// tensors (ggml's to_float for the rows), and the largest error printed: a debugging aid, slow.
+void check_flash_attn(const ggml_tensor* dst) {
+    const ggml_tensor* q = dst->src[0];
+    const ggml_tensor* k = dst->src[1];
+    const ggml_tensor* v = dst->src[2];
+    const ggml_tensor* mask = dst->src[3];
+    const ggml_tensor* sinks = dst->src[4];
+    float scale = 0.0f, softcap = 0.0f;
+    std::memcpy(&scale, reinterpret_cast<const float*>(dst->op_params) + 0, sizeof(float));
+    std::memcpy(&softcap, reinterpret_cast<const float*>(dst->op_params) + 2, sizeof(float));
+    const int64_t d = k->ne[0], n_kv = k->ne[1], g = q->ne[2] / k->ne[2];
+    const auto to_float_k = ggml_get_type_traits(k->type)->to_float;
+    const auto to_float_v = ggml_get_type_traits(v->type)->to_float;
+    std::vector<float> kr(d), vr(d);
+    double max_err = 0, max_ref = 0;
+    for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
+        for (int64_t i1 = 0; i1 < q->ne[1]; ++i1) {
+            for (int64_t h = 0; h < q->ne[2]; ++h) {
+                const auto* qr = reinterpret_cast<const float*>(static_cast<const char*>(q->data) + i1 * q->nb[1] + h * q->nb[2] + i3 * q->nb[3]);
+                std::vector<double> s(n_kv, -INFINITY), acc(d, 0.0);
+                double mx = -INFINITY;
+                for (int64_t t = 0; t < n_kv; ++t) {
+                    float m = 0.0f;
+                    if (mask) {
+                        const auto* mr = reinterpret_cast<const ggml_fp16_t*>(static_cast<const char*>(mask->data) + i1 * mask->nb[1] + (i3 % mask->ne[3]) * mask->nb[3]);
+                        m = ggml_fp16_to_fp32(mr[t]);
+                    }
+                    if (m == -INFINITY) continue;
+                    to_float_k(static_cast<const char*>(k->data) + t * k->nb[1] + (h / g) * k->nb[2] + i3 * k->nb[3], kr.data(), d);
+                    double dot = 0;
+                    for (int64_t j = 0; j < d; ++j) dot += double(qr[j]) * kr[j];
+                    dot *= scale;
+                    if (softcap > 0) dot = softcap * std::tanh(dot / softcap);
+                    s[t] = dot + m;
+                    mx = std::max(mx, s[t]);
+                }
+                double sum = 0;
+                if (sinks) {
+                    mx = std::max(mx, double(static_cast<const float*>(sinks->data)[h]));
+                    sum = std::exp(static_cast<const float*>(sinks->data)[h] - mx);
+                }
+                for (int64_t t = 0; t < n_kv && mx > -INFINITY; ++t) {
+                    if (s[t] == -INFINITY) continue;
+                    const double w = std::exp(s[t] - mx);
+                    sum += w;
+                    to_float_v(static_cast<const char*>(v->data) + t * v->nb[1] + (h / g) * v->nb[2] + i3 * v->nb[3], vr.data(), d);
+                    for (int64_t j = 0; j < d; ++j) acc[j] += w * vr[j];
+                }
+                const auto* o = reinterpret_cast<const float*>(static_cast<const char*>(dst->data) + h * dst->nb[1] + i1 * dst->nb[2] + i3 * dst->nb[3]);
+                for (int64_t j = 0; j < d; ++j) {
+                    const double want = sum > 0 ? acc[j] / sum : 0.0;
+                    max_err = std::max(max_err, std::fabs(o[j] - want));
+                    max_ref = std::max(max_ref, std::fabs(want));
+                }
+            }
+        }
+    }
+    std::fprintf(stderr, "ggml-kvq check %s: q [%lld %lld %lld %lld] k %s [%lld %lld %lld] nb %zu %zu, mask %s [%lld %lld %lld %lld]: max |err| %.3g (max |out| %.3g)\n",
+                 dst->name, (long long)q->ne[0], (long long)q->ne[1], (long long)q->ne[2], (long long)q->ne[3], ggml_type_name(k->type),
+                 (long long)k->ne[0], (long long)k->ne[1], (long long)k->ne[2], k->nb[1], k->nb[2], mask ? "f16" : "none",
+                 mask ? (long long)mask->ne[0] : 0LL, mask ? (long long)mask->ne[1] : 0LL, mask ? (long long)mask->ne[2] : 0LL,
+                 mask ? (long long)mask->ne[3] : 0LL, max_err, max_ref);
 }
 
 // ---- backend ----------------------------------------------------------------------------------------
@@ -193,6 +263,7 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph* cgraph) {
             case GGML_OP_FLASH_ATTN_EXT:
                 try {
                     compute_flash_attn(ctx, node);
+                    if (ctx.check) check_flash_attn(node);
                 } catch (const std::exception& e) {
                     std::fprintf(stderr, "ggml-kvq: flash attention failed: %s\n", e.what());
                     return GGML_STATUS_FAILED;
@@ -248,6 +319,8 @@ ggml_backend_reg_t kvq_reg();
 ggml_backend_t backend_init() {
     auto* ctx = new Context;
     ctx->n_threads = default_threads();
+    const char* check = std::getenv("KVQ_GGML_CHECK");
+    ctx->check = check && std::strcmp(check, "1") == 0;
 #ifdef KVQ_GGML_OPENMP
     // The parts of a call run on OpenMP threads: with ggml's CPU backend built with OpenMP (its default),
     // the very threads that ran the graph's other ops, so that none spins idle beside ours.

@@ -46,7 +46,7 @@ struct Rows {
 // cap(scale · q'·k) + mask, q' the query as the key codec scores it (effective_query).
 std::vector<float> reference(const kvq::Codec& keys, const Rows& k, const Rows& v, int n_heads, int n_kv, size_t n,
                              const std::vector<float>& q, size_t n_rows, const std::vector<float>& mask, float scale,
-                             float softcap) {
+                             float softcap, const float* sinks = nullptr) {
     const int d = keys.head_dim(), g = n_heads / n_kv;
     std::vector<float> out(n_rows * n_heads * d, 0.0f), qe(d);
     for (size_t i = 0; i < n_rows; ++i) {
@@ -66,7 +66,8 @@ std::vector<float> reference(const kvq::Codec& keys, const Rows& k, const Rows& 
                 mx = std::max(mx, s[t]);
             }
             if (mx == -INFINITY) continue;  // keeps nothing: zeros
-            double sum = 0;
+            if (sinks) mx = std::max(mx, double(sinks[h]));
+            double sum = sinks ? std::exp(sinks[h] - mx) : 0.0;  // the sink: a token without a value
             std::vector<double> acc(d, 0.0);
             for (size_t t = 0; t < n; ++t) {
                 if (s[t] == -INFINITY) continue;
@@ -301,4 +302,36 @@ TEST_CASE("attend_rows with options: bad input throws and writes nothing") {
     std::fill(out.begin(), out.end(), 7.0f);
     call(o);
     CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
+}
+
+TEST_CASE("attend_rows with options: attention sinks join each head's softmax as a token without a value") {
+    const int n_heads = 4, n_kv = 2, d = 64;
+    const size_t n = 300, n_rows = 3;
+    const auto keys = kvq::Codec::make("f16", d), values = kvq::Codec::make("q8_0", d);
+    const Rows k(keys, n, n_kv, 51), v(values, n, n_kv, 52);
+    const auto q = kvq::test::gaussian(n_rows * n_heads * d, 53);
+    const auto mask = make_mask(n_rows, n, n - n_rows, 0, 1, 54);  // row 1 keeps nothing
+    const std::vector<float> sinks = {-1.0f, 0.5f, 3.0f, 8.0f};
+    for (const int threads : {1, 2}) {
+        CAPTURE(threads);
+        kvq::AttendOptions o;
+        o.n_queries = n_rows;
+        o.mask = mask.data();
+        o.mask_type = kvq::MaskType::f32;
+        o.sinks = sinks.data();
+        o.threads = threads;
+        std::vector<float> got(n_rows * n_heads * d, NAN);
+        kvq::attend_rows(keys, values, n_heads, n_kv, q.data(), k.view(), v.view(), n, got.data(), o);
+        const auto want = reference(keys, k, v, n_heads, n_kv, n, q, n_rows, mask, 1.0f / 8, 0.0f, sinks.data());
+        CHECK(max_abs_diff(got, want) < 2e-5f);
+        CHECK(max_abs_diff(got, reference(keys, k, v, n_heads, n_kv, n, q, n_rows, mask, 1.0f / 8, 0.0f)) > 1e-2f);
+        CHECK(std::all_of(got.begin() + n_heads * d, got.begin() + 2 * n_heads * d, [](float x) { return x == 0.0f; }));
+    }
+    kvq::AttendOptions o;
+    const std::vector<float> bad = {0.0f, NAN, 0.0f, 0.0f};
+    o.sinks = bad.data();
+    std::vector<float> out(n_heads * d, 7.0f);
+    CHECK_THROWS_AS(kvq::attend_rows(keys, values, n_heads, n_kv, q.data(), k.view(), v.view(), n, out.data(), o),
+                    std::invalid_argument);
+    CHECK(out[0] == 7.0f);
 }

@@ -48,6 +48,9 @@ struct AttendOptions {
     const void* mask = nullptr;
     MaskType mask_type = MaskType::f16;
     size_t mask_row_stride = 0;  // from query row i's mask to i + 1's; 0: n_tokens
+    // Attention sinks (gpt-oss), null: none. n_heads finite logits, one per query head: s_h joins the
+    // softmax's denominator as a token without a value (each weight becomes exp(x) / (Σ exp + exp(s_h))).
+    const float* sinks = nullptr;
     // Threads for this call (1..256): the query rows and the token range are split into parts (partial
     // softmax states merged in a fixed order, so the result does not depend on which thread ran what).
     int threads = 1;

@@ -236,6 +236,8 @@ typedef struct kvq_attend_options {
     int32_t nan_policy;      /* KVQ_NAN_REJECT (default): a non-finite query fails with KVQ_ERR_NON_FINITE;
                                 KVQ_NAN_PROPAGATE: it gives NaN in its own outputs */
     int32_t reserved;        /* 0 */
+    const float* sinks;      /* NULL, or n_heads finite logits (attention sinks): each joins its head's
+                                softmax denominator as a token without a value */
 } kvq_attend_options;
 
 static inline kvq_attend_options kvq_attend_options_default(void) {

@@ -118,6 +118,7 @@ struct Call {
     float* out = nullptr;
     size_t out_row = 0, out_head = 0;
     Mask mask;
+    const float* sinks = nullptr;
     float scale = 0, softcap = 0;
     size_t n_queries = 0, tile_rows = 0, n_tiles = 0, parts = 1;
 };
@@ -288,8 +289,15 @@ void write_tile(const Call& c, size_t tile, const SoftmaxState* st, float* acc) 
     for (size_t kvh = 0, at = 0; kvh < static_cast<size_t>(c.n_kv_heads); ++kvh) {
         for (size_t j = 0; j < nr; ++j) {
             for (size_t i = 0; i < g; ++i, ++at) {
-                float* dst = c.out + (r0 + j) * c.out_row + (kvh * g + i) * c.out_head;
-                const float inv = st[at].sum > 0 ? 1.0f / st[at].sum : 0.0f;
+                const size_t h = kvh * g + i;
+                float* dst = c.out + (r0 + j) * c.out_row + h * c.out_head;
+                float sum = st[at].sum, factor = 1.0f;
+                if (c.sinks) {  // a token of score sinks[h] and no value: rescales to the new max, adds to the sum
+                    const float m = std::max(st[at].max, c.sinks[h]);
+                    factor = st[at].max == kNegInf ? 0.0f : std::exp(st[at].max - m);
+                    sum = sum * factor + std::exp(c.sinks[h] - m);
+                }
+                const float inv = sum > 0 ? factor / sum : 0.0f;
                 const float* src = acc + at * d;
                 for (size_t x = 0; x < d; ++x) dst[x] = src[x] * inv;
             }
@@ -366,6 +374,11 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     if (n_tokens > 1 && (k.token_stride < keys.row_bytes() || v.token_stride < values.row_bytes())) {
         bad("a token stride is smaller than the row bytes");
     }
+    if (o.sinks) {
+        for (size_t h = 0; h < heads; ++h) {
+            if (!std::isfinite(o.sinks[h])) bad("the sink of head " + std::to_string(h) + " is not finite");
+        }
+    }
     if (o.mask && n_tokens > 0) {
         const size_t mask_row = o.mask_row_stride ? o.mask_row_stride : n_tokens;
         if (nq > 1 && mask_row < n_tokens) bad("the mask row stride is smaller than n_tokens");
@@ -404,6 +417,7 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
         const size_t esize = o.mask_type == MaskType::f16 ? 2 : 4;
         c.mask = Mask{static_cast<const uint8_t*>(o.mask), o.mask_type, esize * (o.mask_row_stride ? o.mask_row_stride : n_tokens)};
     }
+    c.sinks = o.sinks;
     c.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(d));
     c.softcap = o.softcap;
     c.n_queries = nq;

@@ -59,9 +59,10 @@ namespace {
 // The struct's size in the release that added it (see the ABI notes in kvq.h): never change it.
 constexpr size_t kAttendOptionsSizeV1 = sizeof(kvq_attend_options);
 // Input structs have no implicit padding (kvq.h ABI notes).
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_attend_options) == 104 && offsetof(kvq_attend_options, mask) == 56 &&
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_attend_options) == 112 && offsetof(kvq_attend_options, mask) == 56 &&
                                      offsetof(kvq_attend_options, executor) == 80 &&
-                                     offsetof(kvq_attend_options, nan_policy) == 96),
+                                     offsetof(kvq_attend_options, nan_policy) == 96 &&
+                                     offsetof(kvq_attend_options, sinks) == 104),
               "kvq_attend_options has implicit padding");
 
 }  // namespace
@@ -99,6 +100,7 @@ extern "C" kvq_status kvq_attend_rows_ex(const kvq_codec* key_codec, const kvq_c
         o.out_row_stride = p.out_row_stride;
         o.mask = p.mask;
         o.mask_row_stride = p.mask_row_stride;
+        o.sinks = p.sinks;
         o.mask_type = p.mask_type == KVQ_MASK_F32 ? kvq::MaskType::f32 : kvq::MaskType::f16;
         o.threads = p.threads;
         o.nan = p.nan_policy == KVQ_NAN_PROPAGATE ? kvq::NanPolicy::propagate : kvq::NanPolicy::reject;

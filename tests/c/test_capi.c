@@ -217,6 +217,14 @@ static void test_attend_rows_ex(void) {
         CHECK(relative_l2(out + i * H * D, one, H * D) < 1e-5);
     }
 
+    /* a sink far above every score takes all the weight: the results vanish */
+    static float sinks[H];
+    for (int h = 0; h < H; ++h) sinks[h] = 80.0f;
+    kvq_attend_options with_sinks = o;
+    with_sinks.sinks = sinks;
+    CHECK_OK(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &with_sinks, out));
+    for (int i = 0; i < R * H * D; ++i) CHECK(fabsf(out[i]) < 1e-20f);
+
     for (int i = 0; i < R * H * D; ++i) out[i] = 7.0f;
     CHECK_STATUS(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, NULL, out),
                  KVQ_ERR_INVALID_ARGUMENT, "options is NULL");
