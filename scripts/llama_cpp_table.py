@@ -51,7 +51,7 @@ def bench(path):
 
 
 def kld(path):
-    print("| K/V | run | PPL | mean KLD vs stock f32 KV | same top token |")
+    print("| K/V | run | PPL | mean KLD vs stock f32 (-fa 0, f32 KV) | same top token |")
     print("| --- | --- | ---: | ---: | ---: |")
     for line in open(path):
         pair, who, log = line.split()
