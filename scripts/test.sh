@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), builds the
-# out-of-tree consumer against an installed copy, installs the Python package and runs its tests
-# (pytest), then the sanitizer runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency
-# tests under TSan) and a short run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each,
-# 20 here). KVQ_SANITIZE_ALL=0 skips the sanitizer and fuzz runs (a quick local run; CI runs them).
+# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), llama.cpp's
+# test-backend-ops on kvq's ggml plugin (scripts/llama_cpp.sh test), builds the out-of-tree consumer
+# against an installed copy, installs the Python package and runs its tests (pytest), then the sanitizer
+# runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency tests under TSan) and a short
+# run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each, 20 here). KVQ_SANITIZE_ALL=0
+# skips the sanitizer and fuzz runs (a quick local run; CI runs them).
 # The Python tests include kvq.hf on tiny random transformers models and one test on the real Gemma 3 270M
 # GGUF model (pytest marker real_model, ~1-2 min; KVQ_PYTEST_ARGS='-m "not real_model"' leaves it out).
 set -euo pipefail
@@ -30,6 +31,11 @@ if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
 fi
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
 phase ctest
+# kvq's ggml backend plugin in a stock llama.cpp (the pinned llama-cpp-python sdist's, built with ccache):
+# llama.cpp's own test-backend-ops compares its flash attention with ggml's CPU backend
+# (scripts/llama_cpp.sh, docs/llama-cpp.md).
+"$root/scripts/llama_cpp.sh" test
+phase llama-cpp
 "$root/scripts/test_consumer.sh"
 phase consumer
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/attention.hpp"
 #include "kvq/cache.hpp"
 #include "test_util.hpp"
 
@@ -113,5 +114,30 @@ TEST_CASE("decode: attend and attend_batch allocate nothing once warm, on one th
             CHECK(allocations_of(threads, [&] { cache.attend(0, seqs[0], q.data(), out.data()); }) == 0);
             CHECK(allocations_of(threads, [&] { cache.attend_batch(0, seqs, q.data(), out.data()); }) == 0);
         }
+    }
+}
+
+TEST_CASE("decode: attend_rows with options (query rows, a mask, threads) allocates nothing once warm") {
+    const auto keys = kvq::Codec::make("q8_0", 128), values = kvq::Codec::make("q4_0", 128);
+    const size_t n = 3000, rows = 3;
+    std::vector<uint8_t> k(n * keys.row_bytes()), v(n * values.row_bytes());
+    const auto x = kvq::test::gaussian(n * 128, 4);
+    keys.quantize_rows(x.data(), n, k.data());
+    values.quantize_rows(x.data(), n, v.data());
+    std::vector<uint16_t> mask(rows * n, 0);
+    for (size_t i = 0; i < rows; ++i) {
+        for (size_t t = n - 100 + i; t < n; ++t) mask[i * n + t] = 0xFC00;  // -inf: causal
+    }
+    const auto q = kvq::test::gaussian(rows * 4 * 128, 5);
+    std::vector<float> out(rows * 4 * 128);
+    for (int threads : {1, 2}) {
+        CAPTURE(threads);
+        kvq::AttendOptions o;
+        o.n_queries = rows;
+        o.mask = mask.data();
+        o.threads = threads;
+        CHECK(allocations_of(threads, [&] {
+                  kvq::attend_rows(keys, values, 4, 1, q.data(), {k.data()}, {v.data()}, n, out.data(), o);
+              }) == 0);
     }
 }

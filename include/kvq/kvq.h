@@ -213,6 +213,62 @@ KVQ_API kvq_status kvq_attend_rows(const kvq_codec* key_codec, const kvq_codec* 
                                    size_t k_head_stride, const void* v, size_t v_token_stride,
                                    size_t v_head_stride, size_t n_tokens, float scale, float* out);
 
+/* Mask element types (kvq_attend_options.mask_type). */
+typedef enum kvq_mask_type {
+    KVQ_MASK_F16 = 0, /* IEEE binary16, as ggml's KQ mask */
+    KVQ_MASK_F32 = 1
+} kvq_mask_type;
+
+/* What kvq_attend_rows_ex adds (mirrors kvq::AttendOptions, kvq/attention.hpp): several query rows with
+ * strides, an additive mask per query row, threads. Strides count elements (floats for q and out, mask
+ * elements for the mask); 0 takes the default. Grows by appending fields (see the ABI notes); start from
+ * kvq_attend_options_default(). */
+typedef struct kvq_attend_options {
+    size_t size;             /* sizeof(kvq_attend_options) */
+    float scale;             /* <= 0: 1/sqrt(head_dim) */
+    float softcap;           /* c > 0: each scaled score s becomes c·tanh(s/c) before the mask; 0: off */
+    size_t n_queries;        /* query rows, each n_heads × head_dim floats; default 1 (0: nothing to do) */
+    size_t q_head_stride;    /* from head h to h + 1 of a query row; 0: head_dim */
+    size_t q_row_stride;     /* from query row i to i + 1; 0: n_heads · q_head_stride */
+    size_t out_head_stride;  /* likewise for out (results may not overlap) */
+    size_t out_row_stride;
+    /* NULL, or one row of n_tokens values per query row, added to the scaled (and soft-capped) scores;
+     * -inf removes a token (weight exactly 0; not read where no query row computed with it keeps it). A row
+     * that keeps no token gives zeros. Values must be finite or -inf. */
+    const void* mask;
+    size_t mask_row_stride;  /* from query row i's mask to i + 1's; 0: n_tokens */
+    int32_t mask_type;       /* kvq_mask_type, default KVQ_MASK_F16 */
+    int32_t threads;         /* 1..256, default 1: the rows and tokens are split into parts for this many */
+    /* Runs those parts (as kvq_cache_params.executor); NULL: kvq's own pool, on at most `threads` threads. */
+    void (*executor)(void* executor_ctx, int32_t n, void (*task)(void* task_ctx, int32_t i), void* task_ctx);
+    void* executor_ctx;
+    int32_t nan_policy;      /* KVQ_NAN_REJECT (default): a non-finite query fails with KVQ_ERR_NON_FINITE;
+                                KVQ_NAN_PROPAGATE: it gives NaN in its own outputs */
+    int32_t reserved;        /* 0 */
+    const float* sinks;      /* NULL, or n_heads finite logits (attention sinks): each joins its head's
+                                softmax denominator as a token without a value */
+} kvq_attend_options;
+
+static inline kvq_attend_options kvq_attend_options_default(void) {
+    kvq_attend_options o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof(kvq_attend_options);
+    o.n_queries = 1;
+    o.threads = 1;
+    return o;
+}
+
+/* kvq_attend_rows for options->n_queries query rows: query row i's head h at q + i·q_row_stride +
+ * h·q_head_stride, its result at out + i·out_row_stride + h·out_head_stride, with the options' mask,
+ * scale, soft-cap and threads. The rows and their strides as in kvq_attend_rows. KVQ_ERR_INVALID_ARGUMENT
+ * for a bad shape, stride or option, KVQ_ERR_BAD_HEAD_DIM, KVQ_ERR_NON_FINITE; on failure out is
+ * unchanged. In a steady state (the same shapes again) a call allocates nothing. */
+KVQ_API kvq_status kvq_attend_rows_ex(const kvq_codec* key_codec, const kvq_codec* value_codec, int32_t n_heads,
+                                      int32_t n_kv_heads, const float* q, const void* k, size_t k_token_stride,
+                                      size_t k_head_stride, const void* v, size_t v_token_stride,
+                                      size_t v_head_stride, size_t n_tokens, const kvq_attend_options* options,
+                                      float* out);
+
 /* ---- the block-wise KV cache ------------------------------------------------------------------ */
 
 typedef struct kvq_cache kvq_cache;

@@ -177,6 +177,87 @@ static void float_attention(const float* q, int n_heads, int n_kv_heads, const f
     free(w);
 }
 
+/* A C executor: runs the parts backwards on the calling thread and counts its calls. */
+static void backwards_executor(void* ctx, int32_t n, void (*task)(void*, int32_t), void* task_ctx) {
+    ++*(int*)ctx;
+    for (int32_t i = n - 1; i >= 0; --i) task(task_ctx, i);
+}
+
+static void test_attend_rows_ex(void) {
+    enum { T = 700, KV = 2, H = 6, R = 3 };
+    kvq_codec *keys, *values;
+    CHECK_OK(kvq_codec_create("q8_0", D, KVQ_DEFAULT_SEED, &keys));
+    CHECK_OK(kvq_codec_create("q4_0", D, KVQ_DEFAULT_SEED, &values));
+    float* x = malloc(sizeof(float) * T * KV * D);
+    fill_gaussian(x, (size_t)T * KV * D, 8);
+    uint8_t* krows = malloc((size_t)T * KV * kvq_codec_row_bytes(keys));
+    uint8_t* vrows = malloc((size_t)T * KV * kvq_codec_row_bytes(values));
+    CHECK_OK(kvq_codec_quantize_rows(keys, x, (size_t)T * KV, krows, 0));
+    CHECK_OK(kvq_codec_quantize_rows(values, x, (size_t)T * KV, vrows, 0));
+    static float q[R * H * D], out[R * H * D], one[H * D];
+    static uint16_t mask[R * T];
+    fill_gaussian(q, R * H * D, 9);
+    /* causal: query row i keeps tokens [0, T - R + i] (f16 0), removes the rest (f16 -inf) */
+    for (int i = 0; i < R; ++i) {
+        for (int t = 0; t < T; ++t) mask[i * T + t] = t <= T - R + i ? 0x0000 : 0xFC00;
+    }
+    kvq_attend_options o = kvq_attend_options_default();
+    o.n_queries = R;
+    o.mask = mask;
+    o.threads = 2;
+    int calls = 0;
+    o.executor = backwards_executor;
+    o.executor_ctx = &calls;
+    CHECK_OK(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &o, out));
+    CHECK(calls == 1);
+    /* each row is the single-query attention over the tokens it keeps */
+    for (int i = 0; i < R; ++i) {
+        CHECK_OK(kvq_attend_rows(keys, values, H, KV, q + i * H * D, krows, 0, 0, vrows, 0, 0, (size_t)(T - R + i + 1),
+                                 0.0f, one));
+        CHECK(relative_l2(out + i * H * D, one, H * D) < 1e-5);
+    }
+
+    /* a sink far above every score takes all the weight: the results vanish */
+    static float sinks[H];
+    for (int h = 0; h < H; ++h) sinks[h] = 80.0f;
+    kvq_attend_options with_sinks = o;
+    with_sinks.sinks = sinks;
+    CHECK_OK(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &with_sinks, out));
+    for (int i = 0; i < R * H * D; ++i) CHECK(fabsf(out[i]) < 1e-20f);
+
+    for (int i = 0; i < R * H * D; ++i) out[i] = 7.0f;
+    CHECK_STATUS(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, NULL, out),
+                 KVQ_ERR_INVALID_ARGUMENT, "options is NULL");
+    kvq_attend_options small = o;
+    small.size = 8;
+    CHECK_STATUS(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &small, out),
+                 KVQ_ERR_INVALID_ARGUMENT, "size");
+    kvq_attend_options bad = o;
+    bad.mask_type = 5;
+    CHECK_STATUS(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &bad, out),
+                 KVQ_ERR_INVALID_ARGUMENT, "mask_type");
+    bad = o;
+    bad.threads = 0;
+    CHECK_STATUS(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &bad, out),
+                 KVQ_ERR_INVALID_ARGUMENT, "threads");
+    bad = o;
+    bad.executor = NULL;
+    CHECK_STATUS(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &bad, out),
+                 KVQ_ERR_INVALID_ARGUMENT, "executor");
+    q[H * D + 3] = NAN; /* row 1 */
+    CHECK_STATUS(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &o, out),
+                 KVQ_ERR_NON_FINITE, "not finite");
+    for (int i = 0; i < R * H * D; ++i) CHECK(out[i] == 7.0f);
+    o.nan_policy = KVQ_NAN_PROPAGATE;
+    CHECK_OK(kvq_attend_rows_ex(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, &o, out));
+    CHECK(isnan(out[H * D]) && !isnan(out[0]) && !isnan(out[2 * H * D]));
+    free(x);
+    free(krows);
+    free(vrows);
+    kvq_codec_destroy(keys);
+    kvq_codec_destroy(values);
+}
+
 static void test_attend_rows(void) {
     enum { T = 600, KV = 2, H = 6 }; /* more tokens than one chunk of the online softmax */
     kvq_codec *keys, *values;
@@ -249,6 +330,7 @@ int main(void) {
     test_codec_table();
     test_codec_rows();
     test_attend_rows();
+    test_attend_rows_ex();
     test_last_error();
     return check_report("test_capi");
 }

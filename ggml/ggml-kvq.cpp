@@ -1,0 +1,453 @@
+// libggml-kvq.so: a ggml backend that computes GGML_OP_FLASH_ATTN_EXT with kvq's kernels, straight on
+// ggml's KV tensors (their bytes are kvq's codecs of the same names), loaded at run time by any ggml built
+// with GGML_BACKEND_DL=ON (GGML_BACKEND_PATH=/path/to/libggml-kvq.so, or ggml_backend_load()).
+//
+// Modeled on ggml's BLAS backend (ggml/src/ggml-blas/): an accelerator device that works on host memory
+// (the CPU backend's buffers) and takes only the ops it computes exactly as ggml defines them; the
+// scheduler leaves everything else, and every flash attention it declines, to the CPU backend. What it
+// takes and declines: supports_flash_attn below; docs/llama-cpp.md.
+//
+// Built against one ggml's headers (ggml.h, ggml-backend.h and the internal ggml-backend-impl.h, whose
+// interface structs must match the loading ggml's: GGML_BACKEND_API_VERSION is checked by the loader).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#ifdef KVQ_GGML_OPENMP
+#include <omp.h>
+#endif
+
+#include "ggml-backend-impl.h"
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "kvq/attention.hpp"
+#include "kvq/codec.hpp"
+#include "kvq/simd.hpp"
+
+namespace {
+
+constexpr const char* kName = "kvq";
+
+// The ggml types whose rows are kvq codecs byte for byte, by kvq's name.
+const char* codec_name(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32: return "f32";
+        case GGML_TYPE_F16: return "f16";
+        case GGML_TYPE_BF16: return "bf16";
+        case GGML_TYPE_Q8_0: return "q8_0";
+        case GGML_TYPE_Q4_0: return "q4_0";
+        case GGML_TYPE_Q4_1: return "q4_1";
+        case GGML_TYPE_Q5_0: return "q5_0";
+        case GGML_TYPE_Q5_1: return "q5_1";
+        case GGML_TYPE_IQ4_NL: return "iq4_nl";
+        default: return nullptr;
+    }
+}
+
+// Codecs by (type, head size), made on first use and kept for the process (a handful).
+const kvq::Codec* codec_for(ggml_type t, int64_t head_dim) {
+    static std::mutex mu;
+    static std::map<std::pair<int, int64_t>, kvq::Codec> codecs;
+    const char* name = codec_name(t);
+    if (!name || head_dim <= 0 || head_dim > (1 << 16)) return nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_pair(static_cast<int>(t), head_dim);
+    auto it = codecs.find(key);
+    if (it == codecs.end()) {
+        try {
+            it = codecs.emplace(key, kvq::Codec::make(name, static_cast<int>(head_dim))).first;
+        } catch (const std::exception&) {
+            return nullptr;  // a head size the codec does not take
+        }
+    }
+    return &it->second;
+}
+
+bool row_contiguous(const ggml_tensor* t) { return t->nb[0] == ggml_type_size(t->type); }
+
+// Whether kvq computes this flash attention exactly as ggml defines it (ggml-cpu's ops.cpp): everything
+// else is declined and runs on the CPU backend.
+bool supports_flash_attn(const ggml_tensor* op) {
+    const ggml_tensor* q = op->src[0];
+    const ggml_tensor* k = op->src[1];
+    const ggml_tensor* v = op->src[2];
+    const ggml_tensor* mask = op->src[3];
+    if (!q || !k || !v) return false;
+    const ggml_tensor* sinks = op->src[4];
+    if (sinks && (sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(sinks) || sinks->ne[0] < q->ne[2])) return false;
+    float max_bias = 0.0f;
+    std::memcpy(&max_bias, reinterpret_cast<const float*>(op->op_params) + 1, sizeof(float));
+    if (max_bias != 0.0f) return false;  // ALiBi
+    float scale = 0.0f, softcap = 0.0f;
+    std::memcpy(&scale, reinterpret_cast<const float*>(op->op_params) + 0, sizeof(float));
+    std::memcpy(&softcap, reinterpret_cast<const float*>(op->op_params) + 2, sizeof(float));
+    if (!std::isfinite(scale) || scale <= 0.0f || !std::isfinite(softcap) || softcap < 0.0f) return false;
+    const int32_t prec = op->op_params[3];
+    if (prec != GGML_PREC_DEFAULT && prec != GGML_PREC_F32) return false;
+    if (q->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op)) return false;
+    // One head size for keys and values (kvq's codecs of a call share it), rows contiguous.
+    const int64_t d = k->ne[0];
+    if (v->ne[0] != d || q->ne[0] != d || op->ne[0] != d) return false;
+    if (!row_contiguous(q) || !row_contiguous(k) || !row_contiguous(v)) return false;
+    if (!codec_for(k->type, d) || !codec_for(v->type, d)) return false;
+    // Shapes: tokens k->ne[1] == v->ne[1]; kv heads dividing the query heads (GQA); one batch of
+    // sequences per dim 3 (ggml asserts equal ne[3]).
+    if (k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2] || k->ne[2] <= 0 || q->ne[2] % k->ne[2] != 0) return false;
+    if (k->ne[3] != q->ne[3] || v->ne[3] != q->ne[3]) return false;
+    if (q->ne[2] > (1 << 16) || k->ne[2] > (1 << 16)) return false;
+    if (mask) {
+        // f16, one row per query row shared by every head (ne[2] == 1; a per-head mask is declined),
+        // broadcast over dim 3.
+        if (mask->type != GGML_TYPE_F16 || !ggml_is_contiguous(mask)) return false;
+        if (mask->ne[2] != 1 || mask->ne[0] < k->ne[1] || mask->ne[1] < q->ne[1]) return false;
+        if (mask->ne[3] <= 0 || q->ne[3] % mask->ne[3] != 0) return false;
+    }
+    return true;
+}
+
+struct Context {
+    int n_threads = 1;
+    kvq::AttendOptions options;  // its executor is made once: a call allocates nothing
+    size_t ops = 0, query_rows = 0;  // what it computed (printed at exit with KVQ_GGML_STATS=1)
+    bool check = false;              // KVQ_GGML_CHECK=1: check_flash_attn after each op
+};
+
+// Until ggml sets it (llama.cpp does, before every graph): the hardware's threads, as ggml's CPU backend.
+int default_threads() { return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 256); }
+
+// KVQ_GGML_THREADS, when set, overrides set_n_threads (tests use it to run the multi-thread paths).
+int threads_for(int requested) {
+    if (const char* env = std::getenv("KVQ_GGML_THREADS")) {
+        const int n = std::atoi(env);
+        if (n >= 1 && n <= 256) return n;
+    }
+    return std::clamp(requested, 1, 256);
+}
+
+void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
+    const ggml_tensor* q = dst->src[0];
+    const ggml_tensor* k = dst->src[1];
+    const ggml_tensor* v = dst->src[2];
+    const ggml_tensor* mask = dst->src[3];
+    float scale = 0.0f, softcap = 0.0f;
+    std::memcpy(&scale, reinterpret_cast<const float*>(dst->op_params) + 0, sizeof(float));
+    std::memcpy(&softcap, reinterpret_cast<const float*>(dst->op_params) + 2, sizeof(float));
+    const int64_t d = k->ne[0];
+    const kvq::Codec& keys = *codec_for(k->type, d);
+    const kvq::Codec& values = *codec_for(v->type, d);
+    const int n_heads = static_cast<int>(q->ne[2]);
+    const int n_kv_heads = static_cast<int>(k->ne[2]);
+    const size_t n_rows = static_cast<size_t>(q->ne[1]);
+    const size_t n_tokens = static_cast<size_t>(k->ne[1]);
+
+    kvq::AttendOptions& o = ctx.options;
+    o.scale = scale;
+    o.softcap = softcap;
+    o.n_queries = n_rows;
+    o.q_row_stride = q->nb[1] / sizeof(float);
+    o.q_head_stride = q->nb[2] / sizeof(float);
+    // dst is [d, n_heads, n_rows, ne3], contiguous (ggml's permute(0, 2, 1, 3) of the attention).
+    o.out_head_stride = dst->nb[1] / sizeof(float);
+    o.out_row_stride = dst->nb[2] / sizeof(float);
+    o.mask_type = kvq::MaskType::f16;
+    o.mask_row_stride = mask ? mask->nb[1] / sizeof(ggml_fp16_t) : 0;
+    o.threads = threads_for(ctx.n_threads);
+    o.nan = kvq::NanPolicy::propagate;  // as ggml: a NaN query gives NaN, never an abort
+    o.sinks = dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr;  // one per query head
+    ++ctx.ops;
+    ctx.query_rows += n_rows * static_cast<size_t>(q->ne[3]);
+    for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
+        const auto* qd = reinterpret_cast<const float*>(static_cast<const char*>(q->data) + i3 * q->nb[3]);
+        const kvq::RowsView kr{static_cast<const char*>(k->data) + i3 * k->nb[3], k->nb[1], k->nb[2]};
+        const kvq::RowsView vr{static_cast<const char*>(v->data) + i3 * v->nb[3], v->nb[1], v->nb[2]};
+        o.mask = mask ? static_cast<const char*>(mask->data) + (i3 % mask->ne[3]) * mask->nb[3] : nullptr;
+        auto* out = reinterpret_cast<float*>(static_cast<char*>(dst->data) + i3 * dst->nb[3]);
+        kvq::attend_rows(keys, values, n_heads, n_kv_heads, qd, kr, vr, n_tokens, out, o);
+    }
+}
+
+// KVQ_GGML_CHECK=1: every op is compared with a double-precision reference computed here from ggml's own
+// tensors (ggml's to_float for the rows), and the largest error printed: a debugging aid, slow.
+void check_flash_attn(const ggml_tensor* dst) {
+    const ggml_tensor* q = dst->src[0];
+    const ggml_tensor* k = dst->src[1];
+    const ggml_tensor* v = dst->src[2];
+    const ggml_tensor* mask = dst->src[3];
+    const ggml_tensor* sinks = dst->src[4];
+    float scale = 0.0f, softcap = 0.0f;
+    std::memcpy(&scale, reinterpret_cast<const float*>(dst->op_params) + 0, sizeof(float));
+    std::memcpy(&softcap, reinterpret_cast<const float*>(dst->op_params) + 2, sizeof(float));
+    const int64_t d = k->ne[0], n_kv = k->ne[1], g = q->ne[2] / k->ne[2];
+    const auto to_float_k = ggml_get_type_traits(k->type)->to_float;
+    const auto to_float_v = ggml_get_type_traits(v->type)->to_float;
+    std::vector<float> kr(d), vr(d);
+    double max_err = 0, max_ref = 0;
+    for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
+        for (int64_t i1 = 0; i1 < q->ne[1]; ++i1) {
+            for (int64_t h = 0; h < q->ne[2]; ++h) {
+                const auto* qr = reinterpret_cast<const float*>(static_cast<const char*>(q->data) + i1 * q->nb[1] + h * q->nb[2] + i3 * q->nb[3]);
+                std::vector<double> s(n_kv, -INFINITY), acc(d, 0.0);
+                double mx = -INFINITY;
+                for (int64_t t = 0; t < n_kv; ++t) {
+                    float m = 0.0f;
+                    if (mask) {
+                        const auto* mr = reinterpret_cast<const ggml_fp16_t*>(static_cast<const char*>(mask->data) + i1 * mask->nb[1] + (i3 % mask->ne[3]) * mask->nb[3]);
+                        m = ggml_fp16_to_fp32(mr[t]);
+                    }
+                    if (m == -INFINITY) continue;
+                    to_float_k(static_cast<const char*>(k->data) + t * k->nb[1] + (h / g) * k->nb[2] + i3 * k->nb[3], kr.data(), d);
+                    double dot = 0;
+                    for (int64_t j = 0; j < d; ++j) dot += double(qr[j]) * kr[j];
+                    dot *= scale;
+                    if (softcap > 0) dot = softcap * std::tanh(dot / softcap);
+                    s[t] = dot + m;
+                    mx = std::max(mx, s[t]);
+                }
+                double sum = 0;
+                if (sinks) {
+                    mx = std::max(mx, double(static_cast<const float*>(sinks->data)[h]));
+                    sum = std::exp(static_cast<const float*>(sinks->data)[h] - mx);
+                }
+                for (int64_t t = 0; t < n_kv && mx > -INFINITY; ++t) {
+                    if (s[t] == -INFINITY) continue;
+                    const double w = std::exp(s[t] - mx);
+                    sum += w;
+                    to_float_v(static_cast<const char*>(v->data) + t * v->nb[1] + (h / g) * v->nb[2] + i3 * v->nb[3], vr.data(), d);
+                    for (int64_t j = 0; j < d; ++j) acc[j] += w * vr[j];
+                }
+                const auto* o = reinterpret_cast<const float*>(static_cast<const char*>(dst->data) + h * dst->nb[1] + i1 * dst->nb[2] + i3 * dst->nb[3]);
+                for (int64_t j = 0; j < d; ++j) {
+                    const double want = sum > 0 ? acc[j] / sum : 0.0;
+                    max_err = std::max(max_err, std::fabs(o[j] - want));
+                    max_ref = std::max(max_ref, std::fabs(want));
+                }
+            }
+        }
+    }
+    std::fprintf(stderr, "ggml-kvq check %s: q [%lld %lld %lld %lld] k %s [%lld %lld %lld] nb %zu %zu, mask %s [%lld %lld %lld %lld]: max |err| %.3g (max |out| %.3g)\n",
+                 dst->name, (long long)q->ne[0], (long long)q->ne[1], (long long)q->ne[2], (long long)q->ne[3], ggml_type_name(k->type),
+                 (long long)k->ne[0], (long long)k->ne[1], (long long)k->ne[2], k->nb[1], k->nb[2], mask ? "f16" : "none",
+                 mask ? (long long)mask->ne[0] : 0LL, mask ? (long long)mask->ne[1] : 0LL, mask ? (long long)mask->ne[2] : 0LL,
+                 mask ? (long long)mask->ne[3] : 0LL, max_err, max_ref);
+}
+
+// ---- backend ----------------------------------------------------------------------------------------
+
+const char* backend_get_name(ggml_backend_t) { return kName; }
+
+void backend_free(ggml_backend_t backend) {
+    auto* ctx = static_cast<Context*>(backend->context);
+    if (const char* env = std::getenv("KVQ_GGML_STATS"); env && std::strcmp(env, "1") == 0) {
+        std::fprintf(stderr, "ggml-kvq: %zu flash attention ops, %zu query rows\n", ctx->ops, ctx->query_rows);
+    }
+    delete ctx;
+    delete backend;
+}
+
+ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph* cgraph) {
+    Context& ctx = *static_cast<Context*>(backend->context);
+    for (int i = 0; i < ggml_graph_n_nodes(cgraph); ++i) {
+        ggml_tensor* node = ggml_graph_node(cgraph, i);
+        if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
+        switch (node->op) {
+            case GGML_OP_FLASH_ATTN_EXT:
+                try {
+                    compute_flash_attn(ctx, node);
+                    if (ctx.check) check_flash_attn(node);
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "ggml-kvq: flash attention failed: %s\n", e.what());
+                    return GGML_STATUS_FAILED;
+                }
+                break;
+            case GGML_OP_NONE:
+            case GGML_OP_RESHAPE:
+            case GGML_OP_VIEW:
+            case GGML_OP_PERMUTE:
+            case GGML_OP_TRANSPOSE:
+                break;
+            default:
+                std::fprintf(stderr, "ggml-kvq: unsupported op %s\n", ggml_op_desc(node));
+                return GGML_STATUS_FAILED;
+        }
+    }
+    return GGML_STATUS_SUCCESS;
+}
+
+const ggml_backend_i backend_iface = {
+    /* .get_name            = */ backend_get_name,
+    /* .free                = */ backend_free,
+    /* .set_tensor_async    = */ nullptr,
+    /* .get_tensor_async    = */ nullptr,
+    /* .set_tensor_2d_async = */ nullptr,
+    /* .get_tensor_2d_async = */ nullptr,
+    /* .cpy_tensor_async    = */ nullptr,
+    /* .synchronize         = */ nullptr,
+    /* .graph_plan_create   = */ nullptr,
+    /* .graph_plan_free     = */ nullptr,
+    /* .graph_plan_update   = */ nullptr,
+    /* .graph_plan_compute  = */ nullptr,
+    /* .graph_compute       = */ backend_graph_compute,
+    /* .event_record        = */ nullptr,
+    /* .event_wait          = */ nullptr,
+    /* .graph_optimize      = */ nullptr,
+};
+
+ggml_guid_t backend_guid() {
+    static ggml_guid guid = {0x6b, 0x76, 0x71, 0x5f, 0x67, 0x67, 0x6d, 0x6c, 0x2d, 0x61, 0x74, 0x74, 0x6e, 0x00, 0x00, 0x01};
+    return &guid;
+}
+
+bool is_kvq(ggml_backend_t backend) { return backend && ggml_guid_matches(backend->guid, backend_guid()); }
+
+void set_n_threads(ggml_backend_t backend, int n_threads) {
+    if (!is_kvq(backend)) return;
+    static_cast<Context*>(backend->context)->n_threads = std::max(1, n_threads);
+}
+
+ggml_backend_reg_t kvq_reg();
+
+ggml_backend_t backend_init() {
+    auto* ctx = new Context;
+    ctx->n_threads = default_threads();
+    const char* check = std::getenv("KVQ_GGML_CHECK");
+    ctx->check = check && std::strcmp(check, "1") == 0;
+#ifdef KVQ_GGML_OPENMP
+    // The parts of a call run on OpenMP threads: with ggml's CPU backend built with OpenMP (its default),
+    // the very threads that ran the graph's other ops, so that none spins idle beside ours.
+    ctx->options.executor = [ctx](int n, const std::function<void(int)>& task) {
+        const int threads = std::min(n, threads_for(ctx->n_threads));
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        for (int i = 0; i < n; ++i) task(i);
+    };
+#endif
+    return new ggml_backend{
+        /* .guid    = */ backend_guid(),
+        /* .iface   = */ backend_iface,
+        /* .device  = */ ggml_backend_reg_dev_get(kvq_reg(), 0),
+        /* .context = */ ctx,
+    };
+}
+
+// ---- device -----------------------------------------------------------------------------------------
+
+const char* device_get_name(ggml_backend_dev_t) { return kName; }
+
+const char* device_get_description(ggml_backend_dev_t) {
+    static const std::string description = std::string("kvq flash attention on quantized KV (") + std::string(kvq::simd_level_name(kvq::simd_level())) + ")";
+    return description.c_str();
+}
+
+void device_get_memory(ggml_backend_dev_t, size_t* free, size_t* total) {
+    *free = 0;
+    *total = 0;
+}
+
+enum ggml_backend_dev_type device_get_type(ggml_backend_dev_t) { return GGML_BACKEND_DEVICE_TYPE_ACCEL; }
+
+void device_get_props(ggml_backend_dev_t dev, ggml_backend_dev_props* props) {
+    props->name = device_get_name(dev);
+    props->description = device_get_description(dev);
+    props->type = device_get_type(dev);
+    device_get_memory(dev, &props->memory_free, &props->memory_total);
+    props->caps = {
+        /* .async                = */ false,
+        /* .host_buffer          = */ false,
+        /* .buffer_from_host_ptr = */ true,
+        /* .events               = */ false,
+        /* .mmap_support         = */ true,
+    };
+}
+
+ggml_backend_t device_init_backend(ggml_backend_dev_t, const char*) { return backend_init(); }
+
+ggml_backend_buffer_type_t device_get_buffer_type(ggml_backend_dev_t) { return ggml_backend_cpu_buffer_type(); }
+
+ggml_backend_buffer_t device_buffer_from_host_ptr(ggml_backend_dev_t, void* ptr, size_t size, size_t) {
+    return ggml_backend_cpu_buffer_from_ptr(ptr, size);
+}
+
+bool device_supports_op(ggml_backend_dev_t, const ggml_tensor* op) {
+    switch (op->op) {
+        case GGML_OP_NONE:
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        case GGML_OP_FLASH_ATTN_EXT:
+            return supports_flash_attn(op);
+        default:
+            return false;
+    }
+}
+
+bool device_supports_buft(ggml_backend_dev_t, ggml_backend_buffer_type_t buft) { return ggml_backend_buft_is_host(buft); }
+
+const ggml_backend_device_i device_iface = {
+    /* .get_name             = */ device_get_name,
+    /* .get_description      = */ device_get_description,
+    /* .get_memory           = */ device_get_memory,
+    /* .get_type             = */ device_get_type,
+    /* .get_props            = */ device_get_props,
+    /* .init_backend         = */ device_init_backend,
+    /* .get_buffer_type      = */ device_get_buffer_type,
+    /* .get_host_buffer_type = */ nullptr,
+    /* .buffer_from_host_ptr = */ device_buffer_from_host_ptr,
+    /* .supports_op          = */ device_supports_op,
+    /* .supports_buft        = */ device_supports_buft,
+    /* .offload_op           = */ nullptr,
+    /* .event_new            = */ nullptr,
+    /* .event_free           = */ nullptr,
+    /* .event_synchronize    = */ nullptr,
+};
+
+// ---- registry ---------------------------------------------------------------------------------------
+
+const char* reg_get_name(ggml_backend_reg_t) { return kName; }
+
+size_t reg_get_device_count(ggml_backend_reg_t) { return 1; }
+
+ggml_backend_dev_t reg_get_device(ggml_backend_reg_t reg, size_t index) {
+    GGML_ASSERT(index == 0);
+    static ggml_backend_device device = {
+        /* .iface   = */ device_iface,
+        /* .reg     = */ reg,
+        /* .context = */ nullptr,
+    };
+    return &device;
+}
+
+void* reg_get_proc_address(ggml_backend_reg_t, const char* name) {
+    if (std::strcmp(name, "ggml_backend_set_n_threads") == 0) return reinterpret_cast<void*>(set_n_threads);
+    return nullptr;
+}
+
+const ggml_backend_reg_i reg_iface = {
+    /* .get_name         = */ reg_get_name,
+    /* .get_device_count = */ reg_get_device_count,
+    /* .get_device       = */ reg_get_device,
+    /* .get_proc_address = */ reg_get_proc_address,
+};
+
+ggml_backend_reg_t kvq_reg() {
+    static ggml_backend_reg reg = {
+        /* .api_version = */ GGML_BACKEND_API_VERSION,
+        /* .iface       = */ reg_iface,
+        /* .context     = */ nullptr,
+    };
+    return &reg;
+}
+
+}  // namespace
+
+GGML_BACKEND_DL_IMPL(kvq_reg)
