@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "kvq/attention.hpp"
 #include "kvq/codec.hpp"
+#include "kvq/errors.hpp"
 #include "spec/half.hpp"
 #include "test_util.hpp"
 
@@ -250,6 +252,61 @@ TEST_CASE("attend_rows with options: an engine's executor, any order, gives the 
     CHECK(calls == 1);  // one thread: no executor call
     CHECK(max_abs_diff(one, pool) < 1e-5f);
     CHECK(max_abs_diff(one, reference(keys, k, v, 4, 1, n, q, 2, mask, 1.0f / std::sqrt(128.0f), 0.0f)) < 2e-5f);
+}
+
+TEST_CASE("attend_rows with options: an executor that runs another attend_rows between the tasks of one (issue #36)") {
+    // A work-stealing executor: between this call's tasks it runs another call on the same thread, with
+    // another shape (more parts), whose buffers must not be the outer call's.
+    const auto keys = kvq::Codec::make("q8_0", 128), values = kvq::Codec::make("q4_0", 128);
+    const size_t n = 5000, n2 = 9000;
+    const Rows k(keys, n, 1, 41), v(values, n, 1, 42), k2(keys, n2, 1, 43), v2(values, n2, 1, 44);
+    const auto q = kvq::test::gaussian(2 * 4 * 128, 45), q2 = kvq::test::gaussian(3 * 4 * 128, 46);
+    kvq::AttendOptions o, o2;
+    o.n_queries = 2;
+    o.threads = 4;
+    o2.n_queries = 3;
+    o2.threads = 8;
+    std::vector<float> alone(2 * 4 * 128), alone2(3 * 4 * 128), outer(alone.size()), inner(alone2.size());
+    kvq::attend_rows(keys, values, 4, 1, q.data(), k.view(), v.view(), n, alone.data(), o);
+    kvq::attend_rows(keys, values, 4, 1, q2.data(), k2.view(), v2.view(), n2, alone2.data(), o2);
+    int nested = 0;
+    o.executor = [&](int parts, const std::function<void(int)>& task) {
+        for (int i = 0; i < parts; ++i) {
+            task(i);
+            if (i == 0) {
+                ++nested;
+                kvq::attend_rows(keys, values, 4, 1, q2.data(), k2.view(), v2.view(), n2, inner.data(), o2);
+            }
+        }
+    };
+    kvq::attend_rows(keys, values, 4, 1, q.data(), k.view(), v.view(), n, outer.data(), o);
+    CHECK(nested == 1);
+    CHECK(same_bits(outer, alone));
+    CHECK(same_bits(inner, alone2));
+}
+
+TEST_CASE("attend_rows with options: an executor that breaks its contract gets ExecutorError") {
+    const auto keys = kvq::Codec::make("q8_0", 128), values = kvq::Codec::make("q4_0", 128);
+    const size_t n = 5000;
+    const Rows k(keys, n, 1, 51), v(values, n, 1, 52);
+    const auto q = kvq::test::gaussian(4 * 128, 53);
+    std::vector<float> out(4 * 128);
+    kvq::AttendOptions o;
+    o.threads = 4;
+    const auto run = [&] { kvq::attend_rows(keys, values, 4, 1, q.data(), k.view(), v.view(), n, out.data(), o); };
+    o.executor = [](int parts, const std::function<void(int)>& task) {
+        for (int i = 1; i < parts; ++i) task(i);  // never runs task 0
+    };
+    CHECK_THROWS_AS(run(), kvq::ExecutorError);
+    o.executor = [](int parts, const std::function<void(int)>& task) {
+        for (int i = 0; i < parts; ++i) task(i);
+        task(0);  // twice
+    };
+    CHECK_THROWS_AS(run(), kvq::ExecutorError);
+    o.executor = [](int parts, const std::function<void(int)>& task) {
+        for (int i = 0; i <= parts; ++i) task(i);  // one past the end
+    };
+    CHECK_THROWS_AS(run(), kvq::ExecutorError);
 }
 
 TEST_CASE("attend_rows with options: bad input throws and writes nothing") {

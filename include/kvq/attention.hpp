@@ -54,7 +54,8 @@ struct AttendOptions {
     // Threads for this call (1..256): the query rows and the token range are split into parts (partial
     // softmax states merged in a fixed order, so the result does not depend on which thread ran what).
     int threads = 1;
-    Executor executor;  // runs the parts; empty: kvq's shared pool, on at most `threads` threads
+    Executor executor;  // runs the parts (the contract of CacheConfig::executor: ExecutorError when broken; it may
+                        // run other work, other kvq calls included, between kvq's tasks); empty: kvq's shared pool
     // reject: a query that is not finite throws NonFiniteInput (the whole query block is checked first);
     // propagate: it gives NaN in its own outputs, as a float reference would, and nothing is checked.
     NanPolicy nan = NanPolicy::reject;

@@ -28,6 +28,7 @@
 #include "../util/checked_size.hpp"
 #include "decode_attention.hpp"
 #include "online_softmax.hpp"
+#include "scratch_pool.hpp"
 #include "thread_pool.hpp"
 
 namespace kvq {
@@ -445,8 +446,12 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
 
     // Split tiles keep every part's state in the caller's buffers until the merge; whole tiles use the
     // running thread's and write their result at once.
-    thread_local CallScratch call_scratch;
-    CallScratch& cs = call_scratch;  // the caller's (a task running on a worker would name the worker's)
+    // Leased per call, not thread_local: an engine's executor may run another attend_rows on this thread
+    // while this call waits for its parts (issue #36); tasks do not nest, so each task's ItemScratch may
+    // be its thread's.
+    static auto* const call_scratch = new detail::ScratchPool<CallScratch>;  // never freed: calls may outlive statics
+    const auto lease = call_scratch->lease();
+    CallScratch& cs = *lease;
     SoftmaxState* part_states = nullptr;
     float* part_accs = nullptr;
     const size_t acc_stride = round_up(tile_queries * dd, kLine / sizeof(float));
@@ -471,7 +476,7 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     if (threads > 1 && n_items > 1) {
         // By reference: a std::function of the lambda itself would allocate; of a reference_wrapper never.
         if (o.executor) {
-            o.executor(static_cast<int>(n_items), std::ref(run));
+            detail::run_checked(o.executor, static_cast<int>(n_items), std::ref(run));  // ExecutorError on a broken contract
         } else {
             detail::shared_pool().run(static_cast<int>(n_items), run, threads);
         }

@@ -1,6 +1,11 @@
 #include "thread_pool.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kvq/errors.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -124,5 +129,44 @@ ThreadPool& shared_pool() {
     static ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1));
     return pool;
 }
+
+void run_checked(const Executor& ex, int n, const std::function<void(int)>& task) {
+    enum : uint8_t { not_run, running, done };
+    const auto state = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) state[i].store(not_run, std::memory_order_relaxed);
+    std::atomic<int> out_of_range{0}, twice{0};
+    std::atomic<long long> bad_index{0};
+    const std::function<void(int)> checked = [&](int i) {
+        if (i < 0 || i >= n) {
+            if (!out_of_range.fetch_add(1)) bad_index = i;
+            return;
+        }
+        uint8_t expected = not_run;
+        if (!state[i].compare_exchange_strong(expected, running, std::memory_order_acquire)) {
+            if (!twice.fetch_add(1)) bad_index = i;
+            return;
+        }
+        task(i);
+        state[i].store(done, std::memory_order_release);
+    };
+    ex(n, checked);
+    int never = -1;
+    for (int i = 0; i < n; ++i) {
+        uint8_t s = state[i].load(std::memory_order_acquire);
+        while (s == running) {  // returned early: this task still runs on another thread
+            std::this_thread::yield();
+            s = state[i].load(std::memory_order_acquire);
+        }
+        if (s == not_run && never < 0) never = i;
+    }
+    const std::string of = " of " + std::to_string(n) + " tasks";
+    if (out_of_range) {
+        throw ExecutorError("executor: called the task with index " + std::to_string(bad_index.load()) + ", outside 0.." +
+                            std::to_string(n - 1) + of);
+    }
+    if (twice) throw ExecutorError("executor: ran task " + std::to_string(bad_index.load()) + of + " more than once");
+    if (never >= 0) throw ExecutorError("executor: returned without running task " + std::to_string(never) + of);
+}
+
 
 }  // namespace kvq::detail

@@ -25,7 +25,16 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvq/cache.hpp"  // Executor
+
 namespace kvq::detail {
+
+// Runs an engine's executor and checks that it kept its contract (kvq/cache.hpp, Executor): each task
+// index in [0, n) run exactly once, all of them done when it returns. An index out of range or one run
+// a second time is not run (the second call would race the first on the same buffers); an index never
+// run leaves output unwritten. Each is an ExecutorError once the executor returns, after any task it
+// left running has finished.
+void run_checked(const Executor& ex, int n, const std::function<void(int)>& task);
 
 class ThreadPool {
 public:

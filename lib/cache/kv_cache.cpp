@@ -20,49 +20,6 @@ namespace {
 
 [[noreturn]] void bad_config(const std::string& what) { throw BadParams("CacheConfig: " + what); }
 
-// Runs an engine's executor and checks that it kept its contract (kvq/cache.hpp, Executor): each task
-// index in [0, n) run exactly once, all of them done when it returns. An index out of range or one run
-// a second time is not run (the second call would race the first on the same buffers); an index never
-// run leaves output unwritten. Each is an ExecutorError once the executor returns, after any task it
-// left running has finished.
-void run_checked(const Executor& ex, int n, const std::function<void(int)>& task) {
-    enum : uint8_t { not_run, running, done };
-    const auto state = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) state[i].store(not_run, std::memory_order_relaxed);
-    std::atomic<int> out_of_range{0}, twice{0};
-    std::atomic<long long> bad_index{0};
-    const std::function<void(int)> checked = [&](int i) {
-        if (i < 0 || i >= n) {
-            if (!out_of_range.fetch_add(1)) bad_index = i;
-            return;
-        }
-        uint8_t expected = not_run;
-        if (!state[i].compare_exchange_strong(expected, running, std::memory_order_acquire)) {
-            if (!twice.fetch_add(1)) bad_index = i;
-            return;
-        }
-        task(i);
-        state[i].store(done, std::memory_order_release);
-    };
-    ex(n, checked);
-    int never = -1;
-    for (int i = 0; i < n; ++i) {
-        uint8_t s = state[i].load(std::memory_order_acquire);
-        while (s == running) {  // returned early: this task still runs on another thread
-            std::this_thread::yield();
-            s = state[i].load(std::memory_order_acquire);
-        }
-        if (s == not_run && never < 0) never = i;
-    }
-    const std::string of = " of " + std::to_string(n) + " tasks";
-    if (out_of_range) {
-        throw ExecutorError("executor: called the task with index " + std::to_string(bad_index.load()) + ", outside 0.." +
-                            std::to_string(n - 1) + of);
-    }
-    if (twice) throw ExecutorError("executor: ran task " + std::to_string(bad_index.load()) + of + " more than once");
-    if (never >= 0) throw ExecutorError("executor: returned without running task " + std::to_string(never) + of);
-}
-
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 void check_dim(const char* what, int x) {
@@ -247,7 +204,7 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     if (!allocate) std::fill(initial.begin(), initial.end(), 0);
     pool = std::make_unique<detail::BlockPool>(class_bytes, cfg.max_blocks, cfg.max_bytes, initial, cfg.grow_blocks);
     if (cfg.executor) {
-        runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { run_checked(ex, n, task); };
+        runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { detail::run_checked(ex, n, task); };
     } else if (cfg.threads > 1) {
         runner = [t = cfg.threads](int n, const std::function<void(int)>& task) { detail::shared_pool().run(n, task, t); };
     }
