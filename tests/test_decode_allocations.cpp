@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
@@ -140,4 +141,13 @@ TEST_CASE("decode: attend_rows with options (query rows, a mask, threads) alloca
                   kvq::attend_rows(keys, values, 4, 1, q.data(), {k.data()}, {v.data()}, n, out.data(), o);
               }) == 0);
     }
+    // Through an engine's executor (the ggml plugin's way), whose contract kvq checks (run_checked).
+    kvq::AttendOptions o;
+    o.n_queries = rows;
+    o.mask = mask.data();
+    o.threads = 4;
+    o.executor = [](int parts, const std::function<void(int)>& task) {
+        for (int i = 0; i < parts; ++i) task(i);
+    };
+    CHECK(allocations_of(1, [&] { kvq::attend_rows(keys, values, 4, 1, q.data(), {k.data()}, {v.data()}, n, out.data(), o); }) == 0);
 }

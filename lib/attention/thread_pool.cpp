@@ -132,41 +132,52 @@ ThreadPool& shared_pool() {
 
 void run_checked(const Executor& ex, int n, const std::function<void(int)>& task) {
     enum : uint8_t { not_run, running, done };
-    const auto state = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) state[i].store(not_run, std::memory_order_relaxed);
-    std::atomic<int> out_of_range{0}, twice{0};
-    std::atomic<long long> bad_index{0};
-    const std::function<void(int)> checked = [&](int i) {
-        if (i < 0 || i >= n) {
-            if (!out_of_range.fetch_add(1)) bad_index = i;
+    // The tasks' states: on the stack up to kOnStack tasks (a decode step's parts), so that a call through
+    // an engine's executor allocates nothing; the checked task captures one pointer (std::function keeps
+    // it in place).
+    constexpr int kOnStack = 1024;
+    std::atomic<uint8_t> on_stack[kOnStack];
+    std::unique_ptr<std::atomic<uint8_t>[]> on_heap;
+    if (n > kOnStack) on_heap = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(n));
+    struct Check {
+        std::atomic<uint8_t>* state;
+        int n;
+        const std::function<void(int)>* task;
+        std::atomic<int> out_of_range{0}, twice{0};
+        std::atomic<long long> bad_index{0};
+    } c{on_heap ? on_heap.get() : on_stack, n, &task};
+    for (int i = 0; i < n; ++i) c.state[i].store(not_run, std::memory_order_relaxed);
+    const std::function<void(int)> checked = [p = &c](int i) {
+        if (i < 0 || i >= p->n) {
+            if (!p->out_of_range.fetch_add(1)) p->bad_index = i;
             return;
         }
         uint8_t expected = not_run;
-        if (!state[i].compare_exchange_strong(expected, running, std::memory_order_acquire)) {
-            if (!twice.fetch_add(1)) bad_index = i;
+        if (!p->state[i].compare_exchange_strong(expected, running, std::memory_order_acquire)) {
+            if (!p->twice.fetch_add(1)) p->bad_index = i;
             return;
         }
-        task(i);
-        state[i].store(done, std::memory_order_release);
+        (*p->task)(i);
+        p->state[i].store(done, std::memory_order_release);
     };
     ex(n, checked);
     int never = -1;
     for (int i = 0; i < n; ++i) {
-        uint8_t s = state[i].load(std::memory_order_acquire);
+        uint8_t s = c.state[i].load(std::memory_order_acquire);
         while (s == running) {  // returned early: this task still runs on another thread
             std::this_thread::yield();
-            s = state[i].load(std::memory_order_acquire);
+            s = c.state[i].load(std::memory_order_acquire);
         }
         if (s == not_run && never < 0) never = i;
     }
+    if (!c.out_of_range && !c.twice && never < 0) return;
     const std::string of = " of " + std::to_string(n) + " tasks";
-    if (out_of_range) {
-        throw ExecutorError("executor: called the task with index " + std::to_string(bad_index.load()) + ", outside 0.." +
-                            std::to_string(n - 1) + of);
+    if (c.out_of_range) {
+        throw ExecutorError("executor: called the task with index " + std::to_string(c.bad_index.load()) +
+                            ", outside 0.." + std::to_string(n - 1) + of);
     }
-    if (twice) throw ExecutorError("executor: ran task " + std::to_string(bad_index.load()) + of + " more than once");
-    if (never >= 0) throw ExecutorError("executor: returned without running task " + std::to_string(never) + of);
+    if (c.twice) throw ExecutorError("executor: ran task " + std::to_string(c.bad_index.load()) + of + " more than once");
+    throw ExecutorError("executor: returned without running task " + std::to_string(never) + of);
 }
-
 
 }  // namespace kvq::detail
