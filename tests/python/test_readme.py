@@ -20,6 +20,8 @@ BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
 NOT_RUN = {
     "./scripts/main.sh": "the main job (scripts/main.sh: it is the first thing test.sh's CI runs)",
     "KVQ_SANITIZE_ALL=0 ./scripts/test.sh": "the test command (it runs this test)",
+    "scripts/llama_cpp.sh tools": "builds llama.cpp's tools (minutes); test.sh's llama-cpp phase builds the same "
+    "llama.cpp and plugin with scripts/llama_cpp.sh and runs test-backend-ops on it",
 }
 
 
