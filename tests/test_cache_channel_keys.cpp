@@ -58,35 +58,11 @@ std::vector<float> expected_keys(const std::vector<float>& k, size_t n, int bits
     return y;
 }
 
-// Decode attention in double over n tokens of keys k and values v (n × kKv × kDim each).
 std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v, size_t n) {
-    std::vector<float> out(size_t(kHeads) * kDim);
-    const double scale = 1.0 / std::sqrt(double(kDim));
-    for (int i = 0; i < kHeads; ++i) {
-        const int h = i / (kHeads / kKv);
-        std::vector<double> s(n);
-        double top = -1e300, sum = 0;
-        for (size_t t = 0; t < n; ++t) {
-            double dot = 0;
-            for (int j = 0; j < kDim; ++j) dot += double(q[i * kDim + j]) * k[(t * kKv + h) * kDim + j];
-            top = std::max(top, s[t] = dot * scale);
-        }
-        std::vector<double> acc(kDim, 0.0);
-        for (size_t t = 0; t < n; ++t) {
-            const double w = std::exp(s[t] - top);
-            sum += w;
-            for (int j = 0; j < kDim; ++j) acc[j] += w * v[(t * kKv + h) * kDim + j];
-        }
-        for (int j = 0; j < kDim; ++j) out[i * kDim + j] = float(acc[j] / sum);
-    }
-    return out;
+    return kvq::test::decode_attention_double(q, k, v, n, kHeads, kKv, kDim);
 }
 
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), norm += double(b[i]) * b[i];
-    return std::sqrt(diff / norm);
-}
+using kvq::test::relative_error;
 
 std::vector<float> attend(const kvq::KVCache& cache, int layer, kvq::SequenceId seq, const std::vector<float>& q) {
     std::vector<float> out(size_t(kHeads) * kDim);
