@@ -439,11 +439,12 @@ KVQ_API kvq_status kvq_cache_truncate(kvq_cache* cache, int64_t seq, size_t n_to
  * the codec's range. */
 KVQ_API kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const float* k,
                                     const float* v, size_t n_tokens);
-/* kvq_cache_append of rows held as 16-bit floats (kvq_half_type; the bit patterns, n_tokens × n_kv_heads ×
- * head_dim each): converted to float32 (exact) in a buffer of the call's size, then stored as
- * kvq_cache_append stores floats, with its statuses; KVQ_ERR_INVALID_ARGUMENT for an unknown type. */
+/* kvq_cache_append of rows held as 16-bit floats (the bit patterns, n_tokens × n_kv_heads × head_dim
+ * each): converted to float32 (exact) in a buffer of the call's size, then stored as kvq_cache_append
+ * stores floats, with its statuses. type is a kvq_half_type, passed as int32_t as the structs' enum
+ * fields are, so any value is checked: KVQ_ERR_INVALID_ARGUMENT for an unknown one. */
 KVQ_API kvq_status kvq_cache_append_half(kvq_cache* cache, int32_t layer, int64_t seq, const uint16_t* k,
-                                         const uint16_t* v, size_t n_tokens, kvq_half_type type);
+                                         const uint16_t* v, size_t n_tokens, int32_t type);
 /* Decode attention over the sequence's tokens in this layer. q, out: n_heads × head_dim floats.
  * KVQ_ERR_NON_FINITE for a NaN/Inf query (nan_policy = reject). Finite queries over finite keys and values
  * give a finite output, even when their scores overflow float (such heads are recomputed in double). */

@@ -264,7 +264,7 @@ kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const 
 }
 
 kvq_status kvq_cache_append_half(kvq_cache* cache, int32_t layer, int64_t seq, const uint16_t* k, const uint16_t* v,
-                                 size_t n_tokens, kvq_half_type type) {
+                                 size_t n_tokens, int32_t type) {
     return guarded([&] {
         KVQ_REQUIRE(cache, "kvq_cache_append_half", "cache is NULL");
         KVQ_REQUIRE(n_tokens == 0 || (k && v), "kvq_cache_append_half", "k or v is NULL");

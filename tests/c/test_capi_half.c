@@ -54,7 +54,7 @@ static void run(kvq_half_type type) {
     const size_t used = kvq_cache_bytes_used(halves);
     k16[3] = type == KVQ_HALF_F16 ? 0x7e00u : 0x7fc0u;
     CHECK_STATUS(kvq_cache_append_half(halves, 0, a, k16, v16, 1, type), KVQ_ERR_NON_FINITE, "");
-    CHECK_STATUS(kvq_cache_append_half(halves, 0, a, k16, v16, 1, (kvq_half_type)7), KVQ_ERR_INVALID_ARGUMENT,
+    CHECK_STATUS(kvq_cache_append_half(halves, 0, a, k16, v16, 1, 7), KVQ_ERR_INVALID_ARGUMENT,
                  "unknown kvq_half_type");
     CHECK_STATUS(kvq_cache_append_half(halves, 0, a, NULL, v16, 1, type), KVQ_ERR_INVALID_ARGUMENT, "NULL");
     size_t n = 0;
