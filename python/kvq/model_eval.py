@@ -1,7 +1,8 @@
 """Model-level evaluation of K/V codec pairs (``kvq eval``, ``kvq.eval_model``), as llama.cpp's
-``llama-perplexity --kl-divergence`` reports it: perplexity of a text, mean and 99th-percentile KL divergence
-of the next-token distributions against the same model with an unquantized cache, and how often the most
-likely next token is the same.
+``llama-perplexity --kl-divergence`` reports it: perplexity of a text, the KL divergence of the next-token
+distributions against the same model with an unquantized cache (mean ± standard error, median, p99, p99.9,
+maximum, with llama.cpp's definitions: ``kl_stats``), how often the most likely next token is the same, and the
+cache's bits per value with everything stored counted (``kvq.hf.KVQCache.bits_per_value``).
 
 The text is cut into chunks of ``ctx`` tokens (the first token of each chunk is the tokenizer's BOS token
 when it has one); each chunk is one forward pass on a fresh cache, so every query attends to the quantized
@@ -100,32 +101,57 @@ def load_model(spec: str | Path, dtype: str = "float32"):
     return model, tokenizer
 
 
+def kl_stats(kl: np.ndarray) -> dict:
+    """The statistics of per-token KL divergences that ``llama-perplexity --kl-divergence`` prints, computed as
+    its tools/perplexity/perplexity.cpp does (llama.cpp as vendored in llama-cpp-python 0.3.36):
+
+    - mean and its standard error, "Mean KLD: x ± se": llama.cpp's sqrt((Σx²/n − mean²) / (n − 1)), which is
+      the sample standard deviation over sqrt(n) (llama.cpp prints 0 when n ≤ 10; so does this);
+    - median (the middle value, or the mean of the two middle ones) and percentiles by linear interpolation
+      between the sorted values at fraction × (n − 1): llama.cpp's ``percentile`` lambda, which is numpy's
+      default ("linear") method, so the figures are comparable;
+    - maximum and minimum.
+    """
+    kl = np.asarray(kl, dtype=np.float64)
+    n = kl.size
+    se = float(kl.std(ddof=1) / math.sqrt(n)) if n > 10 else 0.0
+    p90, p95, p99, p99_9 = np.percentile(kl, [90, 95, 99, 99.9])  # method="linear", as llama.cpp
+    return {"kl_mean": float(kl.mean()), "kl_mean_se": se, "kl_median": float(np.median(kl)),
+            "kl_p90": float(p90), "kl_p95": float(p95), "kl_p99": float(p99), "kl_p99_9": float(p99_9),
+            "kl_max": float(kl.max()), "kl_min": float(kl.min())}
+
+
 @dataclass
 class EvalResult:
-    """Rows of the table (one per K/V pair, the baseline first) and, with per_layer, rows per (pair, layer)."""
+    """Rows of the table (one per K/V pair, the baseline first) and, with per_layer, rows per (pair, layer).
+    Markdown shows COLUMNS, CSV COLUMNS and CSV_EXTRA, JSON every field of the rows."""
 
     rows: list[dict]
     per_layer: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
 
-    COLUMNS = [("pair", "K/V"), ("ppl", "PPL"), ("ppl_ratio", "PPL ratio"), ("kl_mean", "KL mean"),
-               ("kl_p99", "KL p99"), ("same_top", "same top %"), ("kib_per_token", "KiB/token"),
-               ("tokens_per_s", "tokens/s")]
-    LAYER_COLUMNS = [("pair", "K/V"), ("layer", "layer"), ("window", "window"), ("kl_mean", "KL mean"),
-                     ("kl_p99", "KL p99"), ("same_top", "same top %"), ("ppl", "PPL")]
+    COLUMNS = [("pair", "K/V"), ("bits_per_value", "bits/value"), ("ppl", "PPL"), ("ppl_ratio", "PPL ratio"),
+               ("kl_mean", "KL mean"), ("kl_mean_se", "±"), ("kl_median", "KL median"), ("kl_p99", "KL p99"),
+               ("kl_p99_9", "KL p99.9"), ("kl_max", "KL max"), ("same_top", "same top %"),
+               ("kib_per_token", "KiB/token"), ("tokens_per_s", "tokens/s")]
+    CSV_EXTRA = ["key_bits", "value_bits", "kl_p90", "kl_p95", "kl_min", "same_top_se", "scored"]
+    LAYER_COLUMNS = [("pair", "K/V"), ("layer", "layer"), ("window", "window"), ("bits_per_value", "bits/value"),
+                     ("kl_mean", "KL mean"), ("kl_mean_se", "±"), ("kl_median", "KL median"), ("kl_p99", "KL p99"),
+                     ("kl_p99_9", "KL p99.9"), ("same_top", "same top %"), ("ppl", "PPL")]
 
     def format(self, fmt: str = "markdown", table: str = "pairs") -> str:
         rows, cols = (self.rows, self.COLUMNS) if table == "pairs" else (self.per_layer, self.LAYER_COLUMNS)
         if fmt == "json":
             return json.dumps({"info": self.info, "rows": self.rows, "per_layer": self.per_layer}, indent=1) + "\n"
-        cells = [[_cell(r[k], k) for k, _ in cols] for r in rows]
         if fmt == "csv":
-            lines = [",".join(k for k, _ in cols)] + [",".join(c) for c in cells]
+            cols = cols + [(k, k) for k in self.CSV_EXTRA if table == "pairs"]
+            lines = [",".join(k for k, _ in cols)] + [",".join(_cell(r.get(k), k) for k, _ in cols) for r in rows]
             return "\n".join(lines) + "\n"
         if fmt != "markdown":
             raise ValueError(f"format must be markdown, csv or json, got {fmt!r}")
         head = "| " + " | ".join(h for _, h in cols) + " |"
-        sep = "|" + "|".join("---" if i < (1 if table == "pairs" else 1) else "--:" for i in range(len(cols))) + "|"
+        sep = "|" + "|".join("---" if i == 0 else "--:" for i in range(len(cols))) + "|"
+        cells = [[_cell(r.get(k), k) for k, _ in cols] for r in rows]
         return "\n".join([head, sep] + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
 
 
@@ -134,14 +160,12 @@ def _cell(v, key: str) -> str:
         return v
     if v is None:
         return ""
-    if key in ("kl_mean", "kl_p99"):
-        return f"{v:.2e}" if v else "0"
-    if key == "same_top":
+    if key.startswith("kl_"):
+        return "0" if not v else f"{v:.1e}" if key == "kl_mean_se" else f"{v:.2e}"
+    if key in ("same_top", "kib_per_token", "bits_per_value"):
         return f"{v:.2f}"
     if key in ("ppl", "ppl_ratio"):
         return f"{v:.4f}"
-    if key == "kib_per_token":
-        return f"{v:.2f}"
     if key == "tokens_per_s":
         return f"{v:.0f}"
     return str(v)
@@ -149,16 +173,27 @@ def _cell(v, key: str) -> str:
 
 class _Stats:
     def __init__(self):
-        self.nll, self.kl, self.same, self.seconds, self.tokens, self.bpt = [], [], 0, 0.0, 0, None
+        self.nll, self.kl, self.same, self.seconds, self.tokens = [], [], 0, 0.0, 0
+        self.bpt, self.bits = None, None
+
+    def measure(self, cache, layer: int | None = None) -> None:
+        """Bytes per token of the whole cache and (key, value) bits per value of it, or of one layer."""
+        if cache is not None:
+            self.bpt, self.bits = cache.bytes_per_token(), cache.bits_per_value(layer)
 
     def row(self, label: str, baseline_ppl: float | None) -> dict:
         nll = np.concatenate(self.nll)
         kl = np.concatenate(self.kl) if self.kl else np.zeros_like(nll)
         ppl = float(math.exp(nll.mean()))
+        same = self.same / nll.size
+        key_bits, value_bits = self.bits or (None, None)
         return {
-            "pair": label, "ppl": ppl, "ppl_ratio": ppl / baseline_ppl if baseline_ppl else 1.0,
-            "kl_mean": float(kl.mean()), "kl_p99": float(np.percentile(kl, 99)),
-            "same_top": 100.0 * self.same / nll.size, "kib_per_token": self.bpt / 1024 if self.bpt else None,
+            "pair": label, "bits_per_value": (key_bits + value_bits) / 2 if self.bits else None,
+            "key_bits": key_bits, "value_bits": value_bits,
+            "ppl": ppl, "ppl_ratio": ppl / baseline_ppl if baseline_ppl else 1.0, **kl_stats(kl),
+            # llama.cpp's "Same top p: x ± se %"
+            "same_top": 100.0 * same, "same_top_se": 100.0 * math.sqrt(same * (1 - same) / max(nll.size - 1, 1)),
+            "kib_per_token": self.bpt / 1024 if self.bpt else None,
             "tokens_per_s": self.tokens / self.seconds if self.seconds else None, "scored": int(nll.size),
         }
 
@@ -167,8 +202,8 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                pairs: Sequence[str] | None = None, ctx: int = 1024, max_chunks: int | None = None,
                baseline: str = "f32/f32", per_layer: bool = False, per_layer_pairs: Sequence[str] | None = None,
                progress: Callable[[int, int], None] | None = None, **cache_config) -> EvalResult:
-    """Perplexity, KL (mean, p99) against the baseline and same-top-token % per K/V pair (see the module
-    docstring). ``model``: a transformers causal LM (loaded with attn_implementation="kvq", or it is switched);
+    """Perplexity, KL statistics against the baseline, same-top-token % and bits per value per K/V pair (see
+    the module docstring). ``model``: a transformers causal LM (loaded with attn_implementation="kvq", or it is switched);
     ``text`` (with ``tokenizer``) or ``tokens``; ``cache_config``: kvq.KVCache keywords for every cache."""
     import torch
 
@@ -222,7 +257,7 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
         cache = hf.KVQCache(config, k, v, max_batch_size=1, layer_codecs=layer_codecs, **cache_config)
         t0 = time.perf_counter()
         logits = model(ids, use_cache=True, logits_to_keep=keep, **{cache_kw: cache}).logits[0, :-1]
-        return logits, time.perf_counter() - t0, cache.bytes_per_token()
+        return logits, time.perf_counter() - t0, cache
 
     cache_kw = hf.cache_keyword(model)
     if getattr(config, "_attn_implementation", None) != hf.ATTN_IMPLEMENTATION:
@@ -233,23 +268,25 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
             chunk = tokens[c * body:(c + 1) * body]
             ids = torch.tensor([([bos] if bos is not None else []) + chunk], dtype=torch.long)
             targets = ids[0, first + 1:]
-            logits, secs, bpt = forward(ids, None if baseline == "hf" else baseline, None)
+            logits, secs, cache = forward(ids, None if baseline == "hf" else baseline, None)
             base_logp = torch.log_softmax(logits.float(), dim=-1)
             del logits
             base.nll.append((-base_logp.gather(1, targets[:, None])[:, 0]).numpy().astype(np.float64))
             base.seconds += secs
             base.tokens += ctx
-            base.bpt = bpt
+            base.measure(cache)
+            del cache
             base_top = base_logp.argmax(dim=-1)
             done += 1
             if progress:
                 progress(done, total)
-            for i, (_, pair, layer_codecs, _) in enumerate(runs):
-                logits, secs, bpt = forward(ids, pair, layer_codecs)
+            for i, (_, pair, layer_codecs, layer) in enumerate(runs):
+                logits, secs, cache = forward(ids, pair, layer_codecs)
                 st = stats[i]
                 st.seconds += secs
                 st.tokens += ctx
-                st.bpt = bpt
+                st.measure(cache, layer)  # with one layer quantized: that layer's bits
+                del cache
                 kl = np.empty(targets.numel(), dtype=np.float64)
                 nll = np.empty_like(kl)
                 for s in range(0, targets.numel(), slice_rows):
@@ -266,15 +303,15 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                     progress(done, total)
     base_label = "baseline (transformers cache)" if baseline == "hf" else f"{baseline} (baseline)"
     base_row = base.row(base_label, None)
-    base_row["same_top"], base_row["kl_mean"], base_row["kl_p99"] = 100.0, 0.0, 0.0
+    base_row["same_top"], base_row["same_top_se"] = 100.0, 0.0  # its KL statistics are those of zeros
     rows = [base_row] + [stats[i].row(r[0], base_row["ppl"]) for i, r in enumerate(runs) if r[3] is None]
     layer_rows = []
     for i, (label, _, _, layer) in enumerate(runs):
         if layer is None:
             continue
         r = stats[i].row(label, base_row["ppl"])
-        layer_rows.append({"pair": label, "layer": layer, "window": windows[layer] or "full", "kl_mean": r["kl_mean"],
-                           "kl_p99": r["kl_p99"], "same_top": r["same_top"], "ppl": r["ppl"]})
+        layer_rows.append({"pair": label, "layer": layer, "window": windows[layer] or "full"}
+                          | {k: r[k] for k, _ in EvalResult.LAYER_COLUMNS[3:]})
     info = {"ctx": ctx, "chunks": n_chunks, "scored_tokens": int(base_row["scored"]), "tokens": n_chunks * ctx,
             "baseline": baseline, "model": getattr(config, "_name_or_path", "") or config.model_type,
             "cache_config": {k: v for k, v in cache_config.items()}}

@@ -47,16 +47,23 @@ def loaded(tiny_dir):
 def test_eval_model_metrics(loaded, tiny_dir):
     model, tok = loaded
     text = (tiny_dir / "text.txt").read_text()
-    r = kvq.eval_model(model, tok, text=text, pairs=["f32/f32", "q8_0/q8_0", "q4_0/q4_0"], ctx=64, max_chunks=4)
-    base, same, q8, q4 = r.rows
+    r = kvq.eval_model(model, tok, text=text, pairs=["f32/f32", "q8_0/q8_0", "q4_0/q4_0", "f16/f16", "q8_0/q4_0"],
+                       ctx=64, max_chunks=4)
+    base, same, q8, q4, f16, q8q4 = r.rows
     assert base["pair"] == "f32/f32 (baseline)" and r.info["chunks"] == 4 and r.info["scored_tokens"] == 4 * 31
     # The same pair as the baseline computes the same thing: no divergence at all.
     assert same["kl_mean"] == 0 and same["kl_p99"] == 0 and same["same_top"] == 100 and same["ppl"] == base["ppl"]
+    assert same["kl_mean_se"] == 0 and same["kl_max"] == 0 and same["same_top_se"] == 0
     assert 0 < q8["kl_mean"] < q4["kl_mean"] and q8["kl_mean"] <= q8["kl_p99"]
+    assert q4["kl_median"] <= q4["kl_p99"] <= q4["kl_p99_9"] <= q4["kl_max"] and 0 < q4["kl_mean_se"] < q4["kl_mean"]
     assert q4["same_top"] <= 100 and q4["ppl_ratio"] == pytest.approx(q4["ppl"] / base["ppl"])
     # Bytes per token: 3 layers x 2 kv heads x 32 values, K and V (q8_0: 34 bytes per 32 values).
     assert base["kib_per_token"] == pytest.approx(3 * 2 * 2 * 32 * 4 / 1024)
     assert q8["kib_per_token"] == pytest.approx(3 * 2 * 2 * 34 / 1024)
+    # Bits per value, everything stored: q8_0 8.5 (34 bytes per 32 values), q4_0 4.5 (18), the pair their mean.
+    bits = {row["pair"]: (row["bits_per_value"], row["key_bits"], row["value_bits"]) for row in r.rows}
+    assert bits == {"f32/f32 (baseline)": (32, 32, 32), "f32/f32": (32, 32, 32), "q8_0/q8_0": (8.5, 8.5, 8.5),
+                    "q4_0/q4_0": (4.5, 4.5, 4.5), "f16/f16": (16, 16, 16), "q8_0/q4_0": (6.5, 8.5, 4.5)}
     assert all(row["tokens_per_s"] > 0 for row in r.rows)
 
 
@@ -87,8 +94,10 @@ def test_eval_per_layer_and_formats(loaded, tiny_dir, tmp_path):
     # One layer quantized diverges less than all three.
     assert max(x["kl_mean"] for x in r.per_layer) < r.rows[1]["kl_mean"]
     md = r.format("markdown")
-    assert md.splitlines()[0].startswith("| K/V | PPL |") and "| q4_0/q4_0 |" in md
-    assert r.format("csv", table="layers").splitlines()[0] == "pair,layer,window,kl_mean,kl_p99,same_top,ppl"
+    assert md.splitlines()[0].startswith("| K/V | bits/value | PPL | PPL ratio | KL mean | ± | KL median | KL p99 |") and "| q4_0/q4_0 |" in md
+    assert r.format("csv", table="layers").splitlines()[0] == ("pair,layer,window,bits_per_value,kl_mean,kl_mean_se,"
+                                                                "kl_median,kl_p99,kl_p99_9,same_top,ppl")
+    assert all(x["bits_per_value"] == 4.5 for x in r.per_layer)
     assert json.loads(r.format("json"))["per_layer"][2]["layer"] == 2
     pytest.importorskip("matplotlib")
     model_eval.plot_per_layer(r.per_layer, str(tmp_path / "p.png"))
@@ -104,6 +113,72 @@ def test_eval_a_pair_for_sliding_window_layers(loaded, tiny_dir):
     assert [x["pair"] for x in r.rows[1:]] == ["q4_0/q4_0", "q4_0/q4_0|f32/f32", "f32/f32|q4_0/q4_0"]
     assert r.rows[2]["kl_mean"] == r.rows[1]["kl_mean"] > 0
     assert r.rows[3]["kl_mean"] == 0
+
+
+def llama_perplexity_kl_stats(values):
+    """What llama.cpp's tools/perplexity/perplexity.cpp prints of per-token KLDs, transcribed from its C++
+    (mean_and_uncertainty on running sums, the median, and its percentile lambda on the sorted values)."""
+    n = len(values)
+    total, total2 = sum(values), sum(x * x for x in values)
+    mean = total / n
+    var = total2 / n - mean * mean
+    se = math.sqrt(var / (n - 1)) if var > 0 and n > 10 else 0.0
+    v = sorted(values)
+    median = 0.5 * (v[n // 2] + v[n // 2 - 1]) if n % 2 == 0 else v[n // 2]
+
+    def percentile(fraction):
+        p = fraction * (n - 1)
+        ip = int(p)
+        p -= ip
+        return (1 - p) * v[ip] + p * v[min(ip + 1, n - 1)]
+
+    return {"kl_mean": mean, "kl_mean_se": se, "kl_median": median, "kl_p90": percentile(0.9),
+            "kl_p95": percentile(0.95), "kl_p99": percentile(0.99), "kl_p99_9": percentile(0.999), "kl_max": v[-1],
+            "kl_min": v[0]}
+
+
+def test_kl_statistics_are_llama_perplexity_s():
+    # Known values: 0..10 (odd count), 0..9 (even: the median between the middle two).
+    s = model_eval.kl_stats(np.arange(11.0))
+    assert (s["kl_median"], s["kl_max"], s["kl_min"]) == (5, 10, 0)
+    assert s["kl_p99"] == pytest.approx(9.9) and s["kl_p99_9"] == pytest.approx(9.99) and s["kl_p90"] == pytest.approx(9)
+    assert s["kl_mean_se"] == pytest.approx(1.0)  # the sample standard deviation, sqrt(110 / 10), over sqrt(11)
+    assert model_eval.kl_stats(np.arange(10.0))["kl_median"] == 4.5
+    assert model_eval.kl_stats(np.arange(10.0))["kl_mean_se"] == 0  # n <= 10: llama.cpp prints 0
+    # Skewed, as KLs are (a heavy tail), odd and even counts: everything as llama.cpp computes it.
+    rng = np.random.default_rng(1)
+    for n in (511, 1000, 10220):
+        kl = rng.lognormal(-5, 2, size=n)
+        ours, theirs = model_eval.kl_stats(kl), llama_perplexity_kl_stats(kl.tolist())
+        assert ours.keys() == theirs.keys()
+        for k in ours:
+            assert ours[k] == pytest.approx(theirs[k], rel=1e-9), k
+        assert ours["kl_p99_9"] != np.percentile(kl, 99.9, method="nearest")  # the definition matters here
+
+
+def test_bits_per_value_of_per_layer_pairs():
+    """A tiny Gemma 3 (layers: sliding 12, full, sliding 12): each layer counts at its own pair, every layer
+    alike; +center adds a 16-bit mean per channel and block of 32 to the keys."""
+    torch.manual_seed(1)
+    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                           query_pre_attn_scalar=24, sliding_window=12, max_position_embeddings=256,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    cache = kvq.hf.KVQCache(config, "q8_0", "q4_0", layer_codecs={0: "f16/f16", 2: "q4_0+center/q8_0"})
+    assert [cache.bits_per_value(l) for l in range(3)] == [(16, 16), (8.5, 4.5), (5.0, 8.5)]
+    assert cache.bits_per_value() == pytest.approx(((16 + 8.5 + 5) / 3, (16 + 4.5 + 8.5) / 3))
+    assert cache.bytes_per_token() == pytest.approx(sum(sum(cache.bits_per_value(l)) for l in range(3)) * 2 * 32 / 8)
+
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    tokens = np.random.default_rng(0).integers(1, 64, size=64).tolist()
+    r = kvq.eval_model(model, tokens=tokens, pairs=["q8_0/q4_0", "q8_0/q8_0|q4_0/q4_0", "q8_0+center/q4_0|f32/f32"],
+                       ctx=32, max_chunks=1, per_layer=True, per_layer_pairs=["q8_0/q8_0|q4_0/q4_0"])
+    bits = [(x["bits_per_value"], x["key_bits"], x["value_bits"]) for x in r.rows[1:]]
+    centered_keys, values = (9 + 2 * 32) / 3, (4.5 + 2 * 32) / 3  # q8_0+center/q4_0 on layer 1, f32 on 0 and 2
+    assert bits == pytest.approx([(6.5, 8.5, 4.5), ((8.5 + 2 * 4.5) / 3,) * 3,
+                                  ((centered_keys + values) / 2, centered_keys, values)])
+    # One layer quantized: the bits of that layer's pair (q8_0 on the full layer 1, q4_0 on the sliding ones).
+    assert [x["bits_per_value"] for x in r.per_layer] == [4.5, 8.5, 4.5]
 
 
 def test_eval_rejects_bad_arguments(loaded):
@@ -126,7 +201,9 @@ def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
                    "--per-layer-pairs", "q4_0/q4_0", "--plot", str(plot), "--no-progress"])
     assert rc == 0
     lines = out.read_text().splitlines()
-    assert lines[0] == "pair,ppl,ppl_ratio,kl_mean,kl_p99,same_top,kib_per_token,tokens_per_s"
+    assert lines[0] == ("pair,bits_per_value,ppl,ppl_ratio,kl_mean,kl_mean_se,kl_median,kl_p99,kl_p99_9,kl_max,same_top,"
+                        "kib_per_token,tokens_per_s,key_bits,value_bits,kl_p90,kl_p95,kl_min,same_top_se,scored")
+    assert lines[2].startswith("q8_0/q4_0,6.50,") and lines[3].startswith("q4_0+rot+center/q4_0,4.75,")
     assert [l.split(",")[0] for l in lines[1:4]] == ["f32/f32 (baseline)", "q8_0/q4_0", "q4_0+rot+center/q4_0"]
     assert "pair,layer,window" in out.read_text() and plot.exists()
     rc = cli.main(["eval", str(tmp_path / "missing"), "--text", str(tiny_dir / "text.txt")])

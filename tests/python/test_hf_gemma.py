@@ -65,6 +65,11 @@ def test_gemma_short_eval(gemma):
     assert 1 < base["ppl"] < 50  # repeated text: the model predicts the repeats
     assert 0 < q8["kl_mean"] < q4["kl_mean"] and q4["kl_p99"] > q4["kl_mean"]
     assert q8["kib_per_token"] == pytest.approx(18 * 2 * 256 * 34 / 32 / 1024)  # 9.56 KiB
+    # Bits per value as llama.cpp's types count them: q8_0 8.5, and the f32 baseline 32.
+    assert (q8["bits_per_value"], q4["bits_per_value"], base["bits_per_value"]) == (8.5, 4.5, 32)
+    # The default pair is 6.5 bits (8.5 and 4.5), f16 16, on every layer, sliding (512) or full.
+    assert kvq.hf.KVQCache(model.config, "q8_0", "q4_0").bits_per_value() == (8.5, 4.5)
+    assert kvq.hf.KVQCache(model.config, "f16", "f16").bits_per_value() == (16, 16)
 
 
 def test_gemma_dump_has_every_token_and_the_windows(gemma, tmp_path):

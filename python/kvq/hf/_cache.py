@@ -104,6 +104,19 @@ class KVQCache(Cache):
         """Bytes of one token over all layers as stored (each layer with its own pair)."""
         return sum(g.cache.bytes_per_token(layer=l) for l, g in enumerate(self._layer_group))
 
+    def bits_per_value(self, layer: int | None = None) -> tuple[float, float]:
+        """(key bits, value bits) per stored value of one layer, or averaged over the layers with every layer
+        counted alike (each at its own pair; a sliding-window layer counts at its pair's bits however many
+        tokens it keeps). Everything stored is counted, as bytes_per_token counts it: codes, block scales,
+        '+center' means and per-channel parameters (both on the keys); the float rows of a block not yet
+        sealed are a working buffer, not counted."""
+        layers = range(len(self._pairs)) if layer is None else [layer]
+        values = len(layers) * self.n_kv_heads * self.head_dim
+        total = sum(self._layer_group[l].cache.bytes_per_token(layer=l) for l in layers)
+        # A value row is the value codec's row and nothing else; the keys are the rest.
+        value = sum(_core.codec_info(self._pairs[l][1], self.head_dim)["row_bytes"] for l in layers) * self.n_kv_heads
+        return 8 * (total - value) / values, 8 * value / values
+
     def bytes_used(self) -> int:
         return sum(g.cache.bytes_used() for g in self._groups)
 
