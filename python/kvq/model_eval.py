@@ -151,7 +151,7 @@ class EvalResult:
             raise ValueError(f"format must be markdown, csv or json, got {fmt!r}")
         head = "| " + " | ".join(h for _, h in cols) + " |"
         sep = "|" + "|".join("---" if i == 0 else "--:" for i in range(len(cols))) + "|"
-        cells = [[_cell(r.get(k), k) for k, _ in cols] for r in rows]
+        cells = [[_cell(r.get(k), k).replace("|", "\\|") for k, _ in cols] for r in rows]  # "K/V|K2/V2"
         return "\n".join([head, sep] + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
 
 

@@ -113,6 +113,9 @@ def test_eval_a_pair_for_sliding_window_layers(loaded, tiny_dir):
     assert [x["pair"] for x in r.rows[1:]] == ["q4_0/q4_0", "q4_0/q4_0|f32/f32", "f32/f32|q4_0/q4_0"]
     assert r.rows[2]["kl_mean"] == r.rows[1]["kl_mean"] > 0
     assert r.rows[3]["kl_mean"] == 0
+    # The pair's "|" is escaped in Markdown, where it would split the cell.
+    assert "\n| q4_0/q4_0\\|f32/f32 | 4.50 |" in r.format("markdown")
+    assert r.format("csv").splitlines()[3].startswith("q4_0/q4_0|f32/f32,4.50,")
 
 
 def llama_perplexity_kl_stats(values):
