@@ -203,7 +203,8 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                baseline: str = "f32/f32", per_layer: bool = False, per_layer_pairs: Sequence[str] | None = None,
                progress: Callable[[int, int], None] | None = None, **cache_config) -> EvalResult:
     """Perplexity, KL statistics against the baseline, same-top-token % and bits per value per K/V pair (see
-    the module docstring). ``model``: a transformers causal LM (loaded with attn_implementation="kvq", or it is switched);
+    the module docstring). ``model``: a transformers causal LM (loaded with attn_implementation="kvq", or it is
+    switched);
     ``text`` (with ``tokenizer``) or ``tokens``; ``cache_config``: kvq.KVCache keywords for every cache."""
     import torch
 
