@@ -1,5 +1,6 @@
 // Shared helpers for the C++ tests: seeded data and the ggml oracle files.
-#pragma once
+#ifndef KVQ_TESTS_TEST_UTIL_HPP  // a guard, not #pragma once: see tests/CMakeLists.txt (precompiled header)
+#define KVQ_TESTS_TEST_UTIL_HPP
 
 #include <algorithm>
 #include <cmath>
@@ -72,3 +73,5 @@ inline std::vector<float> read_floats(const std::string& name) {
 }
 
 }  // namespace kvq::test
+
+#endif  // KVQ_TESTS_TEST_UTIL_HPP

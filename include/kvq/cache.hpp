@@ -52,7 +52,8 @@
 // first, then waits for the calls that hold it, and calls that found it just before then get
 // std::invalid_argument as for an unknown id. So different sequences run fully in parallel, and a
 // sequence removed under another thread's call is an error for that call, never a crash.
-#pragma once
+#ifndef KVQ_CACHE_HPP  // a guard, not #pragma once: see tests/CMakeLists.txt (precompiled header)
+#define KVQ_CACHE_HPP
 
 #include <cstddef>
 #include <cstdint>
@@ -305,3 +306,5 @@ private:
 };
 
 }  // namespace kvq
+
+#endif  // KVQ_CACHE_HPP

@@ -22,7 +22,8 @@
 // non-finite: rejected, or stored as the overflow they are. Zero rows and subnormal values are
 // well-defined everywhere: a zero row stores exact zeros, and values below the resolution of a codec's
 // fp16 scale read back as zero.
-#pragma once
+#ifndef KVQ_CODEC_HPP  // a guard, not #pragma once: see tests/CMakeLists.txt (precompiled header)
+#define KVQ_CODEC_HPP
 
 #include <algorithm>
 #include <cmath>
@@ -159,3 +160,5 @@ private:
 };
 
 }  // namespace kvq
+
+#endif  // KVQ_CODEC_HPP

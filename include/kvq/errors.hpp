@@ -2,7 +2,8 @@
 // below derived from it, which say what was wrong); a resource that ran out or a file that failed throws a
 // std::runtime_error type. Every throwing call changes nothing. The C API returns one status per type
 // (kvq.h: KVQ_ERR_*).
-#pragma once
+#ifndef KVQ_ERRORS_HPP  // a guard, not #pragma once: see tests/CMakeLists.txt (precompiled header)
+#define KVQ_ERRORS_HPP
 
 #include <stdexcept>
 
@@ -78,3 +79,5 @@ public:
 };
 
 }  // namespace kvq
+
+#endif  // KVQ_ERRORS_HPP
