@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks kvq's include graph: every #include in lib/ points to the same folder or one below it.
 
-The layers, bottom to top (docs/DESIGN.md, "Layers"): util, rotation, spec, simd, codec, attention, cache,
+The layers, bottom to top (docs/DESIGN.md, "Layers"): util, rotation, ref, simd, codec, attention, cache,
 check, capi form the engine library; eval is the research library above it. Public headers
 (include/kvq/) include only public headers. Prints each arrow that points up and exits 1 if there is one.
 """
@@ -9,7 +9,7 @@ import pathlib
 import re
 import sys
 
-ORDER = ["util", "rotation", "spec", "simd", "codec", "attention", "cache", "check", "capi", "eval"]
+ORDER = ["util", "rotation", "ref", "simd", "codec", "attention", "cache", "check", "capi", "eval"]
 RANK = {name: i for i, name in enumerate(ORDER)}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -19,7 +19,7 @@ def target_folder(source: pathlib.Path, include: str, lib: pathlib.Path):
         return "public"
     path = (source.parent / include).resolve()
     if not path.exists():
-        path = (lib / include).resolve()  # "spec/half.hpp" from lib/'s include root
+        path = (lib / include).resolve()  # "ref/half.hpp" from lib/'s include root
     try:
         return path.relative_to(lib).parts[0]
     except ValueError:

@@ -16,7 +16,7 @@
 #include <map>
 #include <vector>
 
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/eval.hpp"
 #include "test_util.hpp"

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "kvq/datasets.hpp"
 #include "kvq/npy.hpp"
 #include "test_util.hpp"

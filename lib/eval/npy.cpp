@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "input_file.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 
 namespace kvq {
 namespace {

@@ -25,7 +25,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "../spec/blocks.hpp"
+#include "../ref/blocks.hpp"
 #include "accumulate_avx2.hpp"
 
 namespace kvq::simd {

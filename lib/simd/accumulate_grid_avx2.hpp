@@ -1,5 +1,5 @@
 // AVX2 accumulate_grid for q4_0 values: acc[i][:] += Σ_r ŵ_ir · q_r with the weights w·d on the int8 grid
-// of lib/spec/weight_grid.hpp, in integers. Included by kernels_impl.hpp in files compiled with AVX2 but
+// of lib/ref/weight_grid.hpp, in integers. Included by kernels_impl.hpp in files compiled with AVX2 but
 // not AVX512-VNNI (the avx2 level, and the avx512 level's build without VNNI, which runs the same 256-bit
 // code; the VNNI build has accumulate_grid_vnni.hpp).
 //
@@ -19,8 +19,8 @@
 
 #include <algorithm>
 
-#include "../spec/blocks.hpp"
-#include "../spec/weight_grid.hpp"
+#include "../ref/blocks.hpp"
+#include "../ref/weight_grid.hpp"
 #include "accumulate_grid_loops.hpp"
 
 namespace kvq::simd {
