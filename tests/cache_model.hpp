@@ -18,7 +18,7 @@
 
 #include "ref/half.hpp"
 #include "kvq/cache.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 #include "test_util.hpp"
 
 namespace kvq::test {

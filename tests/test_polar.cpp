@@ -12,7 +12,7 @@
 #include "ref/lloyd_max.hpp"
 #include "ref/polar_params.hpp"
 #include "kvq/codec.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 #include "test_util.hpp"
 
 using kvq::Codec;

@@ -12,8 +12,8 @@
 #include "eval/quantized_attention.hpp"
 #include "ref/half.hpp"
 #include "kvq/cache.hpp"
-#include "kvq/report.hpp"
-#include "kvq/sweep.hpp"
+#include "kvq/research/report.hpp"
+#include "kvq/research/sweep.hpp"
 
 namespace {
 
