@@ -9,7 +9,8 @@
 // them in 16 bits. Per group of 16 rows (the grid's) and block, each query's sums are widened, converted
 // and scaled once: s · (Σ ŵ·c − 8·Σ ŵ), c = q + 8 being the stored unsigned nibble.
 // The integers are exact (|Σ| ≤ 8 pairs · 2 · 15 · 127 = 30480 fits int16), so the result equals the
-// specification to float rounding. Measured: see docs/DESIGN.md (decode).
+// specification to float rounding. Measured: docs/PERFORMANCE.md,
+// "q4_0 values on int8 weights".
 #pragma once
 
 #include <immintrin.h>
