@@ -24,8 +24,8 @@
 #include "bandwidth.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
+#include "ref/key_groups.hpp"
 #include "simd/dispatch.hpp"
-#include "spec/key_groups.hpp"
 
 namespace kvq::bench {
 namespace {
@@ -187,7 +187,7 @@ void score_pass(benchmark::State& state, const CodecShape& s, const BlockKernels
 }
 
 // q8_0 keys as a cache keeps them where the level has BlockKernels::score_groups: the same rows in groups
-// of 16 (lib/spec/key_groups.hpp), 32 rows (2 groups) a call, 4 queries.
+// of 16 (lib/ref/key_groups.hpp), 32 rows (2 groups) a call, 4 queries.
 void score_groups_cached(benchmark::State& state, CodecShape s, const BlockKernels* k) {
     const RowPass p = kCached;
     const auto rows = quantized_rows(s, p.rows);

@@ -30,7 +30,7 @@ constexpr int kD = 32;
 
 // Configurations 0-2: 4-token blocks; 3: 16-token blocks and 4 queries per kv head, whose sealed q8_0 key
 // blocks the cache keeps in groups of 16 rows where the SIMD level has a kernel for them
-// (lib/spec/key_groups.hpp): files hold rows, which loading groups again.
+// (lib/ref/key_groups.hpp): files hold rows, which loading groups again.
 constexpr int kConfigs = 4;
 
 CacheConfig base_config(int which) {

@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     cfg.n_layers = in.ConsumeIntegralInRange<int>(1, 2);
     cfg.n_kv_heads = in.ConsumeIntegralInRange<int>(1, 2);
     // 4 queries per kv head and 16-token blocks: the cache keeps sealed q8_0 keys in groups of 16 rows
-    // where the level has a kernel for them (lib/spec/key_groups.hpp). A zero byte picks the first choice,
+    // where the level has a kernel for them (lib/ref/key_groups.hpp). A zero byte picks the first choice,
     // as before these were added (the seeds' configurations).
     static const int gqa[] = {1, 2, 4}, block_tokens[] = {8, 4, 16};
     cfg.n_heads = cfg.n_kv_heads * gqa[in.ConsumeIntegralInRange<size_t>(0, std::size(gqa) - 1)];

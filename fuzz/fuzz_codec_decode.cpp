@@ -10,7 +10,7 @@
 //   rounding, wherever that reference is finite.
 #include <cfloat>
 
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "fuzz_common.hpp"
 
 using namespace kvq;

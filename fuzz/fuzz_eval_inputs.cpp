@@ -11,8 +11,8 @@
 #include <stdexcept>
 
 #include "fuzz_common.hpp"
-#include "kvq/eval.hpp"
-#include "kvq/npy.hpp"
+#include "kvq/research/eval.hpp"
+#include "kvq/research/npy.hpp"
 
 namespace {
 

@@ -2,16 +2,16 @@
 // have (whether or not the level is the one in use). Rows, scales, prepared queries and weights come
 // from the input bit for bit, so scales and weights may be NaN, Inf, subnormal or huge, and codes take
 // every byte (q8_0's −128 too). Properties:
-// - q8_0 key groups (lib/spec/key_groups.hpp): rows to groups and back give the same bytes; where a level
+// - q8_0 key groups (lib/ref/key_groups.hpp): rows to groups and back give the same bytes; where a level
 //   has a kernel on groups (BlockKernels::score_groups), it gives the bits of that level's score of the
 //   same rows, for 1–4 queries (NaNs count as equal);
-// - q4_0 values on the int8 weight grid (BlockKernels::accumulate_grid, lib/spec/weight_grid.hpp): every
+// - q4_0 values on the int8 weight grid (BlockKernels::accumulate_grid, lib/ref/weight_grid.hpp): every
 //   level gives the scalar specification's sums to float rounding, for 1–8 queries and 1–48 rows (so
 //   whole and partial 16-row groups), any row stride; a query and block with a non-finite w·d in a group
 //   gives NaN there at every level; sums whose magnitude reaches 1e30 (the specification's float sums
 //   may overflow, where the kernels' integer sums do not) or with a group whose largest |w·d| is below
 //   1e-30 (rounded in subnormal floats) are owed nothing else;
-// - the online softmax's block update (lib/spec/softmax.hpp) gives the scalar specification's bits at
+// - the online softmax's block update (lib/ref/softmax.hpp) gives the scalar specification's bits at
 //   every level (weights, state, rescaled accumulator) for 1–8 queries and 1–80 rows, from any state;
 //   a query whose scores, offset or state hold a NaN is owed NaN-ness only (a NaN enters the block max
 //   in another order), and a NaN sum at both;
@@ -19,13 +19,13 @@
 #include <cfloat>
 
 #include "fuzz_common.hpp"
+#include "ref/block_codecs.hpp"
+#include "ref/blocks.hpp"
+#include "ref/half.hpp"
+#include "ref/key_groups.hpp"
+#include "ref/softmax.hpp"
+#include "ref/weight_grid.hpp"
 #include "simd/dispatch.hpp"
-#include "spec/block_codecs.hpp"
-#include "spec/blocks.hpp"
-#include "spec/half.hpp"
-#include "spec/key_groups.hpp"
-#include "spec/softmax.hpp"
-#include "spec/weight_grid.hpp"
 
 using namespace kvq;
 using namespace kvq::fuzz;

@@ -1,25 +1,30 @@
 #!/usr/bin/env python3
 """Checks kvq's include graph: every #include in lib/ points to the same folder or one below it.
 
-The layers, bottom to top (docs/DESIGN.md, "Layers"): util, rotation, spec, simd, codec, attention, cache,
+The layers, bottom to top (docs/DESIGN.md, "Layers"): util, rotation, ref, simd, codec, attention, cache,
 check, capi form the engine library; eval is the research library above it. Public headers
-(include/kvq/) include only public headers. Prints each arrow that points up and exits 1 if there is one.
+(include/kvq/) include only public headers. The engine's public headers are kvq/kvq.h, kvq/kvq.hpp and
+what kvq.hpp includes, and nothing else sits in include/kvq/ beside them; the research library's are in
+include/kvq/research/, which no engine header or engine source includes. Prints each arrow that points up
+and exits 1 if there is one.
 """
 import pathlib
 import re
 import sys
 
-ORDER = ["util", "rotation", "spec", "simd", "codec", "attention", "cache", "check", "capi", "eval"]
+ORDER = ["util", "rotation", "ref", "simd", "codec", "attention", "cache", "check", "capi", "eval"]
 RANK = {name: i for i, name in enumerate(ORDER)}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
 def target_folder(source: pathlib.Path, include: str, lib: pathlib.Path):
+    if include.startswith("kvq/research/"):
+        return "eval"  # the research library's public headers sit at its layer
     if include.startswith("kvq/"):
         return "public"
     path = (source.parent / include).resolve()
     if not path.exists():
-        path = (lib / include).resolve()  # "spec/half.hpp" from lib/'s include root
+        path = (lib / include).resolve()  # "ref/half.hpp" from lib/'s include root
     try:
         return path.relative_to(lib).parts[0]
     except ValueError:
@@ -41,10 +46,18 @@ def main() -> int:
                 continue
             if to not in RANK or RANK[to] > RANK[folder]:
                 bad.append(f"{source.relative_to(root)} ({folder}) includes {include} ({to}): points up")
-    for header in sorted((root / "include" / "kvq").glob("*")):
+    public = root / "include" / "kvq"
+    for header in sorted(p for p in public.rglob("*") if p.is_file()):
+        research = header.parent.name == "research"
         for include in INCLUDE.findall(header.read_text()):
             if not include.startswith("kvq/"):
                 bad.append(f"{header.relative_to(root)} includes {include}: public headers include only kvq/")
+            elif not research and include.startswith("kvq/research/"):
+                bad.append(f"{header.relative_to(root)} includes {include}: an engine header includes a research one")
+    engine = {"kvq.h", "kvq.hpp"} | {i.removeprefix("kvq/") for i in INCLUDE.findall((public / "kvq.hpp").read_text())}
+    for entry in sorted(public.iterdir()):
+        if entry.name not in engine and entry.name != "research":
+            bad.append(f"{entry.relative_to(root)}: not included by kvq/kvq.hpp (research headers go in include/kvq/research/)")
     for line in bad:
         print(line)
     print(f"layers: {len(bad)} arrow(s) pointing up" if bad else "layers: every include points down")

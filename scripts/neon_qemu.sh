@@ -16,12 +16,12 @@ mkdir -p "$work/include"
 ln -sfn /usr/include/xsimd "$work/include/xsimd"  # header-only; the host's other headers stay out
 flags=(-O2 -std=c++20 -ffp-contract=off -DKVQ_SIMD_NEON -I "$root/include" -I "$root/lib" -isystem "$work/include")
 for t in quantize_parity score_parity; do
-  aarch64-linux-gnu-g++ -static "${flags[@]}" "$root/tests/neon/$t.cpp" "$root/lib/spec/ggml_quant.cpp" -o "$work/$t"
+  aarch64-linux-gnu-g++ -static "${flags[@]}" "$root/tests/neon/$t.cpp" "$root/lib/ref/ggml_quant.cpp" -o "$work/$t"
   qemu-aarch64 "$work/$t"
 done
 # The engine library's sources (not eval: Eigen and the research tools are not needed here), compiled in
 # parallel, then linked with the selftest driver.
-sources=("$root"/lib/spec/*.cpp "$root"/lib/codec/*.cpp "$root"/lib/rotation/*.cpp "$root"/lib/attention/*.cpp "$root"/lib/cache/*.cpp
+sources=("$root"/lib/ref/*.cpp "$root"/lib/codec/*.cpp "$root"/lib/rotation/*.cpp "$root"/lib/attention/*.cpp "$root"/lib/cache/*.cpp
          "$root"/lib/check/*.cpp "$root"/lib/simd/dispatch.cpp "$root"/lib/simd/cpu_levels.cpp "$root"/lib/simd/selfcheck.cpp
          "$root"/lib/simd/level_check.cpp "$root"/lib/simd/level_neon.cpp)
 objects=()

@@ -16,9 +16,9 @@
 #include <map>
 #include <vector>
 
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "kvq/cache.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 #include "test_util.hpp"
 
 namespace kvq::test {

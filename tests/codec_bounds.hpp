@@ -11,7 +11,7 @@
 //   q5_1  |x - x'| <= d/2 + 31·|d - d16| + |min - m16|
 //   f16 / bf16: half a unit in the last place; f32: exact.
 // `+rot` codecs: the same bound on the rotated row, compared in L2 norm (the rotation is orthogonal).
-// A block codec not listed here gets its registry row's bound (lib/spec/block_codecs.hpp); the rotating
+// A block codec not listed here gets its registry row's bound (lib/ref/block_codecs.hpp); the rotating
 // codecs (polar, turbo) a weak generic one, ||x - x'|| <= ||x||, and turbo*_qjl a looser one still
 // (qjl_error_factor: its sketch bounds inner products, not a row's error).
 #pragma once
@@ -28,13 +28,13 @@
 #include <string>
 #include <vector>
 
-#include "spec/half.hpp"
-#include "spec/lloyd_max.hpp"
-#include "spec/qjl.hpp"
-#include "spec/turbo_codebook.hpp"
+#include "ref/half.hpp"
+#include "ref/lloyd_max.hpp"
+#include "ref/qjl.hpp"
+#include "ref/turbo_codebook.hpp"
 #include "kvq/codec.hpp"
 #include "rotation/hadamard.hpp"
-#include "spec/block_codecs.hpp"
+#include "ref/block_codecs.hpp"
 
 namespace kvq::test {
 

@@ -1,7 +1,7 @@
 // An independent oracle for the ggml layouts: ggml's reference quantizers (ggml-quants.c,
 // quantize_row_*_ref) transcribed line for line in C style, deliberately not sharing code with
 // lib/codec. It is itself checked against ggml's own bytes in tests/data before it is trusted on
-// random rows. fp16 rounding comes from the F16C-equivalent conversion in lib/spec/half.hpp, which
+// random rows. fp16 rounding comes from the F16C-equivalent conversion in lib/ref/half.hpp, which
 // the f16 oracle file checks separately.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 
 namespace kvq::test::ggml {
 

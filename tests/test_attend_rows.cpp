@@ -13,7 +13,7 @@
 #include "kvq/attention.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/errors.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -8,7 +8,7 @@
 
 #include "attention/decode_attention.hpp"
 #include "codec/centering.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "test_util.hpp"
 
 TEST_CASE("attention_scores: every query head's scores over a window of centered blocks, and their softmax is the output") {

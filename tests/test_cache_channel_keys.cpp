@@ -12,7 +12,7 @@
 #include "cache_file_util.hpp"
 #include "kvq/attention.hpp"
 #include "kvq/cache.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -14,7 +14,7 @@
 
 #include "cache/crc32c.hpp"
 #include "kvq/cache.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "test_util.hpp"
 
 using kvq::CacheConfig;

@@ -8,7 +8,7 @@
 
 #include "cache_file_util.hpp"
 #include "codec/centering.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "kvq/codec.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 #include "test_util.hpp"
 
 using kvq::Codec;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "kvq/datasets.hpp"
+#include "kvq/research/datasets.hpp"
 
 TEST_CASE("llm data set: the documented statistics hold for seed 0") {
     const auto d = kvq::make_dataset("llm");

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 #include "test_util.hpp"
 
 TEST_CASE("reference_attention equals a naive double-precision softmax attention") {

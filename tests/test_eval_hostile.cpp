@@ -12,11 +12,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "kvq/datasets.hpp"
-#include "kvq/eval.hpp"
-#include "kvq/npy.hpp"
-#include "kvq/planner.hpp"
-#include "kvq/sweep.hpp"
+#include "kvq/research/datasets.hpp"
+#include "kvq/research/eval.hpp"
+#include "kvq/research/npy.hpp"
+#include "kvq/research/planner.hpp"
+#include "kvq/research/sweep.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;

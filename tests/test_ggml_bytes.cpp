@@ -6,7 +6,7 @@
 #include <random>
 
 #include "ggml_oracle.hpp"
-#include "spec/block_codecs.hpp"
+#include "ref/block_codecs.hpp"
 #include "kvq/codec.hpp"
 #include "test_util.hpp"
 

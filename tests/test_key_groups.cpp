@@ -1,4 +1,4 @@
-// q8_0 keys in groups of 16 rows (lib/spec/key_groups.hpp): where the level in use has a kernel for them
+// q8_0 keys in groups of 16 rows (lib/ref/key_groups.hpp): where the level in use has a kernel for them
 // (AVX512-VNNI), a cache keeps the keys of its sealed blocks grouped. The layout is the pool's business
 // only: a grouped cache gives the same bits as one that keeps rows, in every operation (decode, prefill,
 // batch, truncate into a sealed block, fork, windows, centering, 1 to 8 queries a kv head), its files are
@@ -15,8 +15,8 @@
 #include "cache_model.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/simd.hpp"
+#include "ref/key_groups.hpp"
 #include "simd/dispatch.hpp"
-#include "spec/key_groups.hpp"
 #include "test_util.hpp"
 
 using kvq::CacheConfig;

@@ -8,9 +8,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "spec/half.hpp"
-#include "kvq/datasets.hpp"
-#include "kvq/npy.hpp"
+#include "ref/half.hpp"
+#include "kvq/research/datasets.hpp"
+#include "kvq/research/npy.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;

@@ -5,8 +5,8 @@
 #include <stdexcept>
 
 #include "kvq/cache.hpp"
-#include "kvq/planner.hpp"
-#include "kvq/report.hpp"
+#include "kvq/research/planner.hpp"
+#include "kvq/research/report.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "spec/lloyd_max.hpp"
-#include "spec/polar_params.hpp"
+#include "ref/lloyd_max.hpp"
+#include "ref/polar_params.hpp"
 #include "kvq/codec.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 #include "test_util.hpp"
 
 using kvq::Codec;

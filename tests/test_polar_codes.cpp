@@ -1,4 +1,4 @@
-// Polar's codes by compares (polar_level1_code, polar_node_code: lib/spec/rotated_quantize.hpp) are the
+// Polar's codes by compares (polar_level1_code, polar_node_code: lib/ref/rotated_quantize.hpp) are the
 // cells of the exact angles except within a float rounding of a threshold, and the codes of the
 // specification before them (kvq's own atan2, one division and the Cephes polynomial, ranked among the
 // float thresholds; copied here) except at a rare few such points; points exactly on a threshold take
@@ -12,11 +12,11 @@
 #include <random>
 #include <vector>
 
+#include "ref/bit_codes.hpp"
+#include "ref/lloyd_max.hpp"
+#include "ref/rotated_quantize.hpp"
+#include "ref/stored_norm.hpp"
 #include "rotation/hadamard.hpp"
-#include "spec/bit_codes.hpp"
-#include "spec/lloyd_max.hpp"
-#include "spec/rotated_quantize.hpp"
-#include "spec/stored_norm.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // The polar and turbo quantizers of every SIMD level write the bytes of the scalar specification
-// (lib/spec/rotated_quantize_scalar.cpp): every turbo codec and scale, polar configurations of 1..7
+// (lib/ref/rotated_quantize_scalar.cpp): every turbo codec and scale, polar configurations of 1..7
 // levels and 0..8 bits (wide codes and small heads take the specification's own path), head sizes whose
 // rotation has one or several Hadamard blocks, rows of every kind of parity_rows (zeros, ties, huge,
 // tiny, subnormal) and NaN/Inf rows under NanPolicy::propagate, into strided rows whose gaps must stay
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "spec/rotated_quantize.hpp"
+#include "ref/rotated_quantize.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"

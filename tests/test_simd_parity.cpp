@@ -15,8 +15,8 @@
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"
-#include "spec/half.hpp"
-#include "spec/weight_grid.hpp"
+#include "ref/half.hpp"
+#include "ref/weight_grid.hpp"
 #include "simd/level_check.hpp"
 #include "simd_levels.hpp"
 
@@ -300,7 +300,7 @@ TEST_CASE("every SIMD level scores chanB codes as the scalar specification, bit 
     }
 }
 
-// accumulate_grid (q4_0 values on the int8 weight grid, lib/spec/weight_grid.hpp): every level as the
+// accumulate_grid (q4_0 values on the int8 weight grid, lib/ref/weight_grid.hpp): every level as the
 // scalar specification, over group sizes around the 16-row grid group and odd row pairs, query groups,
 // head sizes, weights with zeros, a group whose largest w·d is subnormal (the scale-up), and a NaN weight.
 TEST_CASE("every SIMD level accumulates q4_0 on the int8 weight grid as the scalar specification") {

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "spec/block_codecs.hpp"
+#include "ref/block_codecs.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/selftest.hpp"
 #include "kvq/simd.hpp"

@@ -10,10 +10,10 @@
 #include "eval/json_reader.hpp"
 #include "codec/channel_keys.hpp"
 #include "eval/quantized_attention.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 #include "kvq/cache.hpp"
-#include "kvq/report.hpp"
-#include "kvq/sweep.hpp"
+#include "kvq/research/report.hpp"
+#include "kvq/research/sweep.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "spec/lloyd_max.hpp"
+#include "ref/lloyd_max.hpp"
 #include "codec/turbo.hpp"
 #include "kvq/codec.hpp"
 #include "test_util.hpp"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvq/codec.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 
 int main(int argc, char** argv) {
     const int d = argc > 1 ? std::atoi(argv[1]) : 128;

@@ -1,7 +1,7 @@
 // A C++ program on kvq's research library (kvq::research, which links the engine): the attention error
 // of q8_0 keys and q4_0 values against the FP32 reference.
 #include <kvq/codec.hpp>
-#include <kvq/eval.hpp>
+#include <kvq/research/eval.hpp>
 
 #include <cstdio>
 #include <random>

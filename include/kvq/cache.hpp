@@ -168,8 +168,8 @@ struct CacheConfig {
     // from the block's first row attended; the step: that group's largest / 127), as ggml's non-flash
     // attention rounds the softmax to q8_0. A relative rounding of at most 1/254 of a group's largest
     // weight; other value codecs ignore it. Faster where the level has the integer kernel (avx2, avx512);
-    // elsewhere it rounds the same weights and runs the float kernel, which is slower (docs/DESIGN.md,
-    // decode). Not saved in cache files (LoadOptions sets it for a load).
+    // elsewhere it rounds the same weights and runs the float kernel, which is slower (docs/PERFORMANCE.md,
+    // "q4_0 values on int8 weights"). Not saved in cache files (LoadOptions sets it for a load).
     bool int8_value_weights = false;
     int threads = 1;            // threads for one attend call: it is split into parts for this many
     // Runs those parts; empty: kvq's own pool (hardware threads − 1 workers, shared by every cache of the

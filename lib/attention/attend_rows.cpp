@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "../spec/half.hpp"
+#include "../ref/half.hpp"
 #include "../util/checked_size.hpp"
 #include "decode_attention.hpp"
 #include "online_softmax.hpp"

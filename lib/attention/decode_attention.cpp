@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "../codec/channel_keys.hpp"
-#include "../spec/half.hpp"
-#include "../spec/key_groups.hpp"
+#include "../ref/half.hpp"
+#include "../ref/key_groups.hpp"
 #include "online_softmax.hpp"
 
 namespace kvq::detail {
@@ -119,7 +119,7 @@ struct KeyBlocks {
 };
 
 // s <- (s + offset_i)·scale, then the soft-cap, for g queries' n scores (query i's at s + i·stride): the
-// online softmax's own scaling (lib/spec/softmax.hpp), done ahead of it where the cap comes in between.
+// online softmax's own scaling (lib/ref/softmax.hpp), done ahead of it where the cap comes in between.
 void scale_scores(const AttentionShape& shape, float* s, size_t stride, int g, size_t n, const float* offsets) {
     for (int i = 0; i < g; ++i) {
         float* row = s + i * stride;

@@ -39,7 +39,7 @@ struct BlockLayout {
     // Bytes from one token's row to the next within a head; 0: the codec's row_bytes() (rows packed, as
     // in pool blocks). A ggml KV tensor has its nb[2] here.
     size_t k_row_stride = 0, v_row_stride = 0;
-    // Each kv head's key rows stored in groups of 16 (lib/spec/key_groups.hpp: q8_0 keys of a cache's
+    // Each kv head's key rows stored in groups of 16 (lib/ref/key_groups.hpp: q8_0 keys of a cache's
     // sealed blocks where the active level has a kernel for them), packed: scored by the key codec's
     // score_groups.
     bool k_groups = false;

@@ -1,5 +1,5 @@
 // The online softmax's merge of partial states; the block update runs at the active SIMD level
-// (lib/simd/softmax_impl.hpp, specification lib/spec/softmax.cpp).
+// (lib/simd/softmax_impl.hpp, specification lib/ref/softmax.cpp).
 #include "online_softmax.hpp"
 
 #include "../simd/dispatch.hpp"

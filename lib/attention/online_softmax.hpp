@@ -4,15 +4,15 @@
 // exp(m_old − m_new) only when the max grows. Partial states over different rows merge exactly.
 //
 // exp is the Cephes single-precision polynomial (≈1 ulp on the range used here, s − m ≤ 0), with plain
-// arithmetic and bit operations so that it runs 8 lanes wide (lib/spec/softmax.hpp); a decode step
+// arithmetic and bit operations so that it runs 8 lanes wide (lib/ref/softmax.hpp); a decode step
 // takes n_heads × context exponentials, too many for the libm call.
 #pragma once
 
-#include "../spec/softmax.hpp"
+#include "../ref/softmax.hpp"
 
 namespace kvq::detail {
 
-// One block's update (lib/spec/softmax.hpp: SoftmaxUpdate), at the active SIMD level.
+// One block's update (lib/ref/softmax.hpp: SoftmaxUpdate), at the active SIMD level.
 void softmax_update(float* s, int g, size_t n, const float* offsets, float scale, SoftmaxState* state, float* acc,
                     int d);
 

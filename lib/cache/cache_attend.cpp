@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "../codec/channel_keys.hpp"
-#include "../spec/key_groups.hpp"
-#include "../spec/half.hpp"
+#include "../ref/key_groups.hpp"
+#include "../ref/half.hpp"
 #include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 

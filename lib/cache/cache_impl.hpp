@@ -185,7 +185,7 @@ struct CacheImpl {
     }
 
     // Helpers of the operations.
-    // Keys in groups of 16 (LayerKind::layout.k_groups, lib/spec/key_groups.hpp): every kv head's key area of
+    // Keys in groups of 16 (LayerKind::layout.k_groups, lib/ref/key_groups.hpp): every kv head's key area of
     // a block from ggml rows into groups (to_groups) or back, in place; nothing happens where the kind keeps
     // rows.
     void regroup_keys(const LayerKind& kind, uint8_t* block, bool to_groups) const;

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "../codec/channel_keys.hpp"
-#include "../spec/half.hpp"
+#include "../ref/half.hpp"
 #include "cache_file.hpp"
 #include "cache_impl.hpp"
 #include "cache_load_checks.hpp"

@@ -9,7 +9,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "../spec/block_codecs.hpp"
+#include "../ref/block_codecs.hpp"
 #include "../simd/dispatch.hpp"
 #include "../simd/level_check.hpp"
 #include "kvq/cache.hpp"

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "../ref/blocks.hpp"
+#include "../ref/key_groups.hpp"
+#include "../ref/scalar_ops.hpp"
 #include "../simd/dispatch.hpp"
-#include "../spec/blocks.hpp"
-#include "../spec/key_groups.hpp"
-#include "../spec/scalar_ops.hpp"
 
 namespace kvq::detail {
 namespace {

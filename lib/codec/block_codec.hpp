@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "codec_impl.hpp"
-#include "../spec/block_codecs.hpp"
+#include "../ref/block_codecs.hpp"
 
 namespace kvq::detail {
 

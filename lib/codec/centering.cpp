@@ -1,6 +1,6 @@
 #include "centering.hpp"
 
-#include "../spec/half.hpp"
+#include "../ref/half.hpp"
 
 namespace kvq::detail {
 

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "../ref/bit_codes.hpp"
+#include "../ref/channel_codes.hpp"
+#include "../ref/half.hpp"
+#include "../ref/rotated_quantize.hpp"
 #include "../simd/dispatch.hpp"
-#include "../spec/bit_codes.hpp"
-#include "../spec/channel_codes.hpp"
-#include "../spec/half.hpp"
-#include "../spec/rotated_quantize.hpp"
 #include "codec_impl.hpp"
 
 namespace kvq::detail {
@@ -24,7 +24,7 @@ void pack_code(uint8_t* row, int j, int bits, uint32_t code) { put_code(row, sta
 
 // The codes as a CodecImpl, for the engine: a prepared query is d floats, the query already scaled by a
 // block's steps (prepare_channel_queries), and score_rows is Σ_j scaled_j·code_j, the active level's
-// kernel of the specification channel_score_scalar (lib/spec/channel_codes.hpp). Rows
+// kernel of the specification channel_score_scalar (lib/ref/channel_codes.hpp). Rows
 // hold codes only: quantize_rows packs values that are codes already (rounded, clamped), dequantize_rows
 // gives the codes, accumulate_rows weights the codes; the cache and the tables never use these three on
 // keys (their Codec refuses them), but every kernel stays total.

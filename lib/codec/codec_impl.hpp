@@ -29,13 +29,13 @@ public:
     virtual void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                                  size_t row_stride, size_t n_rows, float* acc) const = 0;
     // What the cache's attention adds: accumulate_rows, or where the codec has one its accumulate on the
-    // int8 weight grid (BlockKernels::accumulate_grid, lib/spec/weight_grid.hpp).
+    // int8 weight grid (BlockKernels::accumulate_grid, lib/ref/weight_grid.hpp).
     virtual void accumulate_attention(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                                       size_t row_stride, size_t n_rows, float* acc) const {
         accumulate_rows(w, w_stride, n_q, rows, row_stride, n_rows, acc);
     }
     virtual void finish_accumulate(float* /*acc*/, int /*n_q*/) const {}
-    // q8_0 keys a cache stores in groups of 16 rows (lib/spec/key_groups.hpp), group 0 holding rows 0..15 at
+    // q8_0 keys a cache stores in groups of 16 rows (lib/ref/key_groups.hpp), group 0 holding rows 0..15 at
     // groups: score_rows's scores of rows [r0, r0 + n_rows), bit for bit. Only q8_0 implements it (and a
     // cache uses the layout only where can_score_groups(): q8_0 with a kernel for it at the active level).
     virtual bool can_score_groups() const { return false; }

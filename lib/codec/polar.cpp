@@ -1,5 +1,5 @@
 // The polar codec (layout and maths in polar.hpp): quantize, dequantize and the prepared query, with its
-// score and accumulate from the active level's rotated kernels (specification: lib/spec/rotated_scalar.cpp).
+// score and accumulate from the active level's rotated kernels (specification: lib/ref/rotated_scalar.cpp).
 #include "polar.hpp"
 
 #include <algorithm>
@@ -11,12 +11,12 @@
 
 #include "../rotation/hadamard.hpp"
 #include "../simd/dispatch.hpp"
-#include "../spec/bit_codes.hpp"
-#include "../spec/lloyd_max.hpp"
-#include "../spec/polar_params.hpp"
-#include "../spec/rotated_kernels.hpp"
-#include "../spec/stored_norm.hpp"
-#include "../spec/rotated_quantize.hpp"
+#include "../ref/bit_codes.hpp"
+#include "../ref/lloyd_max.hpp"
+#include "../ref/polar_params.hpp"
+#include "../ref/rotated_kernels.hpp"
+#include "../ref/stored_norm.hpp"
+#include "../ref/rotated_quantize.hpp"
 
 namespace kvq::detail {
 namespace {

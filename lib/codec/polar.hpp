@@ -6,7 +6,7 @@
 // one radius per group is left. Every angle is stored as a code of its level's Lloyd-Max codebook
 // (lloyd_max.hpp: uniform at level 1, density ∝ sin^(2^(ℓ−1)−1)(2ψ) above); the radius as fp16. The
 // quantizer decides each code by compares against the thresholds' tangents, without computing the angle
-// (lib/spec/rotated_quantize.hpp).
+// (lib/ref/rotated_quantize.hpp).
 //
 // | section (per row of d values)             | size                       |
 // |-------------------------------------------|----------------------------|

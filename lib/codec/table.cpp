@@ -58,7 +58,7 @@ const CodecTableRow kRotatedRows[] = {
      [](std::string_view p, int d, uint64_t s) { return make_turbo({3, 3, false, true}, "turbo4_qjl", p, d, s); }, true},
 };
 
-// The table: every block codec of the specification (lib/spec/block_codecs.hpp), in its enum order, then
+// The table: every block codec of the specification (lib/ref/block_codecs.hpp), in its enum order, then
 // the rotating codecs.
 const auto kTable = [] {
     constexpr auto blocks = block_rows(std::make_integer_sequence<int, kBlockCodecCount>{});

@@ -1,5 +1,5 @@
 // The TurboQuant codecs (layout and maths in turbo.hpp): quantize, dequantize and the prepared query, with
-// score and accumulate from the active level's rotated kernels (specification: lib/spec/rotated_scalar.cpp).
+// score and accumulate from the active level's rotated kernels (specification: lib/ref/rotated_scalar.cpp).
 #include "turbo.hpp"
 
 #include <algorithm>
@@ -12,13 +12,13 @@
 
 #include "../rotation/hadamard.hpp"
 #include "../simd/dispatch.hpp"
-#include "../spec/bit_codes.hpp"
-#include "../spec/lloyd_max.hpp"
-#include "../spec/qjl.hpp"
-#include "../spec/rotated_kernels.hpp"
-#include "../spec/stored_norm.hpp"
-#include "../spec/turbo_codebook.hpp"
-#include "../spec/rotated_quantize.hpp"
+#include "../ref/bit_codes.hpp"
+#include "../ref/lloyd_max.hpp"
+#include "../ref/qjl.hpp"
+#include "../ref/rotated_kernels.hpp"
+#include "../ref/stored_norm.hpp"
+#include "../ref/turbo_codebook.hpp"
+#include "../ref/rotated_quantize.hpp"
 
 namespace kvq::detail {
 namespace {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kvq/datasets.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/datasets.hpp"
+#include "kvq/research/eval.hpp"
 
 namespace kvq {
 namespace {

@@ -1,5 +1,5 @@
 // Data sets for the accuracy tables: the KVData accessors, the Gaussian set, .npy dumps, and specs.
-#include "kvq/datasets.hpp"
+#include "kvq/research/datasets.hpp"
 
 #include <algorithm>
 #include <cfloat>
@@ -11,7 +11,7 @@
 
 #include "input_file.hpp"
 #include "json_reader.hpp"
-#include "kvq/npy.hpp"
+#include "kvq/research/npy.hpp"
 #include "random.hpp"
 #include "spec_params.hpp"
 

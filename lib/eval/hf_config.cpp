@@ -4,7 +4,7 @@
 #include <stdexcept>
 
 #include "json_reader.hpp"
-#include "kvq/planner.hpp"
+#include "kvq/research/planner.hpp"
 
 namespace kvq {
 namespace {

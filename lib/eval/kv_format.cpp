@@ -1,5 +1,5 @@
 // KVFormat: parsing "K/V" pairs and counting their bits.
-#include "kvq/kv_format.hpp"
+#include "kvq/research/kv_format.hpp"
 
 #include <algorithm>
 #include <stdexcept>

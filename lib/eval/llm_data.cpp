@@ -19,7 +19,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kvq/datasets.hpp"
+#include "kvq/research/datasets.hpp"
 #include "random.hpp"
 
 namespace kvq {

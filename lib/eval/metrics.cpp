@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 
 namespace kvq {
 namespace {

@@ -1,7 +1,7 @@
 // .npy reading and writing. The header is a Python dict literal such as
 //   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 // parsed here by a small scanner that accepts exactly the three keys NumPy writes.
-#include "kvq/npy.hpp"
+#include "kvq/research/npy.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "input_file.hpp"
-#include "spec/half.hpp"
+#include "ref/half.hpp"
 
 namespace kvq {
 namespace {

@@ -1,5 +1,5 @@
 // The memory planner: presets, bytes per token and per context for each K/V format.
-#include "kvq/planner.hpp"
+#include "kvq/research/planner.hpp"
 
 #include <algorithm>
 #include <cctype>

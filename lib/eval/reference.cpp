@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 #include "quantized_attention.hpp"
 
 namespace kvq {

@@ -1,6 +1,6 @@
 // Markdown, CSV and JSON forms of the sweep, the plan and the codec table. Numbers in CSV and JSON keep
 // full precision (%.9g); Markdown rounds for reading.
-#include "kvq/report.hpp"
+#include "kvq/research/report.hpp"
 
 #include <cmath>
 #include <cstdarg>

@@ -1,5 +1,5 @@
 // The accuracy-vs-compression sweep: errors against the FP32 reference and decode time vs f16.
-#include "kvq/sweep.hpp"
+#include "kvq/research/sweep.hpp"
 
 #include <Eigen/Dense>
 #include <algorithm>

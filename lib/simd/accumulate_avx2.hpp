@@ -22,7 +22,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "../spec/blocks.hpp"
+#include "../ref/blocks.hpp"
 
 namespace kvq::simd {
 namespace {

@@ -14,7 +14,7 @@
 //     about 20 scalar and 128-bit operations per row;
 //   - two blocks are in flight per row, so 16 independent accumulators cover the fma latency and each
 //     weight broadcast is a memory operand.
-// Measured: see docs/DESIGN.md (decode).
+// Measured: see docs/PERFORMANCE.md.
 #pragma once
 
 #include <immintrin.h>
@@ -25,7 +25,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "../spec/blocks.hpp"
+#include "../ref/blocks.hpp"
 #include "accumulate_avx2.hpp"
 
 namespace kvq::simd {

@@ -1,5 +1,5 @@
 // AVX2 accumulate_grid for q4_0 values: acc[i][:] += Σ_r ŵ_ir · q_r with the weights w·d on the int8 grid
-// of lib/spec/weight_grid.hpp, in integers. Included by kernels_impl.hpp in files compiled with AVX2 but
+// of lib/ref/weight_grid.hpp, in integers. Included by kernels_impl.hpp in files compiled with AVX2 but
 // not AVX512-VNNI (the avx2 level, and the avx512 level's build without VNNI, which runs the same 256-bit
 // code; the VNNI build has accumulate_grid_vnni.hpp).
 //
@@ -9,7 +9,8 @@
 // them in 16 bits. Per group of 16 rows (the grid's) and block, each query's sums are widened, converted
 // and scaled once: s · (Σ ŵ·c − 8·Σ ŵ), c = q + 8 being the stored unsigned nibble.
 // The integers are exact (|Σ| ≤ 8 pairs · 2 · 15 · 127 = 30480 fits int16), so the result equals the
-// specification to float rounding. Measured: see docs/DESIGN.md (decode).
+// specification to float rounding. Measured: docs/PERFORMANCE.md,
+// "q4_0 values on int8 weights".
 #pragma once
 
 #include <immintrin.h>
@@ -19,8 +20,8 @@
 
 #include <algorithm>
 
-#include "../spec/blocks.hpp"
-#include "../spec/weight_grid.hpp"
+#include "../ref/blocks.hpp"
+#include "../ref/weight_grid.hpp"
 #include "accumulate_grid_loops.hpp"
 
 namespace kvq::simd {

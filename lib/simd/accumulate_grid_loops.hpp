@@ -1,5 +1,5 @@
 // The loops shared by the integer accumulate_grid kernels (accumulate_grid_avx2.hpp, _vnni.hpp): queries
-// four at a time, rows by grid group (lib/spec/weight_grid.hpp), blocks four at a time. Kernel::group<G>
+// four at a time, rows by grid group (lib/ref/weight_grid.hpp), blocks four at a time. Kernel::group<G>
 // does one group of rn ≤ 16 rows, G ≤ 4 queries and nt ≤ 4 blocks from t0.
 #pragma once
 
@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../spec/blocks.hpp"
-#include "../spec/weight_grid.hpp"
+#include "../ref/blocks.hpp"
+#include "../ref/weight_grid.hpp"
 
 namespace kvq::simd {
 namespace {

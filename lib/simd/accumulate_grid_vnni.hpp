@@ -1,5 +1,5 @@
 // AVX512-VNNI accumulate_grid for q4_0 values: acc[i][:] += Σ_r ŵ_ir · q_r with the weights w·d on the int8
-// grid of lib/spec/weight_grid.hpp, in integers, four rows per vpdpbusd. Included by kernels_impl.hpp in
+// grid of lib/ref/weight_grid.hpp, in integers, four rows per vpdpbusd. Included by kernels_impl.hpp in
 // the file compiled with AVX512-VNNI (the avx512 level's VNNI build).
 //
 // vpdpbusd adds four byte products into each dword lane: here lane j is column j (or j + 16) of a block,
@@ -12,8 +12,8 @@
 // memory, and Σ ŵ per lane is one vpdpbusd against ones per quad. The grid, the
 // integers and the float conversion are the AVX2 kernel's (accumulate_grid_avx2.hpp) lane for lane:
 // exact sums (at most 16 rows · 15 · 127 per lane), then s · (Σ ŵ·c − 8·Σ ŵ), c = q + 8 being the stored
-// unsigned nibble, so both give the same bits wherever the weights are finite. Measured: docs/DESIGN.md
-// (decode).
+// unsigned nibble, so both give the same bits wherever the weights are finite. Measured:
+// docs/PERFORMANCE.md, "q4_0 values on int8 weights".
 #pragma once
 
 #include <immintrin.h>
@@ -23,8 +23,8 @@
 
 #include <algorithm>
 
-#include "../spec/blocks.hpp"
-#include "../spec/weight_grid.hpp"
+#include "../ref/blocks.hpp"
+#include "../ref/weight_grid.hpp"
 #include "accumulate_grid_loops.hpp"
 
 namespace kvq::simd {

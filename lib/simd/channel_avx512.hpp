@@ -1,5 +1,5 @@
 // AVX-512 (F, BW, VL) score of per-channel key codes (`chanB`), bit for bit the specification
-// channel_score_scalar (lib/spec/channel_codes.hpp). Included by the avx512 level's files.
+// channel_score_scalar (lib/ref/channel_codes.hpp). Included by the avx512 level's files.
 //
 // Per 16 codes (2B bytes, one masked 128-bit load): a broadcast to the four 128-bit lanes, one byte
 // shuffle that gives code l's two bytes to dword l, a variable shift, a mask and a conversion, where the
@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "../spec/channel_codes.hpp"
-#include "../spec/rotated_quantize.hpp"
+#include "../ref/channel_codes.hpp"
+#include "../ref/rotated_quantize.hpp"
 
 namespace kvq::simd {
 namespace {

@@ -54,29 +54,29 @@ LevelKernels scalar_level() {
 
 // Every kernel a level lacks comes from the specification, so a lookup never returns a null call.
 template <class T>
-void fill(T*& p, T* spec) {
-    if (!p) p = spec;
+void fill(T*& p, T* ref) {
+    if (!p) p = ref;
 }
-void fill_missing(LevelKernels& k, const LevelKernels& spec) {
+void fill_missing(LevelKernels& k, const LevelKernels& ref) {
     for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
         BlockKernels& b = k.codec[c];
-        const BlockKernels& s = spec.codec[c];
+        const BlockKernels& s = ref.codec[c];
         fill(b.quantize, s.quantize);
         fill(b.dequantize, s.dequantize);
         fill(b.prepare_query, s.prepare_query);
         fill(b.score, s.score);
         fill(b.accumulate, s.accumulate);
     }
-    fill(k.all_finite, spec.all_finite);
-    fill(k.finite_max_abs, spec.finite_max_abs);
-    fill(k.rotated.turbo.score, spec.rotated.turbo.score);
-    fill(k.rotated.turbo.accumulate, spec.rotated.turbo.accumulate);
-    fill(k.rotated.polar.score, spec.rotated.polar.score);
-    fill(k.rotated.polar.accumulate, spec.rotated.polar.accumulate);
-    fill(k.rotated_quantize.turbo, spec.rotated_quantize.turbo);
-    fill(k.rotated_quantize.polar, spec.rotated_quantize.polar);
-    fill(k.softmax, spec.softmax);
-    fill(k.channel_score, spec.channel_score);
+    fill(k.all_finite, ref.all_finite);
+    fill(k.finite_max_abs, ref.finite_max_abs);
+    fill(k.rotated.turbo.score, ref.rotated.turbo.score);
+    fill(k.rotated.turbo.accumulate, ref.rotated.turbo.accumulate);
+    fill(k.rotated.polar.score, ref.rotated.polar.score);
+    fill(k.rotated.polar.accumulate, ref.rotated.polar.accumulate);
+    fill(k.rotated_quantize.turbo, ref.rotated_quantize.turbo);
+    fill(k.rotated_quantize.polar, ref.rotated_quantize.polar);
+    fill(k.softmax, ref.softmax);
+    fill(k.channel_score, ref.channel_score);
 }
 
 struct LevelState {
@@ -99,18 +99,18 @@ struct Dispatch {
 
     Dispatch() {
         cpu_init();  // may run before libgcc's own initializer (static initialization order)
-        const LevelKernels spec = scalar_level();
+        const LevelKernels ref = scalar_level();
         for (SimdLevel l : kAllLevels) {
             LevelState& s = levels[static_cast<int>(l)];
             // A level's kernels are not even constructed on a CPU that cannot run them (its file may use
             // the wider instructions anywhere).
-            const LevelKernels* k = l == SimdLevel::scalar ? &spec : cpu_runs(l) ? compiled_level(l) : nullptr;
+            const LevelKernels* k = l == SimdLevel::scalar ? &ref : cpu_runs(l) ? compiled_level(l) : nullptr;
             if (!k) continue;
             s.present = true;
             s.kernels = *k;
             s.own_rotated = l != SimdLevel::scalar && k->rotated.turbo.score != nullptr;
             s.own_rotated_quantize = l != SimdLevel::scalar && k->rotated_quantize.turbo != nullptr;
-            fill_missing(s.kernels, spec);
+            fill_missing(s.kernels, ref);
         }
         LevelState& scalar = levels[0];
         scalar.checked = scalar.passed = true;

@@ -7,11 +7,11 @@
 
 #include <string>
 
-#include "../spec/block_codecs.hpp"
-#include "../spec/channel_codes.hpp"
-#include "../spec/rotated_kernels.hpp"
-#include "../spec/softmax.hpp"
-#include "../spec/rotated_quantize.hpp"
+#include "../ref/block_codecs.hpp"
+#include "../ref/channel_codes.hpp"
+#include "../ref/rotated_kernels.hpp"
+#include "../ref/softmax.hpp"
+#include "../ref/rotated_quantize.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {

@@ -1,5 +1,5 @@
 // fp16 <-> fp32 on whole batches without F16C (the sse2 and neon levels): the bit manipulations of
-// lib/spec/half.hpp (after Maratyszcza's FP16 library) lane by lane, so the bits are the same.
+// lib/ref/half.hpp (after Maratyszcza's FP16 library) lane by lane, so the bits are the same.
 #pragma once
 
 #include <cstdint>

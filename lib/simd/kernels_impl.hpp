@@ -1,6 +1,6 @@
 // The SIMD kernels of every block codec, written once over the xsimd arch A and Ops<A> (ops.hpp); each
 // lib/simd/level_<isa>.cpp includes its ops_<isa>.hpp and this file and calls make_level<A>(), compiled
-// with that instruction set's flags only. Equal to the scalar specification (lib/spec/) in bytes for
+// with that instruction set's flags only. Equal to the scalar specification (lib/ref/) in bytes for
 // quantize and dequantize, and to float rounding for score and accumulate (lanes are summed in another
 // order and with fma).
 //
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../spec/block_codecs.hpp"
-#include "../spec/weight_grid.hpp"
+#include "../ref/block_codecs.hpp"
+#include "../ref/weight_grid.hpp"
 #include "plain_impl.hpp"
 #include "loops.hpp"
 #include "ops_check.hpp"
@@ -68,7 +68,7 @@ struct CodeTile {
 
 // Symmetric layouts (x = d·q): w·x = (w·d)·q, so each block's scale folds into the weights once per
 // (row, block), and the tile loop only widens codes and issues fmas (4 queries × 2 registers). Grid: the
-// folded weights are rounded to the int8 grid first (accumulate_grid, lib/spec/weight_grid.hpp).
+// folded weights are rounded to the int8 grid first (accumulate_grid, lib/ref/weight_grid.hpp).
 template <class A, class L, bool Grid = false>
 struct AccumulateScaled {
     static_assert(kRowChunk % detail::kGridRows == 0, "a chunk holds whole grid groups");

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "../spec/block_codecs.hpp"
+#include "../ref/block_codecs.hpp"
 #include "loops.hpp"
 
 namespace kvq::simd {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "dispatch.hpp"
-#include "../spec/half.hpp"
-#include "../spec/key_groups.hpp"
-#include "../spec/weight_grid.hpp"
+#include "../ref/half.hpp"
+#include "../ref/key_groups.hpp"
+#include "../ref/weight_grid.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq::detail {
@@ -195,7 +195,7 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
     }
     checks += n_q * n;
     if (!ref.accumulate_grid) return {};
-    // accumulate_grid (weights on the int8 grid, lib/spec/weight_grid.hpp): to float rounding of the rounded
+    // accumulate_grid (weights on the int8 grid, lib/ref/weight_grid.hpp): to float rounding of the rounded
     // weights' terms, |ŵ| ≤ |w·d| + m/254 (m: the group's largest |w·d|; d: a block's first field) and |q| ≤ 8.
     if (!simd.accumulate_grid) return "accumulate_grid: missing at this level";
     std::vector<float> ga = acc0, gb = acc0;

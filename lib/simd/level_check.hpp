@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../spec/block_codecs.hpp"
+#include "../ref/block_codecs.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {
@@ -37,7 +37,7 @@ std::string check_softmax(SimdLevel level, int g, size_t n, uint64_t seed, size_
 // The level's chanB score kernel against channel_score_scalar, bit for bit: n_q queries, rows of d
 // B-bit codes (random bytes, any of which is a code row) at a stride one byte past the row.
 std::string check_channel_score(SimdLevel level, int bits, int d, size_t rows, int n_q, uint64_t seed, size_t& checks);
-// q8_0 keys in groups of 16 (lib/spec/key_groups.hpp): the layout's round trip, and where the level has
+// q8_0 keys in groups of 16 (lib/ref/key_groups.hpp): the layout's round trip, and where the level has
 // BlockKernels::score_groups, its scores of 1-4 queries against the level's own score of the same rows,
 // bit for bit.
 std::string check_score_groups(SimdLevel level, int d, size_t n_groups, bool extreme, uint64_t seed, size_t& checks);

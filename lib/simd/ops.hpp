@@ -14,7 +14,7 @@
 //   key(Bytes), dot(Key, y)   int32 partial sums of an int8 block times 32 int8 query values
 //   dot4_signed, dot4_unsigned(key, y[4])   four queries' sums: lanes l with l mod 4 = i add up to query i's
 //   kBlockPairs: load_nibble_pair, dot4_pair, store_half_sums4, f16_pair   two q4 blocks per register
-//   f16_value(uint16_t)  scalar fp16, bit-identical to lib/spec/half.hpp
+//   f16_value(uint16_t)  scalar fp16, bit-identical to lib/ref/half.hpp
 //   load_f16, store_f16, load_u16, store_u16   plain-codec rows
 //
 // Each contract is checked at run time, at every level, by ops_check.hpp (before the level is used, and by

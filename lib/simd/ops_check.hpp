@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "../spec/half.hpp"
+#include "../ref/half.hpp"
 #include "ops.hpp"
 
 namespace kvq::simd {
@@ -252,7 +252,7 @@ void check_dots(OpsCheck& c) {
     }
 }
 
-// fp16 and 16-bit lanes: bit-identical to lib/spec/half.hpp.
+// fp16 and 16-bit lanes: bit-identical to lib/ref/half.hpp.
 template <class A>
 void check_half(OpsCheck& c) {
     using O = Ops<A>;

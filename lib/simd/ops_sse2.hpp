@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../spec/half.hpp"
+#include "../ref/half.hpp"
 #include "half_batch.hpp"
 #include "ops.hpp"
 

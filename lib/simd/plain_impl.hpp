@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../spec/kernels.hpp"
+#include "../ref/kernels.hpp"
 #include "loops.hpp"
 
 namespace kvq::simd {
@@ -31,7 +31,7 @@ struct PlainF16 {
     static float decode(T v) { return Ops<A>::f16_value(v); }
 };
 
-// bf16 rounds to nearest even and keeps NaN quiet, as lib/spec/half.hpp does.
+// bf16 rounds to nearest even and keeps NaN quiet, as lib/ref/half.hpp does.
 struct PlainBF16 {
     using T = uint16_t;
     template <class A>

@@ -1,5 +1,5 @@
 // SIMD quantizers of the ggml-layout codecs, written once over the xsimd arch A and Ops<A> (ops.hpp).
-// They give the same bytes as the scalar specification (lib/spec/ggml_quant.cpp) because they do the
+// They give the same bytes as the scalar specification (lib/ref/ggml_quant.cpp) because they do the
 // same float operations in the same order: multiply by the reciprocal id = 1/d (never divide by d), add
 // the rounding offset as a separate addition (no fma), and convert to int by truncation, keeping the low
 // byte as C's int -> int8_t conversion does. Block maxima are order-independent except for signed zeros
@@ -13,8 +13,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../spec/blocks.hpp"
-#include "../spec/kernels.hpp"
+#include "../ref/blocks.hpp"
+#include "../ref/kernels.hpp"
 #include "ops.hpp"
 
 namespace kvq::simd {
@@ -86,7 +86,7 @@ typename Ops<A>::Bytes pack_codes(const typename Ops<A>::I* q, float d) {
 }
 
 // Blocks the fast path does not treat as the specification does go through the specification itself
-// (lib/spec/ggml_quant.cpp), one block at a time: a block holding NaN or Inf (stored as a NaN block)
+// (lib/ref/ggml_quant.cpp), one block at a time: a block holding NaN or Inf (stored as a NaN block)
 // and a block whose scale is neither normal nor zero (where the specification divides or clamps). Both
 // are rare, and the fast path then only ever packs codes of a normal scale.
 template <class A>
@@ -249,8 +249,8 @@ void quantize_sym(const float* x, uint8_t* dst, int64_t n) {
                     continue;
                 }
             }
-            const auto& spec = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
-            spec.quantize(xb, dst + (i0 + c) * sizeof(Block), kQK);
+            const auto& ref = Bits == 4 ? detail::kScalarQ4_0 : detail::kScalarQ5_0;
+            ref.quantize(xb, dst + (i0 + c) * sizeof(Block), kQK);
         }
     }
 }
@@ -294,9 +294,9 @@ void quantize_asym(const float* x, uint8_t* dst, int64_t n) {
             F v[kPerBlock<A>];
             load_block<A>(x + (i0 + c) * kQK, v);
             if (!block_finite<A>(v) || !ordinary_scale(s.d[c])) {
-                const auto& spec = Bits == 4 ? detail::kScalarQ4_1 : detail::kScalarQ5_1;
+                const auto& ref = Bits == 4 ? detail::kScalarQ4_1 : detail::kScalarQ5_1;
                 constexpr size_t bytes = Bits == 4 ? sizeof(detail::BlockQ4_1) : sizeof(detail::BlockQ5_1);
-                spec.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * bytes, kQK);
+                ref.quantize(x + (i0 + c) * kQK, dst + (i0 + c) * bytes, kQK);
                 continue;
             }
             const F id(s.id[c]), min(mins[c]);

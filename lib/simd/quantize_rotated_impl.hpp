@@ -1,8 +1,8 @@
 // What the SIMD quantizers of the turbo and polar codecs share (quantize_turbo_impl.hpp,
 // quantize_polar_impl.hpp), written once over the xsimd arch A, Ops<A> and RotOps<A>
 // (quantize_rotated_ops.hpp): the rank of a value among a codebook's thresholds, the packing of codes,
-// row buffers. They write the bytes of the scalar specification (lib/spec/rotated_quantize_scalar.cpp)
-// because they do its float operations in its order (lib/spec/rotated_quantize.hpp says which order):
+// row buffers. They write the bytes of the scalar specification (lib/ref/rotated_quantize_scalar.cpp)
+// because they do its float operations in its order (lib/ref/rotated_quantize.hpp says which order):
 // the rotation's butterflies lane by lane (rotate_impl.hpp), the 16 partial sums register by register
 // and added by the same tree, the rank of a value as the exact count of thresholds below it (by buckets
 // or a binary search, below), polar's code compares one for one. fma only where a product is exact
@@ -19,7 +19,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../spec/rotated_quantize.hpp"
+#include "../ref/rotated_quantize.hpp"
 #include "ops.hpp"
 #include "quantize_rotated_ops.hpp"
 #include "rotate_impl.hpp"

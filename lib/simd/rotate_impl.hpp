@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "../spec/rotated_quantize.hpp"
+#include "../ref/rotated_quantize.hpp"
 #include "quantize_rotated_ops.hpp"
 
 namespace kvq::simd {

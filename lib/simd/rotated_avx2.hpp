@@ -1,4 +1,4 @@
-// AVX2 (+FMA, F16C) kernels of the polar and turbo codecs (layouts: lib/spec/rotated_kernels.hpp),
+// AVX2 (+FMA, F16C) kernels of the polar and turbo codecs (layouts: lib/ref/rotated_kernels.hpp),
 // included by level_avx2.cpp and level_avx512.cpp. Rows are decoded in registers, eight values at a
 // time: codes are cut from one loaded word with per-lane shifts (vpsrlvd), and looked up in tables of up
 // to 8 floats with one vpermps, of 16 with two and a blend, beyond that with a gather.
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../spec/rotated_kernels.hpp"
+#include "../ref/rotated_kernels.hpp"
 
 namespace kvq::simd {
 namespace {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../spec/rotated_kernels.hpp"
+#include "../ref/rotated_kernels.hpp"
 
 namespace kvq::simd {
 namespace {

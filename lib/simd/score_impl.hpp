@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "../spec/key_groups.hpp"
+#include "../ref/key_groups.hpp"
 #include "layouts_impl.hpp"
 
 namespace kvq::simd {
@@ -259,11 +259,11 @@ void score_q8_0_rows16(const uint8_t* const* prep, const uint8_t* rows, size_t r
     }
 }
 
-// BlockKernels::score_groups: q8_0 keys stored in groups of 16 rows (lib/spec/key_groups.hpp) against
+// BlockKernels::score_groups: q8_0 keys stored in groups of 16 rows (lib/ref/key_groups.hpp) against
 // G ≤ 4 queries. score_q8_0_group16 without its loads, inserts, sign flips, 24 shuffles and gather: a
 // block of 16 rows is 8 loads of its dwords (already unsigned) and one of its scales, then per query the
-// same 8 vpdpbusd, conversion and fma, so the scores are score_q8_0_rows16's bit for bit. Measured on a Zen 4, 4096 rows in L2, d = 128, 32 rows a call: docs/DESIGN.md (decode). NB > 0 fixes
-// the block count.
+// same 8 vpdpbusd, conversion and fma, so the scores are score_q8_0_rows16's bit for bit. Measured on a Zen 4, 4096 rows in L2, d = 128, 32 rows a
+// call: docs/PERFORMANCE.md, "q8_0 keys in groups of 16 rows". NB > 0 fixes the block count.
 template <int NB, int G>
 void score_q8_0_groups16(const uint8_t* prep, size_t prep_bytes, const uint8_t* groups, size_t n_groups,
                          int64_t nb_run, float* const* out) {

@@ -5,7 +5,7 @@
 // primitives' contracts; the polar/turbo quantizers also on the extreme rows and a NaN and an Inf row.
 #include "selfcheck.hpp"
 
-#include "../spec/block_codecs.hpp"
+#include "../ref/block_codecs.hpp"
 #include "level_check.hpp"
 
 namespace kvq::detail {

@@ -1,12 +1,12 @@
 // The online softmax's block update 8 lanes at a time (GCC/Clang vector extensions), compiled into each
 // level's file with that level's flags: float reductions do not auto-vectorize without -ffast-math, and
 // a decode step takes n_heads × context exponentials. The operations and their order are those of the
-// scalar specification (lib/spec/softmax.cpp), so every level gives the same bits.
+// scalar specification (lib/ref/softmax.cpp), so every level gives the same bits.
 #pragma once
 
 #include <cstring>
 
-#include "../spec/softmax.hpp"
+#include "../ref/softmax.hpp"
 
 namespace kvq::simd {
 namespace {

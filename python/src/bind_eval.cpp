@@ -1,5 +1,5 @@
 // kvq.dataset, kvq.sweep, kvq.plan and friends: the data sets, the accuracy-vs-compression sweep and the
-// memory planner of lib/eval (include/kvq/{datasets,sweep,planner,report}.hpp), behind `kvq table`,
+// memory planner of lib/eval (include/kvq/research/{datasets,sweep,planner,report}.hpp), behind `kvq table`,
 // `kvq plan` and `kvq info`.
 #include <Python.h>
 
@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "bindings.hpp"
-#include "kvq/datasets.hpp"
-#include "kvq/planner.hpp"
-#include "kvq/report.hpp"
-#include "kvq/sweep.hpp"
+#include "kvq/research/datasets.hpp"
+#include "kvq/research/planner.hpp"
+#include "kvq/research/report.hpp"
+#include "kvq/research/sweep.hpp"
 
 namespace kvq::python {
 namespace {

@@ -1,10 +1,10 @@
 // kvq.reference_attention and kvq.attention_error: the FP32 reference and the error metrics of a
-// key/value codec pair against it (include/kvq/eval.hpp).
+// key/value codec pair against it (include/kvq/research/eval.hpp).
 #include <optional>
 #include <string>
 
 #include "bindings.hpp"
-#include "kvq/eval.hpp"
+#include "kvq/research/eval.hpp"
 
 namespace kvq::python {
 namespace {

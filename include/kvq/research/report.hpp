@@ -6,8 +6,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kvq/planner.hpp"
-#include "kvq/sweep.hpp"
+#include "kvq/research/planner.hpp"
+#include "kvq/research/sweep.hpp"
 
 namespace kvq {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kvq/cache.hpp"
-#include "kvq/kv_format.hpp"
+#include "kvq/research/kv_format.hpp"
 
 namespace kvq {
 

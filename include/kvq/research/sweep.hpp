@@ -3,7 +3,7 @@
 // For every data set and every K/V format: quantize each (layer, kv head)'s keys and values, run decode
 // attention for the data set's queries on the codes (key codec scores, value codec accumulates; +center
 // keys get q·mean added back per block) and compare with the FP32 reference on the original rows.
-// Errors are the metrics of kvq/eval.hpp over all queries (mean and worst). In a layer with a sliding
+// Errors are the metrics of kvq/research/eval.hpp over all queries (mean and worst). In a layer with a sliding
 // window (KVData::windows) a query attends to the window only, in the reference and on the codes. Decode time is one decode
 // step — KVCache::attend of the last query in each of the first 4 layers, one thread, at the full
 // context — best of a few samples, divided by f16/f16's time measured in the same run.
@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "kvq/codec.hpp"
-#include "kvq/datasets.hpp"
-#include "kvq/eval.hpp"
-#include "kvq/kv_format.hpp"
-#include "kvq/planner.hpp"
+#include "kvq/research/datasets.hpp"
+#include "kvq/research/eval.hpp"
+#include "kvq/research/kv_format.hpp"
+#include "kvq/research/planner.hpp"
 
 namespace kvq {
 

@@ -8,7 +8,7 @@
 namespace kvq::detail {
 
 // A row's d codes (d a multiple of 8) into out (d bytes): eight B-bit codes fill B bytes, code i of a
-// group at bits [i·B, i·B + B) of the group's little-endian word (lib/spec/bit_codes.hpp's order).
+// group at bits [i·B, i·B + B) of the group's little-endian word (lib/ref/bit_codes.hpp's order).
 void unpack_channel_codes(const uint8_t* row, int d, int bits, uint8_t* out);
 
 // scores[i·score_stride + r] = Σ_j q_i[j]·code_r[j] for i < n_q, r < n_rows, q_i = q + i·d (a query
