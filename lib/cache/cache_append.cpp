@@ -172,10 +172,17 @@ void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, det
     const size_t bt = c.bt();
     const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
-    // Staged blocks are sealed in position order as soon as they are full and due (before the ring
-    // slot they hold is written again: staging_blocks is large enough for that).
+    // Staged blocks are sealed in position order as soon as they are full and due, before the next
+    // block's rows are written (its ring slot may be theirs: staging_blocks is large enough that a
+    // block's slot is free by the time it is written).
     size_t sealed_to = round_up(p.old_pool_end, bt);
+    const auto seal_up_to = [&](size_t end) {
+        for (; p.staging && sealed_to + bt <= std::min(end, p.new_pool_end); sealed_to += bt) {
+            c.seal(kind, st, sealed_to, st.data[(sealed_to - st.first_pos) / bt]);
+        }
+    };
     for (size_t pos = p.old_n; pos < p.n_final;) {
+        seal_up_to(pos);
         const size_t block = pos / bt, row = pos % bt;
         const size_t end = std::min(p.n_final, (block + 1) * bt);
         const size_t count = end - pos, t = pos - p.old_n;
@@ -195,11 +202,9 @@ void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, det
                 }
             }
         }
-        for (; p.staging && sealed_to + bt <= std::min(end, p.new_pool_end); sealed_to += bt) {
-            c.seal(kind, st, sealed_to, st.data[(sealed_to - st.first_pos) / bt]);
-        }
         pos = end;
     }
+    seal_up_to(p.n_final);
 }
 
 }  // namespace
