@@ -9,6 +9,7 @@ import numpy.typing as npt
 __version__: str
 DEFAULT_SEED: int
 MAX_BLOCK_TOKENS: int
+MAX_EXACT_TAIL_TOKENS: int
 
 # float32 is read in place; float16, float64, strided arrays and torch tensors are converted once.
 FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float16] | npt.NDArray[np.float64] | Any

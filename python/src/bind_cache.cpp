@@ -308,6 +308,7 @@ py::dict pool_stats_dict(const PoolStats& s) {
 
 void bind_cache(py::module_& m) {
     m.attr("MAX_BLOCK_TOKENS") = kMaxBlockTokens;  // KVCache(block_tokens=...) takes 1..this
+    m.attr("MAX_EXACT_TAIL_TOKENS") = kMaxExactTailTokens;  // KVCache(exact_tail_tokens=...) takes 0..this
     py::register_exception<PoolExhausted>(m, "PoolExhausted", PyExc_MemoryError);
     py::register_exception<FileIOError>(m, "FileIOError", PyExc_OSError);
     py::register_exception<BadCacheFile>(m, "BadCacheFile", PyExc_ValueError);
