@@ -177,9 +177,12 @@ inline std::vector<float> expected_attention(const KVCache& cache, const LayerTo
     return expected_attention(cache.config(), cache.key_codec(layer), cache.value_codec(layer), tok, lo, hi, sealed_end, q);
 }
 
-// Positions below this are quantized in a cache that was only appended to (no truncation into a block).
+// Positions below this are quantized in a cache that was only appended to (no truncation into a block):
+// every full block whose tokens are all more than exact_tail_tokens old.
 inline size_t sealed_end(const CacheConfig& cfg, size_t n) {
-    return cfg.seal == SealPolicy::on_append ? n : n / cfg.block_tokens * cfg.block_tokens;
+    if (cfg.seal == SealPolicy::on_append) return n;
+    const size_t tail = static_cast<size_t>(cfg.exact_tail_tokens);
+    return n > tail ? (n - tail) / cfg.block_tokens * cfg.block_tokens : 0;
 }
 
 // Largest |a − b| relative to the largest |b| (at least 1): float rounding is ~1e-6 here, a wrong row

@@ -115,6 +115,8 @@ inline constexpr int kMaxCacheDim = 1 << 16;
 inline constexpr int kMaxBlockTokens = 4096;
 inline constexpr size_t kMaxPoolBlocks = 0xffffffffu;
 inline constexpr size_t kMaxSequenceTokens = size_t(1) << 48;
+// The longest exact tail (CacheConfig::exact_tail_tokens).
+inline constexpr int kMaxExactTailTokens = 1 << 20;
 
 struct CacheConfig {
     int n_layers = 1;
@@ -161,6 +163,16 @@ struct CacheConfig {
     std::vector<int> sliding_window;
     SealPolicy seal = SealPolicy::on_block_full;
     StagingType staging = StagingType::f32;  // the open block's rows (saved in cache files)
+    // The exact tail: the most recent T tokens of each sequence and layer stay in the staging precision
+    // (f32 or f16) beyond the open block; a block is sealed (quantized) only once all its tokens are more
+    // than T tokens old, so at least the last T tokens are read exactly (KIVI's and transformers'
+    // QuantizedCache's residual of recent tokens). 0 = only the open block (up to block_tokens − 1 tokens),
+    // as before. Needs seal = on_block_full when > 0; at most kMaxExactTailTokens. A layer's staging holds
+    // staging_blocks(T) = ceil((T + block_tokens − 1) / block_tokens) blocks' rows (1 for T = 0), counted
+    // against max_blocks and max_bytes and in bytes_used. After a truncate into sealed rows, those rows stay
+    // as quantized as they were (their exact values are gone); the tokens appended after it are exact again.
+    // Saved in cache files (format version 4; older files load as 0).
+    int exact_tail_tokens = 0;
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
     // Attention multiplies q4_0 values (also q4_0+rot) by int8 weights: each softmax weight times block
@@ -298,6 +310,14 @@ public:
     static size_t sequence_bookkeeping_bytes(int n_layers);
     double bytes_per_token() const;    // key + value bytes per token, all layers and kv heads, as stored
     double bytes_per_token(int layer) const;  // the same for one layer
+    // bytes_per_token and bytes_per_token(layer) are the sealed format's bytes (codes, scales, key means,
+    // per-channel parameters); the exact tail is not in them. This is one layer's bytes per token averaged
+    // over a sequence holding n_tokens tokens there: min(n_tokens, exact_tail_tokens) tokens at the staging
+    // precision (keys and values of every kv head, 4 or 2 bytes a value), the rest sealed. Like
+    // bytes_per_token it leaves out the open block's rows beyond the tail (a working buffer of at most
+    // block_tokens − 1 tokens); with exact_tail_tokens = 0 it is bytes_per_token(layer). n_tokens = 0: the
+    // bytes of a sealed token.
+    double average_bytes_per_token(int layer, size_t n_tokens) const;
     PoolStats pool_stats() const;
     std::string dump() const;          // block tables, for debugging
 

@@ -313,6 +313,7 @@ typedef enum kvq_nan_policy {
 #define KVQ_MAX_CACHE_DIM 65536
 #define KVQ_MAX_SEQUENCE_TOKENS (UINT64_C(1) << 48)
 #define KVQ_MAX_POOL_BLOCKS UINT32_MAX
+#define KVQ_MAX_EXACT_TAIL_TOKENS (1 << 20)
 typedef struct kvq_cache_params {
     size_t size;                   /* sizeof(kvq_cache_params) */
     int32_t n_layers;              /* default 1 */
@@ -362,6 +363,13 @@ typedef struct kvq_cache_params {
      * default). Not saved in cache files: kvq_cache_load_with takes it. */
     int32_t int8_value_weights;
     int32_t reserved2;             /* 0 */
+    /* Since 0.x (appended): the exact tail (kvq::CacheConfig::exact_tail_tokens): the most recent
+     * exact_tail_tokens tokens of each sequence and layer stay in the staging precision; a block is
+     * quantized once all its tokens are more than that many tokens old. 0 = only the open block (the
+     * default); 0..KVQ_MAX_EXACT_TAIL_TOKENS, needs seal = KVQ_SEAL_ON_BLOCK_FULL when > 0. The tail's
+     * staging counts against max_blocks and max_bytes; saved in cache files. */
+    int32_t exact_tail_tokens;
+    int32_t reserved3;             /* 0 */
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {
@@ -531,6 +539,11 @@ KVQ_API kvq_status kvq_cache_load_into(kvq_cache* cache, const char* path, int64
  * 130 bytes per layer per sequence). */
 KVQ_API size_t kvq_cache_bytes_used(const kvq_cache* cache);
 KVQ_API double kvq_cache_bytes_per_token(const kvq_cache* cache); /* K + V, all layers and kv heads */
+/* One layer's bytes per token averaged over a sequence of n_tokens tokens there, the exact tail's
+ * min(n_tokens, exact_tail_tokens) tokens counted at the staging precision (kvq::KVCache::
+ * average_bytes_per_token); kvq_cache_bytes_per_token counts the sealed format only. 0 on a NULL cache
+ * or a layer out of range. */
+KVQ_API double kvq_cache_average_bytes_per_token(const kvq_cache* cache, int32_t layer, uint64_t n_tokens);
 KVQ_API kvq_status kvq_cache_pool_stats(const kvq_cache* cache, kvq_pool_stats* stats);
 
 #ifdef __cplusplus

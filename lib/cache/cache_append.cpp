@@ -70,9 +70,9 @@ struct AppendPlan {
     bool copy_last;                   // the partly filled last block is shared: written to a copy
 };
 
-// Keys with parameters fitted to a whole block (see plan_append).
+// Keys with parameters fitted to a whole block, or an exact tail (see plan_append).
 bool re_quantizes_on_reopen(const detail::CacheImpl& c, const detail::LayerKind& kind) {
-    return detail::channel_bits_of(kind.key) != 0 || c.cfg.center_keys;
+    return detail::channel_bits_of(kind.key) != 0 || c.cfg.center_keys || c.cfg.exact_tail_tokens > 0;
 }
 
 // The first n key and value rows of kv head h of a block as attention reads them (dequantized, the key
@@ -129,21 +129,28 @@ AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st,
     // truncate go back up to block_tokens tokens (speculative decoding).
     const size_t blocks_before_window = w && p.old_n + 1 > w ? (p.old_n + 1 - w) / bt : 0;
     p.keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
-    p.keep_block = p.keep_from / bt;
     p.staging = c.cfg.seal == SealPolicy::on_block_full;
     p.old_pool_end = st.pool_end();
     // A block re-opened by a truncate whose keys share block-level parameters (chanB minimums and steps, a
     // centered block's key mean) is not appended to with those parameters, which were fitted to the rows it
     // was sealed with: its rows go back to the float staging (as they read, dequantized) and the block
-    // seals anew over them and the new rows, as a block that was never sealed. Codecs of rows (q8_0 in
-    // groups included) keep quantizing into the partly filled block: their rows are the same either way.
+    // seals anew over them and the new rows, as a block that was never sealed. With an exact tail too:
+    // the new rows are recent, so they go to the staging, not into the block. Codecs of rows (q8_0 in
+    // groups included) otherwise keep quantizing into the partly filled block: their rows are the same
+    // either way.
     p.restaged = p.staging && re_quantizes_on_reopen(c, c.kind(layer)) ? p.old_pool_end % bt : 0;
     p.old_pool_end -= p.restaged;
     p.partial_pool_block = p.old_pool_end % bt != 0;
+    // A window shorter than the staging releases pool blocks only: staged blocks wait until sealed.
+    p.keep_from = std::min(p.keep_from, p.old_pool_end / bt * bt);
+    p.keep_block = p.keep_from / bt;
     p.new_pool_end = p.n_final;
     if (p.staging) {
+        // Blocks full and wholly older than the exact tail are sealed (with no tail: every full block).
+        const size_t tail = static_cast<size_t>(c.cfg.exact_tail_tokens);
+        const size_t sealable = p.n_final > tail ? (p.n_final - tail) / bt * bt : 0;
         const size_t boundary = round_up(p.old_pool_end, bt);
-        p.new_pool_end = p.partial_pool_block && p.n_final <= boundary ? p.n_final : std::max(boundary, p.n_final / bt * bt);
+        p.new_pool_end = p.partial_pool_block && p.n_final <= boundary ? p.n_final : std::max(boundary, sealable);
     }
     const size_t first_block = st.first_pos / bt;
     const size_t old_blocks_end = first_block + st.table.size() - (p.restaged ? 1 : 0);
@@ -165,7 +172,17 @@ void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, det
     const size_t bt = c.bt();
     const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim;
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
+    // Staged blocks are sealed in position order as soon as they are full and due, before the next
+    // block's rows are written (its ring slot may be theirs: staging_blocks is large enough that a
+    // block's slot is free by the time it is written).
+    size_t sealed_to = round_up(p.old_pool_end, bt);
+    const auto seal_up_to = [&](size_t end) {
+        for (; p.staging && sealed_to + bt <= std::min(end, p.new_pool_end); sealed_to += bt) {
+            c.seal(kind, st, sealed_to, st.data[(sealed_to - st.first_pos) / bt]);
+        }
+    };
     for (size_t pos = p.old_n; pos < p.n_final;) {
+        seal_up_to(pos);
         const size_t block = pos / bt, row = pos % bt;
         const size_t end = std::min(p.n_final, (block + 1) * bt);
         const size_t count = end - pos, t = pos - p.old_n;
@@ -179,15 +196,15 @@ void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, det
                 for (size_t i = 0; i < count; ++i) {
                     for (int h = 0; h < n_kv; ++h) {
                         const size_t src = (t + i) * token_floats + h * d;
-                        staged.quantize_rows(k + src, 1, c.staged_row(st, true, h, row + i), rb);
-                        staged.quantize_rows(v + src, 1, c.staged_row(st, false, h, row + i), rb);
+                        staged.quantize_rows(k + src, 1, c.staged_row(st, true, h, pos + i), rb);
+                        staged.quantize_rows(v + src, 1, c.staged_row(st, false, h, pos + i), rb);
                     }
                 }
-                if (end == (block + 1) * bt) c.seal(kind, st, st.data[index]);
             }
         }
         pos = end;
     }
+    seal_up_to(p.n_final);
 }
 
 }  // namespace
@@ -221,16 +238,20 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
     }
 }
 
-const uint8_t* detail::CacheImpl::staged_row(const detail::LayerState& st, bool keys, int h, size_t r) const {
-    return st.staging.data() + (keys ? 0 : staging_layer_bytes / 2) + static_cast<size_t>(h) * staging_layout.k_head_stride +
-           r * exact.row_bytes();
+const uint8_t* detail::CacheImpl::staging_slot(const detail::LayerState& st, size_t pos) const {
+    return st.staging.data() + (pos / bt()) % staging_blocks * staging_block_bytes;
 }
 
-void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int h, size_t r0, size_t n, float* out) const {
-    detail::impl_of(exact).dequantize_rows(staged_row(st, keys, h, r0), exact.row_bytes(), n, out);
+const uint8_t* detail::CacheImpl::staged_row(const detail::LayerState& st, bool keys, int h, size_t pos) const {
+    return staging_slot(st, pos) + (keys ? 0 : staging_block_bytes / 2) + static_cast<size_t>(h) * staging_layout.k_head_stride +
+           pos % bt() * exact.row_bytes();
 }
 
-void detail::CacheImpl::seal(const LayerKind& kind, detail::LayerState& st, uint8_t* block) const {
+void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int h, size_t pos, size_t n, float* out) const {
+    detail::impl_of(exact).dequantize_rows(staged_row(st, keys, h, pos), exact.row_bytes(), n, out);
+}
+
+void detail::CacheImpl::seal(const LayerKind& kind, const detail::LayerState& st, size_t pos, uint8_t* block) const {
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t rows_per_head = bt() * d;
     thread_local std::vector<float> keys, values, centered;
@@ -238,8 +259,8 @@ void detail::CacheImpl::seal(const LayerKind& kind, detail::LayerState& st, uint
     values.resize(rows_per_head);
     if (cfg.center_keys) centered.resize(rows_per_head);
     for (int h = 0; h < n_kv; ++h) {
-        staged_rows(st, true, h, 0, bt(), keys.data());
-        staged_rows(st, false, h, 0, bt(), values.data());
+        staged_rows(st, true, h, pos, bt(), keys.data());
+        staged_rows(st, false, h, pos, bt(), values.data());
         uint8_t* key_rows = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
         if (const int bits = detail::channel_bits_of(kind.key)) {
             // The keys were checked at append (finite, |x| <= 65504): the minimums and steps fit fp16.
@@ -337,8 +358,8 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
         const detail::CodecImpl& staged = detail::impl_of(exact);
         for (int h = 0; h < n_kv; ++h) {
             const size_t at = h * p.restaged * static_cast<size_t>(d);
-            staged.quantize_rows(restaged_k.data() + at, p.restaged, staged_row(st, true, h, 0), exact.row_bytes());
-            staged.quantize_rows(restaged_v.data() + at, p.restaged, staged_row(st, false, h, 0), exact.row_bytes());
+            staged.quantize_rows(restaged_k.data() + at, p.restaged, staged_row(st, true, h, p.old_pool_end), exact.row_bytes());
+            staged.quantize_rows(restaged_v.data() + at, p.restaged, staged_row(st, false, h, p.old_pool_end), exact.row_bytes());
         }
     }
     st.first_pos = std::max(st.first_pos, p.keep_from);

@@ -67,7 +67,7 @@ void detail::CacheImpl::finish_output(const LayerKind& kind, const detail::Layer
 }
 
 size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
-                                  uint8_t** staging_slot) const {
+                                  uint8_t** staging_slots) const {
     size_t n_sources = 0;
     const size_t bt = this->bt();
     const size_t pool_end = st.pool_end();
@@ -81,16 +81,18 @@ size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::Layer
         s.first_row = (a - st.first_pos) % bt;
         s.end_row = b - st.first_pos - (b1 - 1) * bt;
     }
-    // The staging is read-only here; RowSource holds mutable pointers only because block tables do.
-    *staging_slot = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(st.staging.data()));
     if (const size_t a = std::max(lo, pool_end); a < hi) {
+        // The ring's slots in position order from pool_end (a block boundary). The staging is read-only
+        // here; RowSource holds mutable pointers only because block tables do.
+        const size_t s0 = (a - pool_end) / bt, s1 = (hi - pool_end + bt - 1) / bt;
+        for (size_t i = s0; i < s1; ++i) staging_slots[i] = const_cast<uint8_t*>(staging_slot(st, pool_end + i * bt));
         auto& s = sources[n_sources++];
         s.key = &detail::impl_of(exact);
         s.value = &detail::impl_of(exact);
         s.layout = staging_layout;
-        s.blocks = std::span<uint8_t* const>(staging_slot, 1);
-        s.first_row = a - pool_end;
-        s.end_row = hi - pool_end;
+        s.blocks = std::span<uint8_t* const>(staging_slots + s0, s1 - s0);
+        s.first_row = (a - pool_end) % bt;
+        s.end_row = hi - pool_end - (s1 - 1) * bt;
     }
     return n_sources;
 }
@@ -98,8 +100,10 @@ size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::Layer
 void detail::CacheImpl::attend_range(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                                  int threads) const {
     detail::RowSource sources[2];
-    uint8_t* staging = nullptr;
-    const size_t n_sources = row_sources(kind, st, lo, hi, sources, &staging);
+    // The staging's slot table: on the stack for the usual tails, else a buffer of this call.
+    uint8_t* slots_here[8];
+    std::vector<uint8_t*> slots_heap(staging_blocks > 8 ? staging_blocks : 0);
+    const size_t n_sources = row_sources(kind, st, lo, hi, sources, staging_blocks > 8 ? slots_heap.data() : slots_here);
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,
                                        cfg.int8_value_weights};
     detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads,
@@ -117,7 +121,7 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
         if (p >= pool_end) {
-            staged_rows(st, keys, h, p - pool_end, 1, row.data());
+            staged_rows(st, keys, h, p, 1, row.data());
             return row.data();
         }
         const uint8_t* block = st.data[(p - st.first_pos) / bt];
@@ -255,7 +259,7 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     BatchScratch& sc = *lease;
     sc.layers.resize(ids.size());
     sc.sources.resize(2 * ids.size());
-    sc.staging.resize(ids.size());
+    sc.staging.resize(ids.size() * staging_blocks);
     sc.tasks.resize(ids.size());
     sc.ranges.resize(ids.size());
     auto& layers = sc.layers;
@@ -298,7 +302,8 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     for (size_t i = 0; i < ids.size(); ++i) {
         const size_t n = layers[i]->n_tokens;
         ranges[i] = {w && n > w ? n - w : 0, n};
-        const size_t count = row_sources(kind(layer), *layers[i], ranges[i].first, ranges[i].second, &sources[2 * i], &staging[i]);
+        const size_t count = row_sources(kind(layer), *layers[i], ranges[i].first, ranges[i].second, &sources[2 * i],
+                                         &staging[i * staging_blocks]);
         tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), q + i * vec, out + i * vec};
     }
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,

@@ -205,6 +205,7 @@ std::vector<uint8_t> encode_header(const Header& h) {
     for (const KindRecord& k : h.kinds) {
         for (uint64_t x : {k.n_blocks, k.block_bytes, k.key_row_bytes, k.value_row_bytes}) e.u64(x);
     }
+    if (h.version >= kExactTailFormatVersion) e.u32(static_cast<uint32_t>(c.exact_tail_tokens));
     const uint32_t size = static_cast<uint32_t>(e.bytes.size() + 4);
     for (int i = 0; i < 4; ++i) e.bytes[12 + i] = static_cast<uint8_t>(size >> (8 * i));
     e.crc();
@@ -294,6 +295,14 @@ Header decode_header(std::span<const uint8_t> bytes) {
         }
     } else {
         h.kinds.push_back({h.n_blocks, h.block_bytes, h.key_row_bytes, h.value_row_bytes});
+    }
+    if (h.version >= kExactTailFormatVersion) {
+        const uint32_t tail = d.u32("exact_tail_tokens");
+        if (tail > static_cast<uint32_t>(kMaxExactTailTokens) || (tail > 0 && c.seal != SealPolicy::on_block_full)) {
+            bad("header: exact_tail_tokens " + std::to_string(tail) + " (at most " + std::to_string(kMaxExactTailTokens) +
+                ", and only with seal = on_block_full)");
+        }
+        c.exact_tail_tokens = static_cast<int>(tail);
     }
     if (d.left() != 0) bad("header: " + std::to_string(d.left()) + " bytes after the last field");
     check_layout(h);

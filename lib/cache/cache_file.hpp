@@ -17,8 +17,10 @@
 namespace kvq::detail::file {
 
 inline constexpr char kMagic[8] = {'K', 'V', 'Q', 'C', 'A', 'C', 'H', 'E'};
-// 2 added the staging type, 3 per-layer codecs (blocks of several sizes); version 1 and 2 files still load
-inline constexpr uint32_t kFormatVersion = 3;
+// 2 added the staging type, 3 per-layer codecs (blocks of several sizes), 4 the exact tail (written only
+// by a cache with one: others write version 3, which older kvq reads); versions 1 to 3 load with no tail.
+inline constexpr uint32_t kFormatVersion = 4;
+inline constexpr uint32_t kExactTailFormatVersion = 4;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr size_t kPrefixBytes = 16;           // magic, version, header size: read before the rest
 inline constexpr uint64_t kPayloadAlignment = 4096;  // the payload section starts on a page (mmap)

@@ -4,13 +4,19 @@
 //   released   [0, first_pos)                 dropped by the layer's sliding window (never read again)
 //   pool       [first_pos, pool_end())         pool blocks: table[i] holds positions first_pos + i·bt …;
 //                                              all full except possibly the last
-//   staging    [pool_end(), n_tokens)          rows of the open block as `exact` stores them (float32 or
-//                                              float16: CacheConfig::staging; SealPolicy::on_block_full),
-//                                              only when pool_end() is a block boundary
+//   staging    [pool_end(), n_tokens)          rows as `exact` stores them (float32 or float16:
+//                                              CacheConfig::staging; SealPolicy::on_block_full): the exact
+//                                              tail and the open block, only when pool_end() is a block
+//                                              boundary
+// The staging is a ring of staging_blocks blocks' rows in the staging layout: position p is in ring slot
+// (p / bt) % staging_blocks, row p % bt (with exact_tail_tokens = 0 one slot, the open block). An append
+// seals a block once it is full and all its tokens are more than exact_tail_tokens old; staged rows
+// never exceed exact_tail_tokens + bt − 1, which the ring holds.
 // first_pos is always a block boundary. Under on_block_full the last pool block is partly filled only
 // after a truncate into a sealed block; appends fill it (quantized as they arrive) before staging again,
 // except where keys share parameters fitted to the whole block (chanB minimums and steps, a centered
-// block's key mean): the next append moves such a block's rows back to the staging, to be sealed anew.
+// block's key mean) or an exact tail keeps recent tokens exact: the next append moves such a block's rows
+// back to the staging, to be sealed anew.
 #pragma once
 
 #include <atomic>
@@ -37,7 +43,8 @@ struct LayerState {
     size_t first_pos = 0;
     size_t n_tokens = 0;
     size_t staged = 0;
-    // Keys then values, each n_kv_heads × block_tokens rows of the staging codec (f32 or f16); lazily sized.
+    // staging_blocks slots, each keys then values, each n_kv_heads × block_tokens rows of the staging
+    // codec (f32 or f16); lazily sized (a ring: see the top).
     std::vector<uint8_t> staging;
     // (position, kv head) of rows that held NaN/Inf under NanPolicy::propagate in a codec that cannot store
     // them; attention over such a row returns NaN for that kv head's query heads.
@@ -111,8 +118,10 @@ struct CacheImpl {
     std::vector<size_t> kind_of;  // by layer
     const LayerKind& kind(int layer) const { return kinds[kind_of[layer]]; }
     size_t block_bytes(int layer) const { return pool->block_bytes(kind_of[layer]); }
-    detail::BlockLayout staging_layout;  // the float staging of one layer
-    size_t staging_layer_bytes = 0;      // per layer, keys and values
+    detail::BlockLayout staging_layout;  // one slot of the float staging of one layer
+    size_t staging_blocks = 1;           // slots of a layer's staging (the ring, see the top)
+    size_t staging_block_bytes = 0;      // one slot, keys and values
+    size_t staging_layer_bytes = 0;      // per layer: staging_blocks slots
     std::unique_ptr<detail::BlockPool> pool;
     // Runs the parts of one call: the engine's executor, or kvq's shared pool on up to cfg.threads
     // threads; empty for one thread.
@@ -176,12 +185,14 @@ struct CacheImpl {
     void save(const std::string& path, const SequenceId* only) const;
     // Adds the sequences of an opened file whose header has been read; changes nothing if it throws.
     std::vector<SequenceId> load(const detail::file::InFile& f, const detail::file::Header& h);
-    size_t staging_payload_bytes() const;  // a staging payload in a file: the staged rows, padded
-    // Staged rows r0..r0+n of kv head h of a layer's keys (or values) as floats.
-    void staged_rows(const detail::LayerState& st, bool keys, int h, size_t r0, size_t n, float* out) const;
-    const uint8_t* staged_row(const detail::LayerState& st, bool keys, int h, size_t r) const;
-    uint8_t* staged_row(detail::LayerState& st, bool keys, int h, size_t r) const {
-        return const_cast<uint8_t*>(staged_row(static_cast<const detail::LayerState&>(st), keys, h, r));
+    size_t staging_payload_bytes() const;  // a staging payload in a file: the staging's ring, padded
+    // The staging slot of position pos (its ring slot), and the row of kv head h's keys (or values) at
+    // pos; staged_rows: positions pos..pos+n of one block (within one slot) as floats.
+    const uint8_t* staging_slot(const detail::LayerState& st, size_t pos) const;
+    void staged_rows(const detail::LayerState& st, bool keys, int h, size_t pos, size_t n, float* out) const;
+    const uint8_t* staged_row(const detail::LayerState& st, bool keys, int h, size_t pos) const;
+    uint8_t* staged_row(detail::LayerState& st, bool keys, int h, size_t pos) const {
+        return const_cast<uint8_t*>(staged_row(static_cast<const detail::LayerState&>(st), keys, h, pos));
     }
 
     // Helpers of the operations.
@@ -189,17 +200,18 @@ struct CacheImpl {
     // a block from ggml rows into groups (to_groups) or back, in place; nothing happens where the kind keeps
     // rows.
     void regroup_keys(const LayerKind& kind, uint8_t* block, bool to_groups) const;
-    void seal(const LayerKind& kind, detail::LayerState& st, uint8_t* block) const;
+    // Quantizes the staged block that starts at position pos into a pool block.
+    void seal(const LayerKind& kind, const detail::LayerState& st, size_t pos, uint8_t* block) const;
     void write_rows(const LayerKind& kind, detail::LayerState& st, size_t block_index, size_t row, const float* k, const float* v,
                     size_t n) const;
     // Attention of one query vector set (n_heads × head_dim) over positions [lo, hi) of a layer.
     void attend_range(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                       int threads) const;
     // The row sources of positions [lo, hi) of a layer (pool blocks, then the float staging); returns
-    // how many of sources[0..2) it filled. The staging source's block table is *staging_slot, which
-    // must outlive the sources.
+    // how many of sources[0..2) it filled. The staging source's block table is staging_slots[0 ..
+    // staging_blocks) (the ring's slots in position order), which must outlive the sources.
     size_t row_sources(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, detail::RowSource* sources,
-                       uint8_t** staging_slot) const;
+                       uint8_t** staging_slots) const;
     // After the engine: heads whose float scores overflowed again in double precision, and NaN into the
     // output heads that read a poisoned row of [lo, hi) (NanPolicy::propagate).
     void finish_output(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const;

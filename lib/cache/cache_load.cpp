@@ -113,13 +113,17 @@ BadRows bad_block_rows(const detail::CacheImpl& c, const detail::LayerKind& kind
 
 // The staged rows of an open block (a staging payload) against the rules append applies to its input:
 // finite, and within the range of the codec that will quantize them when the block is sealed.
-BadRows bad_staged_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* staging, uint32_t staged) {
+// The payload is the staging's ring (cache_impl.hpp): staged row r is position pool_end + r.
+BadRows bad_staged_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* staging, uint64_t pool_end,
+                        uint32_t staged) {
     BadRows bad;
-    const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_layer_bytes / 2;
+    const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_block_bytes / 2, bt = c.bt();
     std::vector<float> k(d), v(d);
     for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
         for (uint32_t r = 0; r < staged; ++r) {
-            const uint8_t* row = staging + h * c.staging_layout.k_head_stride + r * c.exact.row_bytes();
+            const uint64_t pos = pool_end + r;
+            const uint8_t* row = staging + (pos / bt) % c.staging_blocks * c.staging_block_bytes +
+                                 h * c.staging_layout.k_head_stride + pos % bt * c.exact.row_bytes();
             c.exact.dequantize_rows(row, 1, k.data());
             c.exact.dequantize_rows(row + half, 1, v.data());
             const bool ok = all_finite(k.data(), d) && all_finite(v.data(), d) &&
@@ -185,12 +189,14 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     // that input given to append.
     const std::vector<uint32_t> live = live_rows(*this, t, h.n_blocks);
     std::vector<uint32_t> staged_of(h.n_staging, 0);
+    std::vector<uint64_t> pool_end_of(h.n_staging, 0);
     std::vector<size_t> kind_of_staging(h.n_staging, 0);
     for (const auto& layers : t.sequences) {
         for (size_t l = 0; l < layers.size(); ++l) {
             const LayerRecord& r = layers[l];
             if (r.staging == detail::file::kNoStaging) continue;
             staged_of[r.staging] = r.staged;
+            pool_end_of[r.staging] = r.n_tokens - r.staged;
             kind_of_staging[r.staging] = kind_of[l];
         }
     }
@@ -201,7 +207,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
             block_bad[i] = bad_block_rows(*this, kinds[detail::file::block_place(h, i).kind], scratch.data(), live[i]);
         } else {
             const uint64_t j = i - h.n_blocks;
-            staging_bad[j] = bad_staged_rows(*this, kinds[kind_of_staging[j]], scratch.data(), staged_of[j]);
+            staging_bad[j] = bad_staged_rows(*this, kinds[kind_of_staging[j]], scratch.data(), pool_end_of[j], staged_of[j]);
         }
     }
     apply_nan_policy(*this, t, block_bad, staging_bad);
@@ -233,8 +239,9 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
             units += kind(static_cast<int>(l)).staging_units;
             // propagate: as append does, a codec that cannot store the row gets it zeroed (it is recorded).
             for (const auto& [row, head] : staging_bad[r.staging]) {
-                if (!kind(static_cast<int>(l)).store_nonfinite_k) std::memset(staged_row(st, true, head, row), 0, exact.row_bytes());
-                if (!kind(static_cast<int>(l)).store_nonfinite_v) std::memset(staged_row(st, false, head, row), 0, exact.row_bytes());
+                const size_t pos = st.pool_end() + row;
+                if (!kind(static_cast<int>(l)).store_nonfinite_k) std::memset(staged_row(st, true, head, pos), 0, exact.row_bytes());
+                if (!kind(static_cast<int>(l)).store_nonfinite_v) std::memset(staged_row(st, false, head, pos), 0, exact.row_bytes());
             }
         }
     }

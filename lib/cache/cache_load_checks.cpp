@@ -33,8 +33,9 @@ void check_layer_record(const detail::CacheImpl& c, const Header& h, const Layer
         fail("tokens released before position " + std::to_string(r.first_pos) + ", but the layer's window needs them from " +
              std::to_string(window_start));
     }
-    if (r.staged >= bt || r.staged > r.n_tokens - r.first_pos) {
-        fail(std::to_string(r.staged) + " staged tokens do not fit the open block");
+    // The exact tail and the open block: at most exact_tail_tokens + block_tokens − 1 staged tokens.
+    if (r.staged >= bt + static_cast<uint64_t>(c.cfg.exact_tail_tokens) || r.staged > r.n_tokens - r.first_pos) {
+        fail(std::to_string(r.staged) + " staged tokens do not fit the exact tail and the open block");
     }
     const bool staging_policy = c.cfg.seal == SealPolicy::on_block_full;
     if (r.staging != kNoStaging && !staging_policy) fail("has float rows under seal = on_append");
@@ -127,6 +128,7 @@ void check_matches(const detail::CacheImpl& c, const Header& h) {
         const auto name = [](StagingType s) { return s == StagingType::f16 ? "f16" : "f32"; };
         differ("staging", name(f.staging), name(c.cfg.staging));
     }
+    same_int("exact_tail_tokens", f.exact_tail_tokens, c.cfg.exact_tail_tokens);
     // Bitwise: the scale is applied to every score, and a file promises the same attention output.
     if (std::memcmp(&f.scale, &c.cfg.scale, sizeof(float)) != 0) differ("scale", float_text(f.scale), float_text(c.cfg.scale));
     if (std::memcmp(&f.softcap, &c.cfg.softcap, sizeof(float)) != 0) {

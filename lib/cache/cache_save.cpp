@@ -29,16 +29,20 @@ size_t detail::CacheImpl::staging_payload_bytes() const {
 
 namespace {
 
-// The open block's rows as a file stores them: the staging layout (keys, then values; per kv head
-// block_tokens rows of the staging codec, f32 or f16), with the rows past `staged` zero, so a cache's contents alone decide the bytes
-// (a truncate leaves stale rows behind, which no read ever sees).
+// The staged rows (exact tail and open block) as a file stores them: the staging's ring of
+// staging_blocks slots, each in the staging layout (keys, then values; per kv head block_tokens rows of
+// the staging codec, f32 or f16), position p at slot (p / block_tokens) % staging_blocks, with every row
+// not staged zero, so a cache's contents alone decide the bytes (a truncate leaves stale rows behind,
+// which no read ever sees).
 void staging_payload(const detail::CacheImpl& c, const detail::LayerState& st, std::vector<uint8_t>& out) {
     out.assign(c.staging_payload_bytes(), 0);
-    const size_t head = c.staging_layout.k_head_stride, half = c.staging_layer_bytes / 2;
-    for (size_t part = 0; part < 2; ++part) {
+    const size_t rb = c.exact.row_bytes();
+    for (size_t pos = st.pool_end(); pos < st.n_tokens; ++pos) {
         for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
-            const size_t at = part * half + h * head;
-            std::memcpy(out.data() + at, st.staging.data() + at, st.staged * c.exact.row_bytes());
+            for (const bool keys : {true, false}) {
+                const uint8_t* row = c.staged_row(st, keys, h, pos);
+                std::memcpy(out.data() + (row - st.staging.data()), row, rb);
+            }
         }
     }
 }
@@ -121,6 +125,8 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     const std::vector<uint8_t> tables = detail::file::encode_tables(t);
 
     detail::file::Header h;
+    // A cache without an exact tail writes the version before it, so an older kvq reads its files.
+    h.version = cfg.exact_tail_tokens ? detail::file::kExactTailFormatVersion : detail::file::kExactTailFormatVersion - 1;
     h.config = cfg;
     h.config.key_codec = key.name();
     h.config.value_codec = value.name();

@@ -76,6 +76,14 @@ CacheConfig checked_fields(CacheConfig c) {
                    " entries; it must be empty or have one per layer (" + std::to_string(c.n_layers) + ")");
     }
     if (c.threads < 1 || c.threads > 256) bad_config("threads must be in 1..256, got " + std::to_string(c.threads));
+    if (c.exact_tail_tokens < 0 || c.exact_tail_tokens > kMaxExactTailTokens) {
+        bad_config("exact_tail_tokens must be in 0.." + std::to_string(kMaxExactTailTokens) + ", got " +
+                   std::to_string(c.exact_tail_tokens));
+    }
+    if (c.exact_tail_tokens > 0 && c.seal != SealPolicy::on_block_full) {
+        bad_config("exact_tail_tokens needs seal = SealPolicy::on_block_full (on_append quantizes every token as "
+                   "it arrives)");
+    }
     if (c.center_keys && c.seal != SealPolicy::on_block_full) {
         bad_config("center_keys needs seal = SealPolicy::on_block_full (a block's key mean is known only "
                    "when the block is full)");
@@ -153,7 +161,13 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     staging_layout.k_head_stride = bt() * exact.row_bytes();
     staging_layout.v_offset = h * staging_layout.k_head_stride;
     staging_layout.v_head_stride = staging_layout.k_head_stride;
-    staging_layer_bytes = 2 * h * staging_layout.k_head_stride;
+    staging_block_bytes = 2 * h * staging_layout.k_head_stride;
+    // The ring holds the most rows staged at once: the tail and an open block of up to bt − 1 rows.
+    staging_blocks = std::max<size_t>(1, (static_cast<size_t>(cfg.exact_tail_tokens) + 2 * bt() - 2) / bt());
+    if ((detail::CheckedSize(staging_blocks) * staging_block_bytes * static_cast<size_t>(cfg.n_layers)).too_large()) {
+        bad_config("exact_tail_tokens (" + std::to_string(cfg.exact_tail_tokens) + ") would take more bytes of staging than any allocation");
+    }
+    staging_layer_bytes = staging_blocks * staging_block_bytes;
 
     // The layers' kinds: one per distinct pair of codec names, in the order of their first layer.
     std::vector<size_t> class_bytes, layers_of;
@@ -272,6 +286,7 @@ std::string detail::CacheImpl::dump() const {
        << (kinds.size() > 1 ? std::to_string(kinds.size()) + " kinds of layer codecs, " : std::string())
        << cfg.block_tokens << " tokens/block, seal "
        << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
+       << (cfg.exact_tail_tokens ? ", exact tail of " + std::to_string(cfg.exact_tail_tokens) + " tokens" : std::string())
        << "\npool: " << ps.blocks_used << " of " << ps.blocks_total << " blocks used (" << ps.blocks_shared
        << " shared), max " << (ps.max_blocks ? std::to_string(ps.max_blocks) : std::string("unlimited")) << ", "
        << ps.block_bytes << " bytes/block\n";
@@ -413,6 +428,14 @@ double KVCache::bytes_per_token(int layer) const {
     if (c.center_keys) per_head += static_cast<double>(c.head_dim * sizeof(uint16_t)) / c.block_tokens;
     if (k.key.info().per_channel) per_head += static_cast<double>(detail::channel_params_bytes(c.head_dim)) / c.block_tokens;
     return per_head * c.n_kv_heads;
+}
+
+double KVCache::average_bytes_per_token(int layer, size_t n_tokens) const {
+    const double sealed = bytes_per_token(layer);
+    const size_t tail = std::min(n_tokens, static_cast<size_t>(impl_->cfg.exact_tail_tokens));
+    if (tail == 0) return sealed;
+    const double exact = 2.0 * static_cast<double>(impl_->exact.row_bytes()) * impl_->cfg.n_kv_heads;
+    return (static_cast<double>(n_tokens - tail) * sealed + static_cast<double>(tail) * exact) / static_cast<double>(n_tokens);
 }
 
 PoolStats KVCache::pool_stats() const { return impl_->pool->stats(); }

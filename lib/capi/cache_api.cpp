@@ -40,15 +40,17 @@ constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 constexpr size_t kLoadParamsSizeV1 = sizeof(kvq_load_params);  // added whole, after the first release
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 184 && offsetof(kvq_cache_params, seed) == 112 &&
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 192 && offsetof(kvq_cache_params, seed) == 112 &&
                                      offsetof(kvq_cache_params, executor) == 120 &&
                                      offsetof(kvq_cache_params, staging) == 136 &&
                                      offsetof(kvq_cache_params, layer_key_codecs) == 144 &&
                                      offsetof(kvq_cache_params, max_bytes) == 168 &&
-                                     offsetof(kvq_cache_params, int8_value_weights) == 176),
+                                     offsetof(kvq_cache_params, int8_value_weights) == 176 &&
+                                     offsetof(kvq_cache_params, exact_tail_tokens) == 184),
               "kvq_cache_params has implicit padding");
 static_assert(KVQ_MAX_POOL_BLOCKS == kMaxPoolBlocks && KVQ_MAX_CACHE_DIM == kMaxCacheDim &&
-              KVQ_MAX_SEQUENCE_TOKENS == kMaxSequenceTokens, "kvq.h's bounds are kvq/cache.hpp's");
+              KVQ_MAX_SEQUENCE_TOKENS == kMaxSequenceTokens && KVQ_MAX_EXACT_TAIL_TOKENS == kMaxExactTailTokens,
+              "kvq.h's bounds are kvq/cache.hpp's");
 static_assert(sizeof(void*) != 8 || (sizeof(kvq_load_params) == 56 && offsetof(kvq_load_params, executor) == 40),
               "kvq_load_params has implicit padding");
 
@@ -96,8 +98,8 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     if (p.center_keys != 0 && p.center_keys != 1) {
         return bad_params("center_keys must be 0 or 1, got " + std::to_string(p.center_keys));
     }
-    if (p.reserved0 != 0 || p.reserved1 != 0 || p.reserved2 != 0) {
-        return bad_params("reserved0, reserved1 and reserved2 must be 0");
+    if (p.reserved0 != 0 || p.reserved1 != 0 || p.reserved2 != 0 || p.reserved3 != 0) {
+        return bad_params("reserved0, reserved1, reserved2 and reserved3 must be 0");
     }
     if (p.int8_value_weights != 0 && p.int8_value_weights != 1) {
         return bad_params("int8_value_weights must be 0 or 1, got " + std::to_string(p.int8_value_weights));
@@ -145,6 +147,7 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.int8_value_weights = p.int8_value_weights != 0;
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
     cfg.staging = p.staging == KVQ_STAGING_F16 ? StagingType::f16 : StagingType::f32;
+    cfg.exact_tail_tokens = p.exact_tail_tokens;
     if (!p.executor && p.executor_ctx) return bad_params("executor_ctx is set but executor is NULL");
     cfg.executor = c_executor(p.executor, p.executor_ctx);
     cfg.threads = p.threads;
@@ -410,6 +413,15 @@ size_t kvq_cache_bytes_used(const kvq_cache* cache) {
 double kvq_cache_bytes_per_token(const kvq_cache* cache) {
     try {
         return cache ? cache->cache.bytes_per_token() : 0.0;
+    } catch (...) {
+        return 0.0;
+    }
+}
+
+double kvq_cache_average_bytes_per_token(const kvq_cache* cache, int32_t layer, uint64_t n_tokens) {
+    try {
+        if (!cache || layer < 0 || layer >= cache->cache.config().n_layers) return 0.0;
+        return cache->cache.average_bytes_per_token(layer, static_cast<size_t>(n_tokens));
     } catch (...) {
         return 0.0;
     }

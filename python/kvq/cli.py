@@ -284,7 +284,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if show_progress:
         print(f"kvq eval: model loaded in {time.monotonic() - t0:.0f}s", file=sys.stderr)
     cache_config = {"threads": args.threads, "block_tokens": args.block_tokens,
-                    "int8_value_weights": args.int8_value_weights}
+                    "int8_value_weights": args.int8_value_weights, "exact_tail_tokens": args.exact_tail}
     result = model_eval.eval_model(
         model, tokenizer, text=text, pairs=pairs, ctx=args.ctx, max_chunks=args.max_chunks, baseline=args.baseline,
         per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs),
@@ -369,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"kvq cache block size in tokens, 1..{_core.MAX_BLOCK_TOKENS} (default 32)")
     e.add_argument("--int8-value-weights", action="store_true", help="q4_0 values multiplied by int8 weights in "
                    "every cache (kvq.KVCache int8_value_weights; see docs/DESIGN.md)")
+    e.add_argument("--exact-tail", type=_bounded(0, _core.MAX_EXACT_TAIL_TOKENS, "a token count"), default=0, metavar="N",
+                   help="keep the most recent N tokens of every layer exact in every cache (kvq.KVCache "
+                   "exact_tail_tokens; counted in bits/value over --ctx; default 0)")
     e.add_argument("--format", choices=formats, default="markdown")
     e.add_argument("--output", metavar="FILE", help="write the table(s) to FILE instead of stdout")
     e.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")

@@ -176,10 +176,11 @@ class _Stats:
         self.nll, self.kl, self.same, self.seconds, self.tokens = [], [], 0, 0.0, 0
         self.bpt, self.bits = None, None
 
-    def measure(self, cache, layer: int | None = None) -> None:
-        """Bytes per token of the whole cache and (key, value) bits per value of it, or of one layer."""
+    def measure(self, cache, layer: int | None = None, context: int | None = None) -> None:
+        """Bytes per token of the whole cache (the sealed format) and (key, value) bits per value of it, or
+        of one layer, an exact tail counted over the context."""
         if cache is not None:
-            self.bpt, self.bits = cache.bytes_per_token(), cache.bits_per_value(layer)
+            self.bpt, self.bits = cache.bytes_per_token(), cache.bits_per_value(layer, context=context)
 
     def row(self, label: str, baseline_ppl: float | None) -> dict:
         nll = np.concatenate(self.nll)
@@ -275,7 +276,7 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
             base.nll.append((-base_logp.gather(1, targets[:, None])[:, 0]).numpy().astype(np.float64))
             base.seconds += secs
             base.tokens += ctx
-            base.measure(cache)
+            base.measure(cache, context=ctx)
             del cache
             base_top = base_logp.argmax(dim=-1)
             done += 1
@@ -286,7 +287,7 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                 st = stats[i]
                 st.seconds += secs
                 st.tokens += ctx
-                st.measure(cache, layer)  # with one layer quantized: that layer's bits
+                st.measure(cache, layer, context=ctx)  # with one layer quantized: that layer's bits
                 del cache
                 kl = np.empty(targets.numel(), dtype=np.float64)
                 nll = np.empty_like(kl)

@@ -232,7 +232,8 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
                                       std::optional<float> scale, float softcap, const py::object& sliding_window,
                                       const std::string& seal, bool center_keys, const std::string& nan_policy,
                                       int threads, uint64_t seed, const std::string& staging,
-                                      const py::object& layer_codecs, int64_t max_bytes, bool int8_value_weights) {
+                                      const py::object& layer_codecs, int64_t max_bytes, bool int8_value_weights,
+                                      int exact_tail_tokens) {
     CacheConfig c;
     c.n_layers = n_layers;
     c.n_kv_heads = n_kv_heads;
@@ -254,6 +255,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
     c.center_keys = center_keys;
     c.nan_policy = parse_nan_policy(nan_policy);
     c.int8_value_weights = int8_value_weights;
+    c.exact_tail_tokens = exact_tail_tokens;
     c.threads = threads;
     c.seed = seed;
     return std::make_unique<PyKVCache>(c);
@@ -290,6 +292,7 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
     d["staging"] = c.staging == StagingType::f16 ? "f16" : "f32";
     d["nan_policy"] = c.nan_policy == NanPolicy::reject ? "reject" : "propagate";
     d["int8_value_weights"] = c.int8_value_weights;
+    d["exact_tail_tokens"] = c.exact_tail_tokens;
     d["threads"] = c.threads;
     d["seed"] = c.seed;
     return d;
@@ -305,6 +308,7 @@ py::dict pool_stats_dict(const PoolStats& s) {
 
 void bind_cache(py::module_& m) {
     m.attr("MAX_BLOCK_TOKENS") = kMaxBlockTokens;  // KVCache(block_tokens=...) takes 1..this
+    m.attr("MAX_EXACT_TAIL_TOKENS") = kMaxExactTailTokens;  // KVCache(exact_tail_tokens=...) takes 0..this
     py::register_exception<PoolExhausted>(m, "PoolExhausted", PyExc_MemoryError);
     py::register_exception<FileIOError>(m, "FileIOError", PyExc_OSError);
     py::register_exception<BadCacheFile>(m, "BadCacheFile", PyExc_ValueError);
@@ -332,13 +336,17 @@ any thread with any id: different sequences run in parallel (the GIL is released
 on one sequence wait for its appends and truncates, and a sequence removed by another thread meanwhile is
 a ValueError. A Python exit with daemon threads inside kvq waits for their calls, then exits cleanly. int8_value_weights=True
 multiplies q4_0 values by int8 weights (CacheConfig::int8_value_weights: each softmax weight times block
-scale rounded to an int8 step per group of 16 rows of a block; faster at the avx2 and avx512 levels).)doc")
+scale rounded to an int8 step per group of 16 rows of a block; faster at the avx2 and avx512 levels).
+exact_tail_tokens=T keeps the most recent T tokens of each sequence and layer in the staging precision
+(CacheConfig::exact_tail_tokens): a block is quantized only once all its tokens are more than T tokens old;
+needs seal="on_block_full"; its staging counts in bytes_used, max_blocks and max_bytes.)doc")
         .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),
              "key_codec"_a = "q8_0", "value_codec"_a = "q4_0", py::kw_only(), "block_tokens"_a = 32,
              "max_blocks"_a = 0, "initial_blocks"_a = 0, "grow_blocks"_a = 64, "scale"_a = py::none(),
              "softcap"_a = 0.0f, "sliding_window"_a = py::none(), "seal"_a = "on_block_full",
              "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed,
-             "staging"_a = "f32", "layer_codecs"_a = py::none(), "max_bytes"_a = 0, "int8_value_weights"_a = false)
+             "staging"_a = "f32", "layer_codecs"_a = py::none(), "max_bytes"_a = 0, "int8_value_weights"_a = false,
+             "exact_tail_tokens"_a = 0)
         .def_property_readonly("config", [](const PyKVCache& c) { return config_dict(c.config(), c.n_heads()); },
                                "The configuration as a dict (the constructor's keyword arguments).")
         .def_property_readonly("n_layers", [](const PyKVCache& c) { return c.config().n_layers; })
@@ -408,7 +416,17 @@ scale rounded to an int8 step per group of 16 rows of a block; faster at the avx
             [](const PyKVCache& c, std::optional<int> layer) {
                 return layer ? c.cache().bytes_per_token(*layer) : c.cache().bytes_per_token();
             },
-            "layer"_a = py::none(), "Key + value bytes per token, all layers (or one) and kv heads, as stored.")
+            "layer"_a = py::none(),
+            "Key + value bytes per token, all layers (or one) and kv heads, in the sealed format (the exact tail\n"
+            "is not in it: average_bytes_per_token counts it).")
+        .def(
+            "average_bytes_per_token",
+            [](const PyKVCache& c, int layer, int64_t n_tokens) {
+                return c.cache().average_bytes_per_token(layer, non_negative(n_tokens, "n_tokens"));
+            },
+            "layer"_a, "n_tokens"_a,
+            "One layer's bytes per token averaged over a sequence of n_tokens tokens there: the exact tail's\n"
+            "min(n_tokens, exact_tail_tokens) tokens at the staging precision, the rest sealed.")
         .def("pool_stats", [](const PyKVCache& c) { return pool_stats_dict(c.cache().pool_stats()); },
              "The block pool: block_bytes (of layer 0's codecs), blocks_total, blocks_used, blocks_shared,\n"
              "max_blocks, blocks_reserved (the open blocks' float staging, counted against max_blocks), and the\n"

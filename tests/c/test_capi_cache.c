@@ -476,6 +476,73 @@ static void test_int8_value_weights(void) {
     free(v);
 }
 
+/* exact_tail_tokens (appended field): with a tail of 16 tokens, 20 tokens in blocks of 8 are all exact (no
+ * block is more than 16 tokens old), so attention equals an f32/f32 cache's; without it, it does not. The
+ * tail's staging (three blocks' rows per layer) is counted, the field is saved, and it is checked. */
+static void test_exact_tail(void) {
+    enum { N = 20 };
+    float* k = make_rows(N, 40);
+    float* v = make_rows(N, 41);
+    static float q[QH * D], out[3][QH * D];
+    fill_gaussian(q, QH * D, 42);
+    const char* path = "kvq_capi_tail_test.kvq";
+    for (int run = 0; run < 3; ++run) {
+        kvq_cache_params p = small_params();
+        p.key_codec = run == 2 ? "f32" : "q4_0";
+        p.value_codec = run == 2 ? "f32" : "q4_0";
+        p.exact_tail_tokens = run == 0 ? 16 : 0;
+        p.seal = KVQ_SEAL_ON_BLOCK_FULL;
+        kvq_cache* cache = NULL;
+        CHECK_OK(kvq_cache_create(&p, &cache));
+        int64_t seq;
+        CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+        for (int l = 0; l < L; ++l) CHECK_OK(kvq_cache_append(cache, l, seq, k, v, N));
+        CHECK_OK(kvq_cache_attend(cache, 1, seq, q, out[run]));
+        if (run == 0) {
+            kvq_pool_stats stats = kvq_pool_stats_init();
+            CHECK_OK(kvq_cache_pool_stats(cache, &stats));
+            const size_t slot = 2 * KVH * BT * D * sizeof(float);
+            CHECK(stats.bytes_reserved == L * 3 * slot); /* ceil((16 + 8 - 1) / 8) = 3 blocks' rows a layer */
+            CHECK(stats.blocks_used == 0);
+            /* 18-byte q4_0 rows: 2 kv heads x 2 x 36 bytes sealed, 2 x 2 x 256 bytes exact. */
+            CHECK(fabs(kvq_cache_average_bytes_per_token(cache, 0, 64) - (48.0 * 144 + 16.0 * 1024) / 64) < 1e-9);
+            CHECK(kvq_cache_average_bytes_per_token(cache, L, 64) == 0.0);
+            CHECK_OK(kvq_cache_save(cache, path, KVQ_ALL_SEQUENCES));
+            kvq_cache* loaded = NULL;
+            CHECK_OK(kvq_cache_load(path, &loaded));
+            static float again[QH * D];
+            CHECK_OK(kvq_cache_attend(loaded, 1, 0, q, again));
+            CHECK(memcmp(again, out[0], sizeof again) == 0);
+            kvq_cache_destroy(loaded);
+            remove(path);
+        }
+        kvq_cache_destroy(cache);
+    }
+    CHECK(relative_l2(out[0], out[2], QH * D) < 1e-5);
+    CHECK(relative_l2(out[1], out[2], QH * D) > 1e-3);
+
+    kvq_cache* cache = NULL;
+    kvq_cache_params p = small_params();
+    p.exact_tail_tokens = -1;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "exact_tail_tokens");
+    p = small_params();
+    p.exact_tail_tokens = 8;
+    p.seal = KVQ_SEAL_ON_APPEND;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "exact_tail_tokens");
+    p = small_params();
+    p.seal = KVQ_SEAL_ON_BLOCK_FULL;
+    p.reserved3 = 1;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "reserved3");
+    /* A caller built before the field: its smaller struct gets no tail. */
+    p = small_params();
+    p.size = offsetof(kvq_cache_params, exact_tail_tokens);
+    p.exact_tail_tokens = 8; /* past its size: not read */
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    kvq_cache_destroy(cache);
+    free(k);
+    free(v);
+}
+
 int main(void) {
     test_cache_params_errors();
     test_int8_value_weights();
@@ -483,5 +550,6 @@ int main(void) {
     test_cache_life();
     test_attend_batch();
     test_broken_executor();
+    test_exact_tail();
     return check_report("test_capi_cache");
 }

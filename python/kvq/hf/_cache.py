@@ -104,18 +104,32 @@ class KVQCache(Cache):
         """Bytes of one token over all layers as stored (each layer with its own pair)."""
         return sum(g.cache.bytes_per_token(layer=l) for l, g in enumerate(self._layer_group))
 
-    def bits_per_value(self, layer: int | None = None) -> tuple[float, float]:
+    def bits_per_value(self, layer: int | None = None, context: int | None = None) -> tuple[float, float]:
         """(key bits, value bits) per stored value of one layer, or averaged over the layers with every layer
         counted alike (each at its own pair; a sliding-window layer counts at its pair's bits however many
         tokens it keeps). Everything stored is counted, as bytes_per_token counts it: codes, block scales,
-        '+center' means and per-channel parameters (both on the keys); the float rows of a block not yet
-        sealed are a working buffer, not counted."""
+        '+center' means and per-channel parameters (both on the keys). With an exact tail
+        (exact_tail_tokens=T) and a context of n tokens, the tail's min(T, m) tokens of the m a layer holds
+        (m = n, or its window if shorter) count at the staging precision (32 or 16 bits), averaged over the
+        m (kvq.KVCache.average_bytes_per_token); without a context, the sealed format alone. The float rows
+        of a block not yet sealed beyond the tail are a working buffer, not counted."""
         layers = range(len(self._pairs)) if layer is None else [layer]
         values = len(layers) * self.n_kv_heads * self.head_dim
-        total = sum(self._layer_group[l].cache.bytes_per_token(layer=l) for l in layers)
-        # A value row is the value codec's row and nothing else; the keys are the rest.
-        value = sum(_core.codec_info(self._pairs[l][1], self.head_dim)["row_bytes"] for l in layers) * self.n_kv_heads
-        return 8 * (total - value) / values, 8 * value / values
+        key_bytes = value_bytes = 0.0
+        for l in layers:
+            cache = self._layer_group[l].cache
+            # A value row is the value codec's row and nothing else; the keys are the rest.
+            value = _core.codec_info(self._pairs[l][1], self.head_dim)["row_bytes"] * self.n_kv_heads
+            key = cache.bytes_per_token(layer=l) - value
+            tail = int(cache.config["exact_tail_tokens"])
+            if context and tail:
+                held = min(context, self.windows[l]) if self.windows[l] else context
+                share = min(held, tail) / held
+                exact = (4 if cache.config["staging"] == "f32" else 2) * self.head_dim * self.n_kv_heads
+                key, value = (1 - share) * key + share * exact, (1 - share) * value + share * exact
+            key_bytes += key
+            value_bytes += value
+        return 8 * key_bytes / values, 8 * value_bytes / values
 
     def bytes_used(self) -> int:
         return sum(g.cache.bytes_used() for g in self._groups)
