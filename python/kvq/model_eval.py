@@ -330,7 +330,8 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
     ``budget``: bits per value (one or a list): propose per-layer pairs from ``budget_pairs`` (default
     DEFAULT_BUDGET_PAIRS) and evaluate them after ``pairs`` (default: the candidates, as uniform pairs). The
     sensitivity is measured first (per-layer runs of the candidates on ``sensitivity_chunks`` chunks, default
-    ``max_chunks``; they become ``per_layer`` of the result) unless ``sensitivity`` gives per-layer rows."""
+    ``max_chunks``; they become ``per_layer`` of the result, followed by those of ``per_layer_pairs`` if
+    given) unless ``sensitivity`` gives per-layer rows."""
     if (text is None) == (tokens is None):
         raise ValueError("eval_model: give text (with a tokenizer) or tokens")
     if budget is not None:
@@ -487,8 +488,10 @@ def _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baselin
     # Progress over both evaluations; the second's size is known before the first runs (a proposal that
     # repeats a pair is not run twice, so it may end early: it then jumps to the end).
     n1 = 0 if given else _chunks(len(tokens), ctx, bos, sensitivity_chunks or max_chunks) * (1 + len(cands) * n_layers)
+    # per_layer: the sensitivity rows are the per-layer rows, and more only for per_layer_pairs given.
+    more_layers = per_layer and per_layer_pairs is not None
     n2 = _chunks(len(tokens), ctx, bos, max_chunks) * (1 + len(pairs) + len(budgets)
-                                                        + (n_layers * len(per_layer_pairs or pairs) if per_layer else 0))
+                                                        + (n_layers * len(per_layer_pairs) if more_layers else 0))
     if not given:
         first = eval_model(model, tokenizer, tokens=tokens, pairs=[], max_chunks=sensitivity_chunks or max_chunks,
                            per_layer=True, per_layer_pairs=cands,
@@ -496,13 +499,12 @@ def _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baselin
         sens = first.per_layer
     proposals = [propose_budget(sens, b, cands, n_layers) for b in budgets]
     run_pairs = list(dict.fromkeys(pairs + [p["spec"] for p in proposals]))
-    result = eval_model(model, tokenizer, tokens=tokens, pairs=run_pairs, max_chunks=max_chunks, per_layer=per_layer,
-                        per_layer_pairs=per_layer_pairs, progress=_Phase(progress, n1, n1 + n2) if progress else None,
-                        **kw)
+    result = eval_model(model, tokenizer, tokens=tokens, pairs=run_pairs, max_chunks=max_chunks,
+                        per_layer=more_layers, per_layer_pairs=per_layer_pairs,
+                        progress=_Phase(progress, n1, n1 + n2) if progress else None, **kw)
     if progress:
         progress(n1 + n2, n1 + n2)
-    if not per_layer:
-        result.per_layer = list(sens)
+    result.per_layer = list(sens) + result.per_layer
     by_pair = {r["pair"]: r for r in result.rows[1:]}
     for prop in proposals:
         row = by_pair[prop["spec"]]

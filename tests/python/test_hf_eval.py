@@ -223,7 +223,8 @@ def test_eval_budget_proposes_and_evaluates_per_layer_pairs(loaded, tiny_dir):
     again = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=2, pairs=[spec])
     assert again.rows[1]["kl_mean"] == r.budget[0]["kl_mean"]
     # Given sensitivity rows, nothing is measured again and the proposals are the same.
-    given = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=5.5, sensitivity=r.per_layer)
+    given = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=5.5, sensitivity=r.per_layer,
+                           per_layer=True)  # per_layer: the sensitivity rows, no more runs
     assert given.budget[0]["spec"] == spec and given.info["sensitivity"] == "given" and given.per_layer == r.per_layer
     assert [x["pair"] for x in given.rows[1:4]] == cands  # the candidates of the rows, as uniform pairs
     md = given.format("markdown", table="budget")
