@@ -405,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="candidates of --budget (default: " + ",".join(_budget_pairs()) + ")")
     e.add_argument("--sensitivity", metavar="FILE.json", help="--budget: the per-layer KLs from an earlier "
                    "kvq eval --per-layer (or --budget) --format json, instead of measuring them")
-    e.add_argument("--sensitivity-chunks", type=_positive, help="--budget: measure the per-layer KLs on this "
+    e.add_argument("--sensitivity-chunks", type=_positive, metavar="N", help="--budget: measure the per-layer KLs on this "
                    "many chunks (default: --max-chunks)")
     e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="model weights' dtype")
     e.add_argument("--threads", type=_positive, default=1, help="threads of one kvq attention call (default 1)")
