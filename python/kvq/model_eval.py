@@ -12,8 +12,14 @@ on an f32/f32 kvq cache (``baseline="f32/f32"``, attention on float32 rows: the 
 alone) or on transformers' own cache and sdpa attention (``baseline="hf"``).
 
 A pair "K/V|K2/V2" stores the sliding-window layers with K2/V2 and the others with K/V (as ``kvq table``
-and ``kvq plan`` read it). ``per_layer=True`` adds, for each pair and each layer, the KL when only that layer is quantized with the pair
-and every other layer is kept in f32 (``KVQCache(layer_codecs=...)``).
+and ``kvq plan`` read it); "P0;P1*3;..." gives one pair per layer (a run of n layers as PAIR*n; kvq._pairs
+parses every form). ``per_layer=True`` adds, for each pair and each layer, the KL when only that layer is
+quantized with the pair and every other layer is kept in f32 (``KVQCache(layer_codecs=...)``).
+
+``budget=B`` (bits per value, or a list of budgets) proposes one pair per layer from candidate pairs: the
+per-layer KLs are measured (or given as ``sensitivity``, the per_layer rows of an earlier run), the pairs
+minimizing their sum with mean bits per value ≤ B are chosen (``allocate_budget``, exact) and evaluated
+next to the candidates as uniform pairs (``propose_budget``; ``EvalResult.budget``).
 
 Needs torch and transformers (``pip install '.[hf]' (distribution kvq-cache)``).
 """
@@ -31,17 +37,95 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ._pairs import check_spec, format_layer_pairs, layer_pairs
+
 DEFAULT_EVAL_PAIRS = [
     "q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q4_0+rot/q4_0", "q4_0+rot+center/q4_0",
     "turbo4/turbo4", "turbo3.5/turbo3.5", "polar/polar",
 ]
 
 
-def _on_layer(pair: str, window: int) -> str:
-    """The pair a layer uses: of "K/V|K2/V2", K2/V2 on a sliding-window layer (window > 0) and K/V on the
-    others; a plain "K/V" everywhere."""
-    full, _, windowed = pair.partition("|")
-    return windowed if windowed and window else full
+# The candidates of kvq eval --budget, cheap to dear (bits per value at head_dim 256, blocks of 32): 3.0,
+# 3.5, 4.5, 4.75, 5.25, 6.5, 8.5.
+DEFAULT_BUDGET_PAIRS = [
+    "chan2/polar:budget=3", "chan3/polar:budget=3", "q5_0+rot+center/polar:budget=3", "q4_0+rot+center/q4_0",
+    "q5_0+rot+center/q4_0", "q8_0/q4_0", "q8_0/q8_0",
+]
+
+
+def allocate_budget(kl: Sequence[Sequence[float]], bits: Sequence[Sequence[float]], budget: float) -> list[int]:
+    """One candidate per layer (its index) minimizing the sum of kl[layer][c] subject to
+    mean over layers of bits[layer][c] <= budget: a multiple-choice knapsack, solved exactly.
+
+    Dynamic programming over the layers on the Pareto frontier of (bits so far, KL so far): after each layer
+    only the partial choices that no other partial choice beats on both bits and KL are kept (sorted by bits,
+    a state is kept when its KL is below every state with fewer or equal bits), and those that cannot meet the
+    budget even with the cheapest candidates on the remaining layers are dropped. It is exact: the first
+    layers of an optimal choice are either kept or beaten on both counts by a kept state, which the same
+    remaining layers complete within the budget at no more KL. No discretization of the bits: the states are
+    the distinct sums of bits, few when the candidates' bits are few (7 candidates at multiples of 0.25 bit
+    over 18 layers: at most 22 × 18 + 1 = 397 sums). Among choices of equal KL the one with fewer bits wins.
+    Every layer counts alike, as KVQCache.bits_per_value averages them (each layer holds as many values).
+    """
+    n = len(kl)
+    if n == 0 or len(bits) != n or any(len(a) != len(b) or not a for a, b in zip(kl, bits)):
+        raise ValueError("allocate_budget: kl and bits need the same non-empty candidate lists for every layer")
+    if not math.isfinite(budget):
+        raise ValueError(f"allocate_budget: budget must be a finite number of bits per value, got {budget}")
+    cap = budget * n
+    eps = 1e-9 * max(1.0, abs(cap))
+    rest = [0.0] * (n + 1)  # the fewest bits of layers l.. (the cheapest candidate of each)
+    for l in range(n - 1, -1, -1):
+        rest[l] = rest[l + 1] + min(bits[l])
+    if rest[0] > cap + eps:
+        raise ValueError(f"a budget of {budget:g} bits per value is below the cheapest choice: the cheapest "
+                         f"candidate on every layer is {rest[0] / n:.4g} bits per value")
+    frontier: list[tuple[float, float, tuple[int, ...]]] = [(0.0, 0.0, ())]
+    for l in range(n):
+        states = [(b + bits[l][c], k + kl[l][c], ch + (c,)) for b, k, ch in frontier for c in range(len(kl[l]))
+                  if b + bits[l][c] + rest[l + 1] <= cap + eps]
+        states.sort(key=lambda s: (s[0], s[1]))
+        frontier = []
+        for st in states:
+            if not frontier or st[1] < frontier[-1][1]:
+                frontier.append(st)
+    return list(frontier[-1][2])  # the most bits on the frontier: the least KL
+
+
+def propose_budget(per_layer: Sequence[dict], budget: float, pairs: Sequence[str] | None = None,
+                   n_layers: int | None = None) -> dict:
+    """The per-layer pairs for a budget of bits per value, from per-layer sensitivity rows (``EvalResult
+    .per_layer``: pair, layer, window, bits_per_value, kl_mean with only that layer quantized): the candidates
+    are ``pairs`` (default: every pair of the rows), each needing a row for every layer; the choice minimizes
+    the sum of the per-layer KLs (the predicted KL, on the reading that the layers' KLs add up) with mean
+    bits per value ≤ budget (``allocate_budget``). Returns budget, spec (a per-layer pair list kvq eval
+    --pairs and KVQCache.from_spec take), bits_per_value, kl_predicted and the layers (layer, window, pair,
+    bits_per_value, kl_predicted)."""
+    table = {(r["pair"], int(r["layer"])): r for r in per_layer}
+    cands = list(dict.fromkeys(pairs if pairs is not None else [r["pair"] for r in per_layer]))
+    layers = sorted({l for _, l in table})
+    if n_layers is not None and layers != list(range(n_layers)):
+        raise ValueError(f"propose_budget: the sensitivity rows cover layers {layers}; the model has {n_layers}")
+    if not cands or layers != list(range(len(layers))):
+        raise ValueError("propose_budget: need per-layer rows for layers 0..n-1 of at least one pair")
+    for p in cands:
+        if ";" in p or "*" in p:
+            raise ValueError(f"propose_budget: a candidate is one pair or 'K/V|K2/V2', not a per-layer list: {p!r}")
+        missing = [l for l in layers if (p, l) not in table]
+        if missing:
+            raise ValueError(f"propose_budget: no sensitivity row of {p} for layers {missing}")
+    rows = [[table[p, l] for p in cands] for l in layers]
+    kl = [[float(r["kl_mean"]) for r in rs] for rs in rows]
+    bits = [[float(r["bits_per_value"]) for r in rs] for rs in rows]
+    choice = allocate_budget(kl, bits, budget)
+    out = []
+    for l, c in enumerate(choice):
+        w = rows[l][c]["window"]
+        out.append({"layer": l, "window": w, "pair": layer_pairs(cands[c], [0 if w == "full" else int(w)])[0],
+                    "candidate": cands[c], "bits_per_value": bits[l][c], "kl_predicted": kl[l][c]})
+    return {"budget": float(budget), "spec": format_layer_pairs([r["pair"] for r in out]),
+            "bits_per_value": sum(r["bits_per_value"] for r in out) / len(out),
+            "kl_predicted": sum(r["kl_predicted"] for r in out), "candidates": cands, "layers": out}
 
 
 @contextlib.contextmanager
@@ -129,6 +213,7 @@ class EvalResult:
     rows: list[dict]
     per_layer: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    budget: list[dict] = field(default_factory=list)  # the proposals of eval_model(budget=...)
 
     COLUMNS = [("pair", "K/V"), ("bits_per_value", "bits/value"), ("ppl", "PPL"), ("ppl_ratio", "PPL ratio"),
                ("kl_mean", "KL mean"), ("kl_mean_se", "±"), ("kl_median", "KL median"), ("kl_p99", "KL p99"),
@@ -139,10 +224,37 @@ class EvalResult:
                      ("kl_mean", "KL mean"), ("kl_mean_se", "±"), ("kl_median", "KL median"), ("kl_p99", "KL p99"),
                      ("kl_p99_9", "KL p99.9"), ("same_top", "same top %"), ("ppl", "PPL")]
 
+    BUDGET_COLUMNS = [("budget", "budget"), ("layer", "layer"), ("window", "window"), ("pair", "K/V"),
+                      ("bits_per_value", "bits/value"), ("kl_predicted", "predicted KL")]
+
     def format(self, fmt: str = "markdown", table: str = "pairs") -> str:
-        rows, cols = (self.rows, self.COLUMNS) if table == "pairs" else (self.per_layer, self.LAYER_COLUMNS)
+        """table: "pairs", "layers" (the per-layer rows) or "budget" (the proposals, layer by layer)."""
         if fmt == "json":
-            return json.dumps({"info": self.info, "rows": self.rows, "per_layer": self.per_layer}, indent=1) + "\n"
+            return json.dumps({"info": self.info, "rows": self.rows, "per_layer": self.per_layer,
+                               "budget": self.budget}, indent=1) + "\n"
+        if table == "budget":
+            rows = [{"budget": p["budget"]} | r for p in self.budget for r in p["layers"]]
+            cols = self.BUDGET_COLUMNS if fmt == "csv" else self.BUDGET_COLUMNS[1:]
+            if fmt == "markdown":
+                return "\n".join(self._proposal_markdown(p) for p in self.budget)
+        elif table in ("pairs", "layers"):
+            rows, cols = (self.rows, self.COLUMNS) if table == "pairs" else (self.per_layer, self.LAYER_COLUMNS)
+        else:
+            raise ValueError(f"table must be pairs, layers or budget, got {table!r}")
+        return self._format(rows, cols, fmt, table)
+
+    def _proposal_markdown(self, p: dict) -> str:
+        best = p.get("best_uniform")
+        lines = [f"Budget {p['budget']:g} bits/value: {p['bits_per_value']:.4g} bits/value, KL mean predicted "
+                 f"{p['kl_predicted']:.3g} (the sum of the per-layer KLs)"
+                 + (f", measured {p['kl_mean']:.3g} ± {p['kl_mean_se']:.1g}" if "kl_mean" in p else "")
+                 + (f"; the best uniform pair within the budget, {best['pair']} ({best['bits_per_value']:.4g} "
+                    f"bits/value): {best['kl_mean']:.3g} ± {best['kl_mean_se']:.1g}" if best else "") + ".", "",
+                 f"    kvq eval ... --pairs '{p['spec']}'", ""]
+        rows = [r for r in p["layers"]]
+        return "\n".join(lines) + "\n" + self._format(rows, self.BUDGET_COLUMNS[1:], "markdown", "budget")
+
+    def _format(self, rows: list[dict], cols: list, fmt: str, table: str) -> str:
         if fmt == "csv":
             cols = cols + [(k, k) for k in self.CSV_EXTRA if table == "pairs"]
             lines = [",".join(k for k, _ in cols)] + [",".join(_cell(r.get(k), k) for k, _ in cols) for r in rows]
@@ -151,7 +263,8 @@ class EvalResult:
             raise ValueError(f"format must be markdown, csv or json, got {fmt!r}")
         head = "| " + " | ".join(h for _, h in cols) + " |"
         sep = "|" + "|".join("---" if i == 0 else "--:" for i in range(len(cols))) + "|"
-        cells = [[_cell(r.get(k), k).replace("|", "\\|") for k, _ in cols] for r in rows]  # "K/V|K2/V2"
+        # "K/V|K2/V2" and "PAIR*n": a "|" splits a cell, "*" is emphasis
+        cells = [[_cell(r.get(k), k).replace("|", "\\|").replace("*", "\\*") for k, _ in cols] for r in rows]
         return "\n".join([head, sep] + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
 
 
@@ -162,7 +275,7 @@ def _cell(v, key: str) -> str:
         return ""
     if key.startswith("kl_"):
         return "0" if not v else f"{v:.1e}" if key == "kl_mean_se" else f"{v:.2e}"
-    if key in ("same_top", "kib_per_token", "bits_per_value"):
+    if key in ("same_top", "kib_per_token", "bits_per_value", "budget"):
         return f"{v:.2f}"
     if key in ("ppl", "ppl_ratio"):
         return f"{v:.4f}"
@@ -199,25 +312,42 @@ class _Stats:
         }
 
 
+def _chunks(n_tokens: int, ctx: int, bos, max_chunks: int | None) -> int:
+    n = n_tokens // (ctx - 1 if bos is not None else ctx)
+    return n if max_chunks is None else min(n, max_chunks)
+
+
 def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequence[int] | None = None,
                pairs: Sequence[str] | None = None, ctx: int = 1024, max_chunks: int | None = None,
                baseline: str = "f32/f32", per_layer: bool = False, per_layer_pairs: Sequence[str] | None = None,
+               budget: float | Sequence[float] | None = None, budget_pairs: Sequence[str] | None = None,
+               sensitivity: Sequence[dict] | None = None, sensitivity_chunks: int | None = None,
                progress: Callable[[int, int], None] | None = None, **cache_config) -> EvalResult:
     """Perplexity, KL statistics against the baseline, same-top-token % and bits per value per K/V pair (see
     the module docstring). ``model``: a transformers causal LM (loaded with attn_implementation="kvq", or it is
     switched);
-    ``text`` (with ``tokenizer``) or ``tokens``; ``cache_config``: kvq.KVCache keywords for every cache."""
+    ``text`` (with ``tokenizer``) or ``tokens``; ``cache_config``: kvq.KVCache keywords for every cache.
+
+    ``budget``: bits per value (one or a list): propose per-layer pairs from ``budget_pairs`` (default
+    DEFAULT_BUDGET_PAIRS) and evaluate them after ``pairs`` (default: the candidates, as uniform pairs). The
+    sensitivity is measured first (per-layer runs of the candidates on ``sensitivity_chunks`` chunks, default
+    ``max_chunks``; they become ``per_layer`` of the result, followed by those of ``per_layer_pairs`` if
+    given) unless ``sensitivity`` gives per-layer rows."""
+    if (text is None) == (tokens is None):
+        raise ValueError("eval_model: give text (with a tokenizer) or tokens")
+    if budget is not None:
+        return _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baseline, per_layer,
+                            per_layer_pairs, budget, budget_pairs, sensitivity, sensitivity_chunks, progress,
+                            cache_config)
     import torch
 
     from . import hf
 
-    if (text is None) == (tokens is None):
-        raise ValueError("eval_model: give text (with a tokenizer) or tokens")
     if ctx < 8:
         raise ValueError(f"eval_model: ctx must be at least 8 tokens, got {ctx}")
     pairs = list(pairs) if pairs is not None else list(DEFAULT_EVAL_PAIRS)
-    for p in pairs + ([] if baseline == "hf" else [baseline]):
-        hf._pair(p)
+    for p in pairs + list(per_layer_pairs or []) + ([] if baseline == "hf" else [baseline]):
+        check_spec(p)
     if text is not None:
         if tokenizer is None:
             raise ValueError("eval_model: text needs the tokenizer")
@@ -225,9 +355,7 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
     tokens = [int(t) for t in tokens]
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
     body = ctx - 1 if bos is not None else ctx
-    n_chunks = len(tokens) // body
-    if max_chunks is not None:
-        n_chunks = min(n_chunks, max_chunks)
+    n_chunks = _chunks(len(tokens), ctx, bos, max_chunks)
     if n_chunks < 1:
         raise ValueError(f"eval_model: {len(tokens)} tokens are fewer than one chunk of {ctx}")
     first = ctx // 2  # positions first .. ctx-2 predict tokens first+1 .. ctx-1
@@ -236,10 +364,12 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
     config = model.config
     n_layers = config.get_text_config(decoder=True).num_hidden_layers
     windows = hf._layer_windows(config.get_text_config(decoder=True))
-    layer_pairs = list(per_layer_pairs) if per_layer_pairs is not None else pairs
+    on_layer = {p: layer_pairs(p, windows) for p in dict.fromkeys(pairs + list(per_layer_pairs or []) + [baseline])
+                if p != "hf"}  # every spec checked against the model's layers before a forward pass
+    sensitive = list(per_layer_pairs) if per_layer_pairs is not None else pairs
     runs: list[tuple[str, str | None, dict | None, int | None]] = [(p, p, None, None) for p in pairs]
     if per_layer:
-        runs += [(p, "f32/f32", {l: _on_layer(p, windows[l])}, l) for p in layer_pairs for l in range(n_layers)]
+        runs += [(p, "f32/f32", {l: on_layer[p][l]}, l) for p in sensitive for l in range(n_layers)]
     stats = {i: _Stats() for i in range(len(runs))}
     base = _Stats()
     total, done = n_chunks * (1 + len(runs)), 0
@@ -253,9 +383,9 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                 return logits, time.perf_counter() - t0, None
             finally:
                 model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
-        if "|" in pair:  # "K/V|K2/V2": K2/V2 on the sliding-window layers
-            layer_codecs = {l: _on_layer(pair, w) for l, w in enumerate(windows) if w} | (layer_codecs or {})
-        k, v = hf._pair(_on_layer(pair, 0))
+        per = on_layer[pair] if pair in on_layer else layer_pairs(pair, windows)
+        layer_codecs = {l: p for l, p in enumerate(per) if p != per[0]} | (layer_codecs or {})
+        k, v = hf._pair(per[0])
         cache = hf.KVQCache(config, k, v, max_batch_size=1, layer_codecs=layer_codecs, **cache_config)
         t0 = time.perf_counter()
         logits = model(ids, use_cache=True, logits_to_keep=keep, **{cache_kw: cache}).logits[0, :-1]
@@ -318,6 +448,81 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
             "baseline": baseline, "model": getattr(config, "_name_or_path", "") or config.model_type,
             "cache_config": {k: v for k, v in cache_config.items()}}
     return EvalResult(rows, layer_rows, info)
+
+
+class _Phase:
+    """A progress callback for one of several evaluations, reported as part of the whole."""
+
+    def __init__(self, progress, offset: int, total: int):
+        self.progress, self.offset, self.total = progress, offset, total
+
+    def __call__(self, done: int, total: int) -> None:
+        self.progress(min(self.offset + done, self.total), self.total)
+
+
+def _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baseline, per_layer, per_layer_pairs,
+                 budget, budget_pairs, sensitivity, sensitivity_chunks, progress, cache_config) -> EvalResult:
+    """eval_model with a budget: the sensitivity (measured, or given), a proposal per budget, and one
+    evaluation of the pairs and the proposals."""
+    budgets = [float(budget)] if isinstance(budget, (int, float)) else [float(b) for b in budget]
+    if not budgets or any(not math.isfinite(b) or b <= 0 for b in budgets):
+        raise ValueError(f"eval_model: a budget is a positive number of bits per value, got {budget!r}")
+    cands = list(budget_pairs) if budget_pairs is not None else None
+    for p in cands or []:
+        check_spec(p)
+    if text is not None:
+        if tokenizer is None:
+            raise ValueError("eval_model: text needs the tokenizer")
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    tokens = [int(t) for t in tokens]
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    kw = dict(ctx=ctx, baseline=baseline, **cache_config)
+    given = sensitivity is not None
+    if given:
+        sens = list(sensitivity)
+        if cands is None:
+            cands = list(dict.fromkeys(r["pair"] for r in sens))
+    else:
+        cands = cands if cands is not None else list(DEFAULT_BUDGET_PAIRS)
+    pairs = list(pairs) if pairs is not None else list(cands)
+    # Progress over both evaluations; the second's size is known before the first runs (a proposal that
+    # repeats a pair is not run twice, so it may end early: it then jumps to the end).
+    n1 = 0 if given else _chunks(len(tokens), ctx, bos, sensitivity_chunks or max_chunks) * (1 + len(cands) * n_layers)
+    # per_layer: the sensitivity rows are the per-layer rows, and more only for per_layer_pairs given.
+    more_layers = per_layer and per_layer_pairs is not None
+    n2 = _chunks(len(tokens), ctx, bos, max_chunks) * (1 + len(pairs) + len(budgets)
+                                                        + (n_layers * len(per_layer_pairs) if more_layers else 0))
+    if not given:
+        first = eval_model(model, tokenizer, tokens=tokens, pairs=[], max_chunks=sensitivity_chunks or max_chunks,
+                           per_layer=True, per_layer_pairs=cands,
+                           progress=_Phase(progress, 0, n1 + n2) if progress else None, **kw)
+        sens = first.per_layer
+    proposals = [propose_budget(sens, b, cands, n_layers) for b in budgets]
+    run_pairs = list(dict.fromkeys(pairs + [p["spec"] for p in proposals]))
+    result = eval_model(model, tokenizer, tokens=tokens, pairs=run_pairs, max_chunks=max_chunks,
+                        per_layer=more_layers, per_layer_pairs=per_layer_pairs,
+                        progress=_Phase(progress, n1, n1 + n2) if progress else None, **kw)
+    if progress:
+        progress(n1 + n2, n1 + n2)
+    result.per_layer = list(sens) + result.per_layer
+    by_pair = {r["pair"]: r for r in result.rows[1:]}
+    for prop in proposals:
+        row = by_pair[prop["spec"]]
+        row.setdefault("budget", prop["budget"])
+        row.setdefault("kl_predicted", prop["kl_predicted"])
+        prop["kl_mean"], prop["kl_mean_se"], prop["measured_bits_per_value"] = (
+            row["kl_mean"], row["kl_mean_se"], row["bits_per_value"])
+        uniform = [r for r in result.rows[1:] if r["pair"] in pairs and r["pair"] != prop["spec"]
+                   and r["bits_per_value"] <= prop["budget"] + 1e-9]
+        best = min(uniform, key=lambda r: r["kl_mean"], default=None)
+        prop["best_uniform"] = None if best is None else {k: best[k] for k in ("pair", "bits_per_value", "kl_mean",
+                                                                                "kl_mean_se")}
+    result.budget = proposals
+    result.info["budget"] = budgets
+    result.info["sensitivity"] = "given" if given else {"chunks": _chunks(len(tokens), ctx, bos,
+                                                                          sensitivity_chunks or max_chunks)}
+    return result
 
 
 def plot_per_layer(rows: list[dict], path: str, title: str = "") -> None:

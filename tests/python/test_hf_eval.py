@@ -1,6 +1,8 @@
 """kvq.eval_model and `kvq eval`: perplexity, KL and same-top-token % per K/V pair, on a tiny random Llama
 saved with a word-level tokenizer (nothing downloaded). Skipped without torch and transformers."""
 
+import contextlib
+import itertools
 import json
 import math
 
@@ -172,6 +174,11 @@ def test_bits_per_value_of_per_layer_pairs():
     assert [cache.bits_per_value(l) for l in range(3)] == [(16, 16), (8.5, 4.5), (5.0, 8.5)]
     assert cache.bits_per_value() == pytest.approx(((16 + 8.5 + 5) / 3, (16 + 4.5 + 8.5) / 3))
     assert cache.bytes_per_token() == pytest.approx(sum(sum(cache.bits_per_value(l)) for l in range(3)) * 2 * 32 / 8)
+    # The same from a per-layer spec, and "K/V|K2/V2" (K2/V2 on the sliding layers 0 and 2).
+    spec = kvq.hf.KVQCache.from_spec(config, "f16/f16;q8_0/q4_0;q4_0+center/q8_0")
+    assert [spec.bits_per_value(l) for l in range(3)] == [(16, 16), (8.5, 4.5), (5.0, 8.5)]
+    windowed = kvq.hf.KVQCache.from_spec(config, "q8_0/q4_0|q4_0/q4_0")
+    assert [windowed.bits_per_value(l) for l in range(3)] == [(4.5, 4.5), (8.5, 4.5), (4.5, 4.5)]
 
     model = transformers.Gemma3ForCausalLM(config).eval()
     tokens = np.random.default_rng(0).integers(1, 64, size=64).tolist()
@@ -183,6 +190,51 @@ def test_bits_per_value_of_per_layer_pairs():
                                   ((centered_keys + values) / 2, centered_keys, values)])
     # One layer quantized: the bits of that layer's pair (q8_0 on the full layer 1, q4_0 on the sliding ones).
     assert [x["bits_per_value"] for x in r.per_layer] == [4.5, 8.5, 4.5]
+
+
+def test_eval_budget_proposes_and_evaluates_per_layer_pairs(loaded, tiny_dir):
+    model, tok = loaded
+    text = (tiny_dir / "text.txt").read_text()
+    cands = ["q4_0/q4_0", "q8_0/q4_0", "q8_0/q8_0"]  # 4.5, 6.5, 8.5 bits per value
+    r = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=2, budget=[5.5, 7.5], budget_pairs=cands)
+    # The sensitivity: each candidate on one layer, the others f32.
+    assert [(x["pair"], x["layer"]) for x in r.per_layer] == [(p, l) for p in cands for l in range(3)]
+    kl = {(x["pair"], x["layer"]): x["kl_mean"] for x in r.per_layer}
+    assert [p["budget"] for p in r.budget] == [5.5, 7.5] and r.info["sensitivity"] == {"chunks": 2}
+    for prop in r.budget:
+        chosen = [x["pair"] for x in prop["layers"]]
+        assert prop["bits_per_value"] <= prop["budget"] and prop["spec"] == kvq._pairs.format_layer_pairs(chosen)
+        assert prop["kl_predicted"] == pytest.approx(sum(kl[p, l] for l, p in enumerate(chosen)))
+        # The least predicted KL of all 27 choices within the budget.
+        bits = {"q4_0/q4_0": 4.5, "q8_0/q4_0": 6.5, "q8_0/q8_0": 8.5}
+        best = min(sum(kl[p, l] for l, p in enumerate(c)) for c in itertools.product(cands, repeat=3)
+                   if sum(bits[p] for p in c) <= 3 * prop["budget"])
+        assert prop["kl_predicted"] == pytest.approx(best)
+    # Evaluated after the candidates as uniform pairs, each layer at its pair: the bits add up as proposed.
+    labels = [x["pair"] for x in r.rows]
+    assert labels[:4] == ["f32/f32 (baseline)"] + cands and set(labels[4:]) == {p["spec"] for p in r.budget}
+    for prop in r.budget:
+        row = r.rows[labels.index(prop["spec"])]
+        assert row["bits_per_value"] == pytest.approx(prop["bits_per_value"]) and row["kl_mean"] == prop["kl_mean"]
+        assert prop["best_uniform"]["bits_per_value"] <= prop["budget"]
+    assert r.budget[0]["best_uniform"]["pair"] == "q4_0/q4_0"
+    # The spec read back by kvq eval: the same cache, so the same KL.
+    spec = r.budget[0]["spec"]
+    again = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=2, pairs=[spec])
+    assert again.rows[1]["kl_mean"] == r.budget[0]["kl_mean"]
+    # Given sensitivity rows, nothing is measured again and the proposals are the same.
+    given = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=5.5, sensitivity=r.per_layer,
+                           per_layer=True)  # per_layer: the sensitivity rows, no more runs
+    assert given.budget[0]["spec"] == spec and given.info["sensitivity"] == "given" and given.per_layer == r.per_layer
+    assert [x["pair"] for x in given.rows[1:4]] == cands  # the candidates of the rows, as uniform pairs
+    md = given.format("markdown", table="budget")
+    assert md.startswith("Budget 5.5 bits/value: ") and f"--pairs '{spec}'" in md and "| layer | window | K/V |" in md
+    assert given.format("csv", table="budget").splitlines()[0] == "budget,layer,window,pair,bits_per_value,kl_predicted"
+    assert json.loads(given.format("json"))["budget"][0]["spec"] == spec
+    with pytest.raises(ValueError, match="below the cheapest choice"):
+        kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=4.4, sensitivity=r.per_layer)
+    with pytest.raises(ValueError, match="names 2 layers; the model has 3"):
+        kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, pairs=["q8_0/q4_0;q4_0/q4_0"])
 
 
 def test_eval_rejects_bad_arguments(loaded):
@@ -214,6 +266,8 @@ def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
     assert rc == 2 and "neither a model directory nor a GGUF file" in capsys.readouterr().err  # a bad argument
     rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--plot", "x.png"])
     assert rc == 2 and "--per-layer" in capsys.readouterr().err
+    rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--sensitivity", str(out)])
+    assert rc == 2 and "go with --budget" in capsys.readouterr().err
     # A directory as the plot, or an output that cannot be written: refused before the model loads.
     plots = tmp_path / "plots"
     plots.mkdir()
@@ -241,3 +295,25 @@ def test_one_gguf_parse_shares_the_reader_of_a_file_and_restores_gguf(tmp_path):
         assert [int(b.fields["test.value"].parts[-1][0]), list(b.tensors[0].data)] == [1, [0, 1, 2, 3]]
     assert gguf.GGUFReader is original
     assert gguf.GGUFReader(paths[0]) is not a
+
+
+def test_kvq_eval_budget_command(tiny_dir, tmp_path, capsys):
+    sens = tmp_path / "sens.json"
+    common = ["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--ctx", "64", "--max-chunks", "1",
+              "--no-progress"]
+    rc = cli.main(common + ["--budget", "6", "--budget-pairs", "q4_0/q4_0,q8_0/q8_0", "--format", "json",
+                            "--output", str(sens)])
+    assert rc == 0
+    first = json.loads(sens.read_text())
+    assert first["info"]["budget"] == [6.0] and len(first["per_layer"]) == 6 and first["budget"][0]["bits_per_value"] <= 6
+    # The per-layer KLs of that run, reused: the same proposal, printed after the table.
+    rc = cli.main(common + ["--budget", "6", "--sensitivity", str(sens)])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("| K/V | bits/value |")
+    assert "Budget 6 bits/value: " in out and f"--pairs '{first['budget'][0]['spec']}'" in out
+    for args, err in [(["--budget", "0"], "above 0"), (["--budget", "2", "--sensitivity", str(sens)], "below the cheapest"),
+                      (["--budget", "6", "--sensitivity", str(tiny_dir / "text.txt")], "not the JSON of kvq eval")]:
+        with pytest.raises(SystemExit) if err == "above 0" else contextlib.nullcontext():
+            rc = cli.main(common + args)
+            assert rc == 2
+        assert err in capsys.readouterr().err

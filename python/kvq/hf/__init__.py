@@ -41,7 +41,9 @@ needed. Errors found before anything is stored (shapes, devices, the attention i
 nothing.
 
 Key codecs may end in ``+center`` (per-block key centering, ``center_keys=True``), as in ``kvq table``.
-``layer_codecs={layer: "K/V"}`` stores some layers with another pair (kvq's own per-layer codecs in the
+``KVQCache.from_spec(config, "q8_0/q4_0;chan3/polar:budget=3*17")`` takes a pair spec as ``kvq eval --pairs``
+does ('K/V', 'K/V|K2/V2', or one pair per layer separated by ';', a run as 'PAIR*n': kvq._pairs), e.g. a
+proposal of ``kvq eval --budget``. ``layer_codecs={layer: "K/V"}`` stores some layers with another pair (kvq's own per-layer codecs in the
 same cache; a second cache only when some layers center their keys and others do not): the
 per-layer sensitivity runs of ``kvq eval --per-layer`` quantize one layer and keep the others in f32.
 

@@ -12,6 +12,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from .. import _core
+from .._pairs import layer_pairs, split_pair
 from ._attention import _PENDING, ATTN_IMPLEMENTATION
 from ._config import _AttentionShape, _layer_pairs, _scale_and_softcap, split_key_spec
 from ._layer import _Group, _KVQLayer
@@ -79,6 +80,15 @@ class KVQCache(Cache):
         self.block_tokens = int(self._groups[0].cache.config["block_tokens"])
         self._failed = ""
         super().__init__(layers=[_KVQLayer(i, w) for i, w in enumerate(shape.windows)])
+
+    @classmethod
+    def from_spec(cls, config, spec: str, max_batch_size: int | None = None, **cache_config: Any) -> "KVQCache":
+        """A cache from a pair spec as ``kvq eval --pairs`` takes it: 'K/V', 'K/V|K2/V2' (K2/V2 on the
+        sliding-window layers) or a per-layer list 'P0;P1*3;...' (what ``kvq eval --budget`` proposes)."""
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        pairs = layer_pairs(spec, _AttentionShape.of(text).windows)
+        k, v = split_pair(pairs[0])
+        return cls(config, k, v, max_batch_size, layer_codecs=dict(enumerate(pairs)), **cache_config)
 
     # ----------------------------------------------------------------------------------- information
     @property

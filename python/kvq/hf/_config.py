@@ -8,6 +8,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .._pairs import split_pair
+
 
 def split_key_spec(spec: str) -> tuple[str, bool]:
     """'q4_0+rot+center' -> ('q4_0+rot', True): the codec name and whether keys are centered."""
@@ -19,10 +21,7 @@ def split_key_spec(spec: str) -> tuple[str, bool]:
 
 def _pair(spec: str | tuple[str, str]) -> tuple[str, str]:
     if isinstance(spec, str):
-        k, sep, v = spec.partition("/")
-        if not sep or not k or not v:
-            raise ValueError(f"a codec pair is 'KEY/VALUE', e.g. 'q8_0/q4_0'; got {spec!r}")
-        return k, v
+        return split_pair(spec)
     k, v = spec
     return str(k), str(v)
 
