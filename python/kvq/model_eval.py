@@ -312,6 +312,14 @@ class _Stats:
         }
 
 
+def _token_ids(tokenizer, text: str | None, tokens: Sequence[int] | None) -> list[int]:
+    if text is not None:
+        if tokenizer is None:
+            raise ValueError("eval_model: text needs the tokenizer")
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [int(t) for t in tokens]
+
+
 def _chunks(n_tokens: int, ctx: int, bos, max_chunks: int | None) -> int:
     n = n_tokens // (ctx - 1 if bos is not None else ctx)
     return n if max_chunks is None else min(n, max_chunks)
@@ -348,11 +356,7 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
     pairs = list(pairs) if pairs is not None else list(DEFAULT_EVAL_PAIRS)
     for p in pairs + list(per_layer_pairs or []) + ([] if baseline == "hf" else [baseline]):
         check_spec(p)
-    if text is not None:
-        if tokenizer is None:
-            raise ValueError("eval_model: text needs the tokenizer")
-        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
-    tokens = [int(t) for t in tokens]
+    tokens = _token_ids(tokenizer, text, tokens)
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
     body = ctx - 1 if bos is not None else ctx
     n_chunks = _chunks(len(tokens), ctx, bos, max_chunks)
@@ -470,11 +474,7 @@ def _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baselin
     cands = list(budget_pairs) if budget_pairs is not None else None
     for p in cands or []:
         check_spec(p)
-    if text is not None:
-        if tokenizer is None:
-            raise ValueError("eval_model: text needs the tokenizer")
-        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
-    tokens = [int(t) for t in tokens]
+    tokens = _token_ids(tokenizer, text, tokens)
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     kw = dict(ctx=ctx, baseline=baseline, **cache_config)
