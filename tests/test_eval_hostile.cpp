@@ -17,24 +17,14 @@
 #include "kvq/research/npy.hpp"
 #include "kvq/research/planner.hpp"
 #include "kvq/research/sweep.hpp"
+#include "npy_bytes.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string npy_header(const std::string& dict) {
-    std::string header = dict;
-    const size_t unpadded = 10 + header.size() + 1;
-    header.append((64 - unpadded % 64) % 64, ' ');
-    header += '\n';
-    std::string s = "\x93NUMPY";
-    s += '\x01';
-    s += '\x00';
-    s += static_cast<char>(header.size() & 0xff);
-    s += static_cast<char>(header.size() >> 8);
-    return s + header;
-}
+using kvq::test::npy_bytes;
 
 struct Dump {
     fs::path path;
@@ -105,7 +95,7 @@ TEST_CASE("npy data: a file larger than its header promises is refused before it
     Dump dump;
     // A sparse k.npy of 2 GiB whose header says 32 KiB: refused from its size, without reading 2 GiB.
     {
-        std::ofstream(dump.file("k.npy"), std::ios::binary) << npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 256, 1, 32), }");
+        std::ofstream(dump.file("k.npy"), std::ios::binary) << npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 256, 1, 32), }");
         fs::resize_file(dump.file("k.npy"), uint64_t(2) << 30);
     }
     const long peak_before = peak_rss_kib();
@@ -113,7 +103,7 @@ TEST_CASE("npy data: a file larger than its header promises is refused before it
                          std::invalid_argument);
     CHECK(peak_rss_kib() - peak_before < 256 * 1024);  // the 2 GiB were not read into memory
     // A header length beyond what the file holds, and a format 2.0 header of 4 GiB.
-    dump.write("k.npy", npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }").substr(0, 30));
+    dump.write("k.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }").substr(0, 30));
     CHECK_THROWS_WITH_AS(kvq::read_npy(dump.file("k.npy")), doctest::Contains("truncated .npy header"), std::invalid_argument);
     dump.write("k.npy", std::string("\x93NUMPY\x02\x00\xff\xff\xff\xff", 12) + "{}");
     CHECK_THROWS_WITH_AS(kvq::read_npy(dump.file("k.npy")), doctest::Contains("beyond the 65536 read here"), std::invalid_argument);
@@ -123,7 +113,7 @@ TEST_CASE("npy data: a file larger than its header promises is refused before it
 
 TEST_CASE("npy: shape numbers and element counts that do not fit 64 bits are refused with the reason") {
     const auto error = [](const std::string& shape) {
-        const std::string bytes = npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }") + std::string(16, '\0');
+        const std::string bytes = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }") + std::string(16, '\0');
         try {
             kvq::parse_npy(bytes.data(), bytes.size(), "x.npy");
         } catch (const std::invalid_argument& e) {
@@ -137,7 +127,7 @@ TEST_CASE("npy: shape numbers and element counts that do not fit 64 bits are ref
     CHECK(error("(4294967296, 4294967297)").find("more elements than fit in 64 bits") != std::string::npos);
     CHECK(error("(4611686018427387904,)").find("more bytes than fit in 64 bits") != std::string::npos);  // 2^62 floats
     CHECK(error("(4,)") == "no error");
-    const std::string empty = npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }");  // no data (UBSan: no memcpy)
+    const std::string empty = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }");  // no data (UBSan: no memcpy)
     CHECK(kvq::parse_npy(empty.data(), empty.size()).shape == std::vector<size_t>{0, 4});
     // A dump whose dimension does not fit the data set's int is refused by name, not truncated.
     const std::vector<float> one(1);

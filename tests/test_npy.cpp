@@ -11,25 +11,14 @@
 #include "ref/half.hpp"
 #include "kvq/research/datasets.hpp"
 #include "kvq/research/npy.hpp"
+#include "npy_bytes.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// Bytes of a .npy file with the given header dict and raw data, as NumPy lays it out.
-std::string npy_bytes(const std::string& dict, const std::string& data) {
-    std::string header = dict;
-    const size_t unpadded = 10 + header.size() + 1;
-    header.append((64 - unpadded % 64) % 64, ' ');
-    header += '\n';
-    std::string s = "\x93NUMPY";
-    s += '\x01';
-    s += '\x00';
-    s += static_cast<char>(header.size() & 0xff);
-    s += static_cast<char>(header.size() >> 8);
-    return s + header + data;
-}
+using kvq::test::npy_bytes;
 
 std::string float_data(const std::vector<float>& x) { return {reinterpret_cast<const char*>(x.data()), x.size() * 4}; }
 
