@@ -2,7 +2,7 @@
 # The neon level under qemu-aarch64, for x86 machines (scripts/setup.sh installs g++-aarch64-linux-gnu and
 # qemu-user): the quantizers and block-codec scores against the specification (tests/neon/quantize_parity.cpp,
 # tests/neon/score_parity.cpp), then the engine library cross-compiled whole and kvq::selftest() run on it
-# (tests/neon/selftest.cpp: every codec at the neon level, the softmax, the primitives' contracts, cache
+# (tests/levels/selftest.cpp: every codec at the neon level, the softmax, the primitives' contracts, cache
 # attention). Exits non-zero if anything differs from the specification. scripts/simd_levels.sh (the test
 # command's "levels" phase) runs it.
 # Incremental: a generated ninja file in $KVQ_BUILD_DIR/neon (build/neon) compiles each source once, in
@@ -43,12 +43,12 @@ obj() { echo "obj/$(echo "${1#$root/}" | tr / _).o"; }
     echo "build $(obj "$src"): cc $(esc "$src")"
     objects+=" $(obj "$src")"
   done
-  for t in quantize_parity score_parity selftest; do
-    echo "build obj/tests_neon_$t.o: cc $(esc "$root/tests/neon/$t.cpp")"
+  for t in neon/quantize_parity neon/score_parity levels/selftest; do
+    echo "build $(obj "$root/tests/$t.cpp"): cc $(esc "$root/tests/$t.cpp")"
   done
-  echo "build quantize_parity: link obj/tests_neon_quantize_parity.o $(obj "$root/lib/ref/ggml_quant.cpp")"
-  echo "build score_parity: link obj/tests_neon_score_parity.o $(obj "$root/lib/ref/ggml_quant.cpp")"
-  echo "build selftest: link obj/tests_neon_selftest.o$objects"
+  echo "build quantize_parity: link $(obj "$root/tests/neon/quantize_parity.cpp") $(obj "$root/lib/ref/ggml_quant.cpp")"
+  echo "build score_parity: link $(obj "$root/tests/neon/score_parity.cpp") $(obj "$root/lib/ref/ggml_quant.cpp")"
+  echo "build selftest: link $(obj "$root/tests/levels/selftest.cpp")$objects"
 } >"$work/build.ninja.new"
 # Rewritten only when it changed, so that an unchanged run is a no-op for ninja.
 if cmp -s "$work/build.ninja.new" "$work/build.ninja"; then rm "$work/build.ninja.new"; else mv "$work/build.ninja.new" "$work/build.ninja"; fi
