@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what kvq needs and is missing: Debian packages (Eigen, xsimd, doctest, Google Benchmark,
-# pybind11; clang and its libFuzzer runtime for scripts/fuzz.sh) with apt-get, and Python tools with pip.
+# pybind11; clang and its libFuzzer runtime for scripts/fuzz.sh; on x86-64 the arm64 cross compiler and
+# qemu-user, with which the test command runs the neon level, and the x86 levels this CPU lacks, under
+# emulation: scripts/simd_levels.sh) with apt-get, and Python tools with pip.
 # Does nothing when everything is present.
 set -euo pipefail
 # scripts/test.sh sets this once its first call has installed everything (later phases skip the checks).
 [ "${KVQ_SETUP_DONE:-0}" = 1 ] && exit 0
 
 debs=(g++ make pkg-config ccache libeigen3-dev libxsimd-dev doctest-dev libbenchmark-dev pybind11-dev clang libclang-rt-14-dev)
+[ "$(uname -m)" != x86_64 ] || debs+=(g++-aarch64-linux-gnu qemu-user)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), llama.cpp's
-# test-backend-ops on kvq's ggml plugin (scripts/llama_cpp.sh test), builds the out-of-tree consumer
-# against an installed copy, installs the Python package and runs its tests (pytest), then the sanitizer
-# runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency tests under TSan) and a short
-# run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each, 20 here). KVQ_SANITIZE_ALL=0
+# All tests: installs what is missing, builds incrementally, runs the C++ suite (ctest), then every SIMD
+# level's code whatever this CPU lacks (scripts/simd_levels.sh: ctest ran the levels the CPU has; on an
+# AVX512-VNNI CPU the avx512 level's build without VNNI runs natively; neon is cross-compiled and run
+# under qemu-aarch64; an x86 level the CPU lacks runs under qemu-x86_64 where qemu emulates it, AVX2 yes,
+# AVX-512 no, and a level nothing here runs is reported "not tested on this machine", never as passed),
+# llama.cpp's test-backend-ops on kvq's ggml plugin (scripts/llama_cpp.sh test), builds the out-of-tree
+# consumer against an installed copy, installs the Python package and runs its tests (pytest), then the
+# sanitizer runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency tests under TSan) and a
+# short run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each, 20 here). KVQ_SANITIZE_ALL=0
 # skips the sanitizer and fuzz runs (a quick local run; CI runs them).
 # The Python tests include kvq.hf on tiny random transformers models and one test on the real Gemma 3 270M
 # GGUF model (pytest marker real_model, ~1-2 min; KVQ_PYTEST_ARGS='-m "not real_model"' leaves it out).
@@ -31,6 +35,9 @@ if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
 fi
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
 phase ctest
+# ~20 s when the cross-compiled objects are built or in ccache (first time: ~2-5 min of compiling).
+"$root/scripts/simd_levels.sh"
+phase levels
 # kvq's ggml backend plugin in a stock llama.cpp (the pinned llama-cpp-python sdist's, built with ccache):
 # llama.cpp's own test-backend-ops compares its flash attention with ggml's CPU backend
 # (scripts/llama_cpp.sh, docs/llama-cpp.md).

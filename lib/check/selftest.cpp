@@ -12,6 +12,7 @@
 #include "../ref/block_codecs.hpp"
 #include "../simd/dispatch.hpp"
 #include "../simd/level_check.hpp"
+#include "selftest_levels.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
 
@@ -246,7 +247,9 @@ SelftestLine check_caches(SimdLevel level) {
 
 }  // namespace
 
-SelftestResult selftest(const std::function<void(const SelftestLine&)>& on_line) {
+namespace {
+
+SelftestResult selftest_at(const std::vector<SimdLevel>& levels, const std::function<void(const SelftestLine&)>& on_line) {
     SelftestResult result;
     auto add = [&](SelftestLine l) {
         if (on_line) on_line(l);
@@ -262,7 +265,7 @@ SelftestResult selftest(const std::function<void(const SelftestLine&)>& on_line)
                                             "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"};
     const std::vector<std::string> polar = {"polar", "polar:bits=4.3.3.3", "polar:bits=2.1.0.1", "polar:bits=6.3.2.2.2",
                                             "polar:budget=3", "polar:bits=4.2"};
-    for (SimdLevel level : available_simd_levels()) {
+    for (SimdLevel level : levels) {
         if (level != SimdLevel::scalar) {
             add(check_primitives(level));
             for (const auto& f : families) add(check_family(level, f));
@@ -275,6 +278,16 @@ SelftestResult selftest(const std::function<void(const SelftestLine&)>& on_line)
         add(check_caches(level));
     }
     return result;
+}
+
+}  // namespace
+
+SelftestResult selftest(const std::function<void(const SelftestLine&)>& on_line) {
+    return selftest_at(available_simd_levels(), on_line);
+}
+
+SelftestResult detail::selftest_levels(const std::vector<SimdLevel>& levels, const std::function<void(const SelftestLine&)>& on_line) {
+    return selftest_at(levels, on_line);
 }
 
 std::string format_selftest_line(const SelftestLine& l) {

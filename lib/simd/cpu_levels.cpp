@@ -1,5 +1,8 @@
 #include "cpu_levels.hpp"
 
+#include <cstdlib>
+#include <string_view>
+
 #if defined(KVQ_SIMD_X86)
 #include <cpuid.h>
 #endif
@@ -26,6 +29,7 @@ void cpu_init() {
 
 bool cpu_has_avx512_vnni() {
 #if defined(KVQ_SIMD_X86)
+    if (const char* env = std::getenv("KVQ_AVX512_VNNI"); env && std::string_view(env) == "0") return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni");
 #else

@@ -12,7 +12,9 @@ const LevelKernels* compiled_level(SimdLevel level);
 bool compiled(SimdLevel level);
 // This CPU runs the level's instructions.
 bool cpu_runs(SimdLevel level);
-// The CPU has AVX512-VNNI (false off x86).
+// The CPU has AVX512-VNNI (false off x86), unless KVQ_AVX512_VNNI=0 says to treat it as one without:
+// the avx512 level is then its build without VNNI (level_avx512.cpp), so that the test command checks
+// that build too on a CPU with VNNI (scripts/simd_levels.sh). Read when the dispatcher is built.
 bool cpu_has_avx512_vnni();
 // Reads the CPU's features (x86: __builtin_cpu_init, which may not have run yet during static
 // initialization); nothing elsewhere.
