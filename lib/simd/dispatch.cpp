@@ -433,13 +433,25 @@ std::vector<SimdKernel> simd_kernel_table() {
 }
 
 std::string format_simd_kernel_table(const std::vector<SimdKernel>& table) {
-    // Columns: codec, op, then one per level in the table's order; rows in the order they first appear.
+    // Columns: codec, op, then one per level in the table's order. Rows in each level's order: a line
+    // only some levels have (q8_0 score_groups) goes after the line that precedes it at its level.
     std::vector<SimdLevel> levels;
     std::vector<std::pair<std::string, std::string>> keys;
-    for (const auto& k : table) {
-        if (std::find(levels.begin(), levels.end(), k.level) == levels.end()) levels.push_back(k.level);
+    size_t after = 0;  // where the next new line goes
+    for (size_t i = 0; i < table.size(); ++i) {
+        const auto& k = table[i];
+        if (std::find(levels.begin(), levels.end(), k.level) == levels.end()) {
+            levels.push_back(k.level);
+            after = 0;
+        }
         const std::pair<std::string, std::string> key{k.codec, k.op};
-        if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+        const auto at = std::find(keys.begin(), keys.end(), key);
+        if (at != keys.end()) {
+            after = static_cast<size_t>(at - keys.begin()) + 1;
+        } else {
+            keys.insert(keys.begin() + static_cast<std::ptrdiff_t>(after), key);
+            ++after;
+        }
     }
     const std::string none = "-";
     std::vector<std::vector<std::string>> rows;

@@ -51,7 +51,7 @@ detail::LevelKernels make() {
     k.set<Op::quantize>(C::q4_0, quantize_sym<A, 4>, "quantize_sym<4>");
     k.set<Op::dequantize>(C::q4_0, dequantize_blocks<A, LayoutQ4_0>, "dequantize_blocks<q4_0>");
     k.set<Op::prepare_query>(C::q4_0, prepare_query_q8<A>, "prepare_query_q8");
-    k.set<Op::score>(C::q4_0, ScoreBlocks<A, LayoutQ4_0, Q4_0Pairs<A>>::score, "score_blocks<q4_0, Q4_0Pairs>");
+    k.set<Op::score>(C::q4_0, ScoreBlocks<A, LayoutQ4_0, Q4_0Pairs<A>>::score, "score_blocks<q4_0,Q4_0Pairs>");
     k.set<Op::accumulate>(C::q4_0, accumulate_sym_avx512<detail::BlockQ4_0>, "accumulate_sym_avx512<q4_0>");
     k.set<Op::accumulate_grid>(C::q4_0, accumulate_grid_q4_0_avx2, "accumulate_grid_q4_0_avx2");
     k.set<Op::quantize>(C::q4_1, quantize_asym<A, 4>, "quantize_asym<4>");
