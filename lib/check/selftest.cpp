@@ -11,6 +11,7 @@
 
 #include "../ref/block_codecs.hpp"
 #include "../simd/dispatch.hpp"
+#include "../codec/level_checks.hpp"
 #include "../simd/level_check.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"

@@ -173,6 +173,15 @@ Dispatch& dispatch() {
 
 thread_local int t_override = -1;
 
+struct AddedChecks {
+    std::mutex mu;
+    std::vector<LevelCheck> checks;
+};
+AddedChecks& added_checks() {
+    static AddedChecks a;  // may be used during static initialization (codec.cpp)
+    return a;
+}
+
 bool selfcheck_enabled() {
     const char* env = std::getenv("KVQ_SELFCHECK");
     return !(env && std::string(env) == "0");
@@ -183,7 +192,7 @@ bool passes(Dispatch& d, SimdLevel level) {
     LevelState& s = d.levels[static_cast<int>(level)];
     if (!s.checked) {
         const auto t0 = std::chrono::steady_clock::now();
-        s.finding = quick_check_level(level);
+        s.finding = level_self_check(level);
         s.check_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         s.checked = true;
         s.passed = s.finding.empty();
@@ -274,6 +283,28 @@ constexpr auto faulty_table(std::integer_sequence<int, C...>) {
 }
 
 }  // namespace
+
+void add_level_check(LevelCheck check) {
+    AddedChecks& a = added_checks();
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (std::find(a.checks.begin(), a.checks.end(), check) == a.checks.end()) a.checks.push_back(check);
+}
+
+std::string level_self_check(SimdLevel level) {
+    std::string finding = quick_check_level(level);
+    if (!finding.empty()) return finding;
+    std::vector<LevelCheck> checks;
+    {
+        AddedChecks& a = added_checks();
+        std::lock_guard<std::mutex> lock(a.mu);
+        checks = a.checks;
+    }
+    for (LevelCheck check : checks) {
+        finding = check(level);
+        if (!finding.empty()) return finding;
+    }
+    return {};
+}
 
 const BlockKernels* level_kernels(BlockCodec c, SimdLevel level) {
     const LevelState* s = present_level(level);

@@ -140,6 +140,15 @@ ChannelScore level_channel_score(SimdLevel level);
 // The contract check of a level's primitives (ops_check.hpp); nullptr if it has none.
 const char* (*level_check_ops(SimdLevel level))();
 
+// A check a layer above lib/simd adds to every level's run-time self-check: empty if the level agrees
+// with the specification, else what differed first. lib/codec adds the polar and turbo codecs' checks
+// through the codec path (their kernels take layouts only the codecs build) as the program starts
+// (codec.cpp); a check added after a level was checked does not run for it. Adding one twice adds it once.
+using LevelCheck = std::string (*)(SimdLevel level);
+void add_level_check(LevelCheck check);
+// The run-time self-check of a level: its kernels (selfcheck.hpp), then every added check.
+std::string level_self_check(SimdLevel level);
+
 // While alive, this thread's kernels come from `level` (compiled and run by the CPU, or scalar),
 // whatever level is in use: the self-check and selftest run a level through the whole codec path.
 class LevelOverride {
