@@ -5,7 +5,9 @@ The layers, bottom to top (docs/DESIGN.md, "Layers"): util, rotation, ref, simd,
 check, capi form the engine library; eval is the research library above it. Public headers
 (include/kvq/) include only public headers. The engine's public headers are kvq/kvq.h, kvq/kvq.hpp and
 what kvq.hpp includes, and nothing else sits in include/kvq/ beside them; the research library's are in
-include/kvq/research/, which no engine header or engine source includes. Prints each arrow that points up
+include/kvq/research/, which no engine header or engine source includes. The layers below codec (util,
+rotation, ref, simd) include no public header but kvq/simd.hpp and kvq/errors.hpp: kvq/codec.hpp and the
+others belong to the layers above (so lib/simd's self-check cannot call back into the codecs). Prints each arrow that points up
 and exits 1 if there is one.
 """
 import pathlib
@@ -14,6 +16,9 @@ import sys
 
 ORDER = ["util", "rotation", "ref", "simd", "codec", "attention", "cache", "check", "capi", "eval"]
 RANK = {name: i for i, name in enumerate(ORDER)}
+# The public headers the layers below codec may include; every other kvq/ header is codec's or above.
+FLOOR = {"util", "rotation", "ref", "simd"}
+FLOOR_PUBLIC = {"kvq/simd.hpp", "kvq/errors.hpp"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -42,6 +47,10 @@ def main() -> int:
             continue
         for include in INCLUDE.findall(source.read_text()):
             to = target_folder(source, include, lib)
+            if to == "public" and folder in FLOOR and include not in FLOOR_PUBLIC:
+                bad.append(f"{source.relative_to(root)} ({folder}) includes {include}: below codec, only "
+                           f"{' and '.join(sorted(FLOOR_PUBLIC))} of the public headers")
+                continue
             if to in (None, "public", folder):
                 continue
             if to not in RANK or RANK[to] > RANK[folder]:

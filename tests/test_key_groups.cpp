@@ -15,6 +15,8 @@
 #include "cache_model.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/simd.hpp"
+#include "cache/cache_impl.hpp"
+#include "kvq/codec.hpp"
 #include "ref/key_groups.hpp"
 #include "simd/dispatch.hpp"
 #include "test_util.hpp"
@@ -110,6 +112,23 @@ CacheConfig config(const Case& k) {
 }
 
 }  // namespace
+
+TEST_CASE("q8_0 key groups: keys_in_groups is the one decision (q8_0, the level's kernel, a fitting head, whole groups)") {
+    RestoreLevel restore;
+    const kvq::Codec q8 = kvq::Codec::make("q8_0", 128), q4 = kvq::Codec::make("q4_0", 128);
+    const kvq::Codec q8_wide = kvq::Codec::make("q8_0", 32 * 65);  // 65 blocks a row: more than the kernel takes
+    for (SimdLevel level : kvq::available_simd_levels()) {
+        CAPTURE(kvq::simd_level_name(level));
+        kvq::force_simd_level(level);
+        if (kvq::simd_level() != level) continue;  // fell back (failed its self-check)
+        const bool kernel = has_group_kernel(level);
+        CHECK(kvq::detail::keys_in_groups(q8, 32) == kernel);
+        CHECK(kvq::detail::keys_in_groups(q8, 16) == kernel);
+        CHECK_FALSE(kvq::detail::keys_in_groups(q8, 24));  // not whole groups
+        CHECK_FALSE(kvq::detail::keys_in_groups(q4, 32));  // no kernel for grouped q4_0 keys
+        CHECK_FALSE(kvq::detail::keys_in_groups(q8_wide, 32));
+    }
+}
 
 TEST_CASE("q8_0 key groups: the layout's bytes, row by row") {
     // Row r's block t: its scale at 2·(16t + r), byte 4j + e of its codes at 32·nb + 4·(16·(8t + j) + r) + e,

@@ -8,6 +8,7 @@
 #include "kvq/codec.hpp"
 #include "kvq/selftest.hpp"
 #include "kvq/simd.hpp"
+#include "codec/level_checks.hpp"
 #include "simd/dispatch.hpp"
 #include "simd/level_check.hpp"
 #include "simd/selfcheck.hpp"
@@ -32,7 +33,7 @@ TEST_CASE("every level's primitives keep their contracts (reductions, packs, wid
 TEST_CASE("every level the CPU runs passes its self-check, and the report names the level in use") {
     for (SimdLevel level : kvq::available_simd_levels()) {
         CAPTURE(kvq::simd_level_name(level));
-        CHECK(kvq::detail::quick_check_level(level) == "");
+        CHECK(kvq::detail::level_self_check(level) == "");
     }
     const auto report = kvq::simd_report();
     MESSAGE(kvq::format_simd_report(report));
@@ -47,6 +48,28 @@ TEST_CASE("every level the CPU runs passes its self-check, and the report names 
     }
     CHECK(found);
     CHECK_FALSE(report.reason.empty());
+}
+
+namespace {
+int g_added_check_calls = 0;
+std::string counting_check(SimdLevel) {
+    ++g_added_check_calls;
+    return {};
+}
+}  // namespace
+
+TEST_CASE("the run-time self-check: lib/simd's kernel checks, then the checks added from above (polar, turbo)") {
+    // Added once however often it is added; it runs in every level's self-check after the kernels'.
+    kvq::detail::add_level_check(counting_check);
+    kvq::detail::add_level_check(counting_check);
+    for (SimdLevel level : kvq::available_simd_levels()) {
+        CAPTURE(kvq::simd_level_name(level));
+        const int before = g_added_check_calls;
+        CHECK(kvq::detail::level_self_check(level) == "");
+        CHECK(g_added_check_calls == before + 1);
+        // lib/codec's part: polar and turbo through the codec path (added by codec.cpp as the program starts).
+        CHECK(kvq::detail::check_rotated_codecs(level) == "");
+    }
 }
 
 TEST_CASE("no kernel lookup is a null call at any level") {

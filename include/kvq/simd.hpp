@@ -47,4 +47,21 @@ SimdReport simd_report();
 // One line per level ("* " marks the one in use), then "in use: LEVEL (reason)".
 std::string format_simd_report(const SimdReport& report);
 
+// One line of a level's kernel table: the kernel that runs for (codec, op) at `level` on this CPU, by the
+// name its level file (lib/simd/level_<isa>.cpp, the one place that chooses kernels) gives it; "spec"
+// where the scalar specification fills a gap the level leaves.
+struct SimdKernel {
+    SimdLevel level = SimdLevel::scalar;
+    std::string codec;   // a block codec (f32 .. iq4_nl), turbo, polar, chanB, softmax, floats or primitives
+    std::string op;      // quantize, dequantize, prepare_query, score, accumulate, accumulate_grid, score_groups, ...
+    std::string kernel;  // e.g. "accumulate_sym_avx512<q4_0>", or "spec"
+};
+// The kernel table of every level compiled into this build that this CPU runs (passed its self-check or
+// not), scalar first, each level's lines in codec then op order. A line is there only where the slot has
+// a kernel: accumulate_grid only for codecs that have it (q4_0), score_groups only where the level scores
+// q8_0 keys in groups of 16 rows.
+std::vector<SimdKernel> simd_kernel_table();
+// The table as text: a header line, then one line per (codec, op) with each level's kernel in a column.
+std::string format_simd_kernel_table(const std::vector<SimdKernel>& table);
+
 }  // namespace kvq

@@ -90,6 +90,21 @@ class InFile;
 
 namespace kvq::detail {
 
+// Whether a cache keeps the key rows of its sealed blocks in groups of 16 rows (BlockLayout::k_groups,
+// lib/ref/key_groups.hpp; docs/DESIGN.md, "q8_0 keys in groups of 16 rows"): the one place that decides
+// it. Yes exactly when
+//   - the key codec is q8_0 (the only codec with a kernel for grouped keys),
+//   - the SIMD level in use has that kernel (BlockKernels::score_groups; which level does is chosen in
+//     lib/simd/level_<isa>.cpp: today the avx512 level's VNNI build) and the head fits it
+//     (head_dim / 32 <= kMaxGroupsBlocks), and
+//   - a block's rows make whole groups (block_tokens % 16 == 0).
+// Why: that kernel scores a group's 16 rows with 8 loads and no transpose, faster than the row kernel
+// (docs/PERFORMANCE.md, "q8_0 keys in groups of 16 rows"); without it the groups would only cost a
+// regroup on every row read. When: once per layer kind, as the cache is made (or loaded), at the level in
+// use then. The layout is the pool's only (files and readers see ggml rows), and it stays when the level
+// changes later: a level without the kernel scores the groups' rows turned back to ggml's bytes.
+bool keys_in_groups(const Codec& key, int block_tokens);
+
 // What layers of one pair of codecs share: the codecs, their input rules and the block layout (one size
 // class of the pool). Layers without codecs of their own are of kind 0 with the default codecs.
 struct LayerKind {

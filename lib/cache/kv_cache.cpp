@@ -100,6 +100,12 @@ CacheConfig validate_config(CacheConfig c) {
     return detail::CacheImpl(c, false).cfg;
 }
 
+bool detail::keys_in_groups(const Codec& key, int block_tokens) {
+    // can_score_groups(): q8_0, with the level in use's score_groups kernel, and a head it takes.
+    return detail::impl_of(key).can_score_groups() && block_tokens > 0 &&
+           static_cast<size_t>(block_tokens) % detail::kGroupRows == 0;
+}
+
 namespace {
 
 // A key codec: "chanB" (per-channel keys, lib/codec/channel_keys.hpp), which only a cache that seals a
@@ -131,9 +137,7 @@ size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, 
     layout.block_tokens = c.block_tokens;
     layout.k_offset = 0;
     layout.k_head_stride = bt * key.row_bytes();
-    // q8_0 keys in groups of 16 rows where the active level scores them so (docs/DESIGN.md): a layout of
-    // the pool's memory only; files and every reader see ggml rows.
-    layout.k_groups = detail::impl_of(key).can_score_groups() && bt % detail::kGroupRows == 0;
+    layout.k_groups = detail::keys_in_groups(key, c.block_tokens);  // a layout of the pool's memory only
     layout.v_offset = align_up(h * layout.k_head_stride, detail::BlockPool::kAlignment);
     layout.v_head_stride = bt * value.row_bytes();
     size_t bytes = layout.v_offset + h * layout.v_head_stride;

@@ -1,5 +1,6 @@
-// kvq::selftest() (include/kvq/selftest.hpp): the parity grid of lib/simd/level_check.hpp at every level
-// the CPU runs, and cache attention at each level against the FP32 reference.
+// kvq::selftest() (include/kvq/selftest.hpp): the parity grid of lib/simd/level_check.hpp (kernels) and
+// lib/codec/level_checks.hpp (polar/turbo through the codec path) at every level the CPU runs, and cache
+// attention at each level against the FP32 reference.
 #include "kvq/selftest.hpp"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "../ref/block_codecs.hpp"
 #include "../simd/dispatch.hpp"
+#include "../codec/level_checks.hpp"
 #include "../simd/level_check.hpp"
 #include "selftest_levels.hpp"
 #include "kvq/cache.hpp"

@@ -15,6 +15,7 @@
 
 #include "../simd/dispatch.hpp"
 #include "../util/checked_size.hpp"
+#include "level_checks.hpp"
 #include "rotated.hpp"
 #include "table.hpp"
 
@@ -96,6 +97,10 @@ CodecSpec parse_codec_spec(std::string_view spec) {
     parsed.info = info_of(*row);
     return parsed;
 }
+
+// The polar and turbo codecs' checks through the codec path join every SIMD level's run-time self-check
+// (level_checks.hpp): this file is linked into every program that makes a codec, and this runs as it starts.
+[[maybe_unused]] static const bool kCodecLevelChecks = (detail::add_codec_level_checks(), true);
 
 Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
     if (spec.starts_with("chan")) {

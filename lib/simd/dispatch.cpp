@@ -40,6 +40,52 @@ float scalar_finite_max_abs(const float* x, size_t n) {
     return m;
 }
 
+// Whether a slot holds a kernel.
+bool has(const BlockKernels& b, KernelOp op) {
+    switch (op) {
+        case KernelOp::quantize: return b.quantize;
+        case KernelOp::dequantize: return b.dequantize;
+        case KernelOp::prepare_query: return b.prepare_query;
+        case KernelOp::score: return b.score;
+        case KernelOp::accumulate: return b.accumulate;
+        case KernelOp::accumulate_grid: return b.accumulate_grid;
+        case KernelOp::score_groups: return b.score_groups;
+        case KernelOp::count: break;
+    }
+    return false;
+}
+bool has(const LevelKernels& k, OtherKernel o) {
+    switch (o) {
+        case OtherKernel::turbo_score: return k.rotated.turbo.score;
+        case OtherKernel::turbo_accumulate: return k.rotated.turbo.accumulate;
+        case OtherKernel::turbo_quantize: return k.rotated_quantize.turbo;
+        case OtherKernel::polar_score: return k.rotated.polar.score;
+        case OtherKernel::polar_accumulate: return k.rotated.polar.accumulate;
+        case OtherKernel::polar_quantize: return k.rotated_quantize.polar;
+        case OtherKernel::softmax_update: return k.softmax;
+        case OtherKernel::chan_score: return k.channel_score;
+        case OtherKernel::all_finite: return k.all_finite;
+        case OtherKernel::finite_max_abs: return k.finite_max_abs;
+        case OtherKernel::check_ops: return k.check_ops;
+        case OtherKernel::count: break;
+    }
+    return false;
+}
+
+// Every slot that holds a kernel its level did not name holds the specification's (filled below, or the
+// scalar level's own).
+void name_gaps(LevelKernels& k) {
+    for (int c = 0; c < kBlockCodecCount; ++c) {
+        for (int op = 0; op < static_cast<int>(KernelOp::count); ++op) {
+            const char*& name = k.codec_names[c][op];
+            if (has(k.codec[c], static_cast<KernelOp>(op)) && !name) name = kSpecKernel;
+        }
+    }
+    for (int o = 0; o < static_cast<int>(OtherKernel::count); ++o) {
+        if (has(k, static_cast<OtherKernel>(o)) && !k.other_names[o]) k.other_names[o] = kSpecKernel;
+    }
+}
+
 LevelKernels scalar_level() {
     LevelKernels k{};
     for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) k.codec[c] = scalar_kernels(static_cast<BlockCodec>(c));
@@ -49,6 +95,7 @@ LevelKernels scalar_level() {
     k.rotated_quantize = scalar_rotated_quantize();
     k.softmax = softmax_update_scalar;
     k.channel_score = channel_score_scalar;
+    name_gaps(k);
     return k;
 }
 
@@ -77,6 +124,7 @@ void fill_missing(LevelKernels& k, const LevelKernels& ref) {
     fill(k.rotated_quantize.polar, ref.rotated_quantize.polar);
     fill(k.softmax, ref.softmax);
     fill(k.channel_score, ref.channel_score);
+    name_gaps(k);
 }
 
 struct LevelState {
@@ -125,6 +173,15 @@ Dispatch& dispatch() {
 
 thread_local int t_override = -1;
 
+struct AddedChecks {
+    std::mutex mu;
+    std::vector<LevelCheck> checks;
+};
+AddedChecks& added_checks() {
+    static AddedChecks a;  // may be used during static initialization (codec.cpp)
+    return a;
+}
+
 bool selfcheck_enabled() {
     const char* env = std::getenv("KVQ_SELFCHECK");
     return !(env && std::string(env) == "0");
@@ -135,7 +192,7 @@ bool passes(Dispatch& d, SimdLevel level) {
     LevelState& s = d.levels[static_cast<int>(level)];
     if (!s.checked) {
         const auto t0 = std::chrono::steady_clock::now();
-        s.finding = quick_check_level(level);
+        s.finding = level_self_check(level);
         s.check_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         s.checked = true;
         s.passed = s.finding.empty();
@@ -227,6 +284,28 @@ constexpr auto faulty_table(std::integer_sequence<int, C...>) {
 
 }  // namespace
 
+void add_level_check(LevelCheck check) {
+    AddedChecks& a = added_checks();
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (std::find(a.checks.begin(), a.checks.end(), check) == a.checks.end()) a.checks.push_back(check);
+}
+
+std::string level_self_check(SimdLevel level) {
+    std::string finding = quick_check_level(level);
+    if (!finding.empty()) return finding;
+    std::vector<LevelCheck> checks;
+    {
+        AddedChecks& a = added_checks();
+        std::lock_guard<std::mutex> lock(a.mu);
+        checks = a.checks;
+    }
+    for (LevelCheck check : checks) {
+        finding = check(level);
+        if (!finding.empty()) return finding;
+    }
+    return {};
+}
+
 const BlockKernels* level_kernels(BlockCodec c, SimdLevel level) {
     const LevelState* s = present_level(level);
     return s ? &s->kernels.codec[static_cast<int>(c)] : nullptr;
@@ -286,10 +365,10 @@ void inject_kernel_fault_for_testing(SimdLevel level, BlockCodec c, bool fault) 
     if (!s.present) return;
     static constexpr auto faulty = faulty_table(std::make_integer_sequence<int, static_cast<int>(BlockCodec::count)>{});
     const LevelKernels* real = level == SimdLevel::scalar ? nullptr : compiled_level(level);
-    auto& score = s.kernels.codec[static_cast<int>(c)].score;
-    score = fault ? faulty[static_cast<int>(c)]
-                  : (real && real->codec[static_cast<int>(c)].score ? real->codec[static_cast<int>(c)].score
-                                                                    : scalar_kernels(c).score);
+    const int ci = static_cast<int>(c), op = static_cast<int>(KernelOp::score);
+    const bool own = real && real->codec[ci].score;
+    s.kernels.codec[ci].score = fault ? faulty[ci] : own ? real->codec[ci].score : scalar_kernels(c).score;
+    s.kernels.codec_names[ci][op] = fault ? "faulty_score (test hook)" : own ? real->codec_names[ci][op] : kSpecKernel;
     s.checked = s.passed = level == SimdLevel::scalar;
     s.finding.clear();
     d.active.store(-1);
@@ -359,6 +438,79 @@ SimdReport simd_report() {
         r.levels.push_back(st);
     }
     return r;
+}
+
+std::vector<SimdKernel> simd_kernel_table() {
+    std::vector<SimdKernel> table;
+    auto& d = detail::dispatch();
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (SimdLevel l : detail::kAllLevels) {
+        const auto& s = d.levels[static_cast<int>(l)];
+        if (!s.present) continue;
+        const detail::LevelKernels& k = s.kernels;
+        for (int c = 0; c < detail::kBlockCodecCount; ++c) {
+            for (int op = 0; op < static_cast<int>(detail::KernelOp::count); ++op) {
+                if (!detail::has(k.codec[c], static_cast<detail::KernelOp>(op))) continue;
+                table.push_back({l, detail::codec_name(static_cast<detail::BlockCodec>(c)), detail::kKernelOpNames[op],
+                                 k.codec_names[c][op]});
+            }
+        }
+        for (int o = 0; o < static_cast<int>(detail::OtherKernel::count); ++o) {
+            if (!detail::has(k, static_cast<detail::OtherKernel>(o))) continue;
+            table.push_back({l, detail::kOtherKernelNames[o].codec, detail::kOtherKernelNames[o].op, k.other_names[o]});
+        }
+    }
+    return table;
+}
+
+std::string format_simd_kernel_table(const std::vector<SimdKernel>& table) {
+    // Columns: codec, op, then one per level in the table's order. Rows in each level's order: a line
+    // only some levels have (q8_0 score_groups) goes after the line that precedes it at its level.
+    std::vector<SimdLevel> levels;
+    std::vector<std::pair<std::string, std::string>> keys;
+    size_t after = 0;  // where the next new line goes
+    for (size_t i = 0; i < table.size(); ++i) {
+        const auto& k = table[i];
+        if (std::find(levels.begin(), levels.end(), k.level) == levels.end()) {
+            levels.push_back(k.level);
+            after = 0;
+        }
+        const std::pair<std::string, std::string> key{k.codec, k.op};
+        const auto at = std::find(keys.begin(), keys.end(), key);
+        if (at != keys.end()) {
+            after = static_cast<size_t>(at - keys.begin()) + 1;
+        } else {
+            keys.insert(keys.begin() + static_cast<std::ptrdiff_t>(after), key);
+            ++after;
+        }
+    }
+    const std::string none = "-";
+    std::vector<std::vector<std::string>> rows;
+    rows.push_back({"codec", "op"});
+    for (SimdLevel l : levels) rows[0].emplace_back(simd_level_name(l));
+    for (const auto& key : keys) {
+        std::vector<std::string> row{key.first, key.second};
+        for (SimdLevel l : levels) {
+            const auto it = std::find_if(table.begin(), table.end(), [&](const SimdKernel& k) {
+                return k.level == l && k.codec == key.first && k.op == key.second;
+            });
+            row.push_back(it == table.end() ? none : it->kernel);
+        }
+        rows.push_back(std::move(row));
+    }
+    std::vector<size_t> width(rows[0].size(), 0);
+    for (const auto& row : rows)
+        for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+    std::string s;
+    for (const auto& row : rows) {
+        std::string line;
+        for (size_t i = 0; i < row.size(); ++i) {
+            line += row[i];
+            if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+        }
+        s += line + "\n";
+    }
+    return s;
 }
 
 std::string format_simd_report(const SimdReport& r) {

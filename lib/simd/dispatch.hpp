@@ -5,7 +5,11 @@
 // passes its self-check (selfcheck.hpp), falling back level by level to scalar.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "../ref/block_codecs.hpp"
 #include "../ref/channel_codes.hpp"
@@ -16,12 +20,41 @@
 
 namespace kvq::detail {
 
-// The kernels of one SIMD level, made by lib/simd/level_<isa>.cpp (each compiled with its own flags).
-// Any pointer may be null (the level has no such kernel): dispatch fills it from the specification.
+// The operations of a block codec (BlockKernels), one line each in a level's kernel table.
+enum class KernelOp : int { quantize, dequantize, prepare_query, score, accumulate, accumulate_grid, score_groups, count };
+inline constexpr const char* kKernelOpNames[] = {"quantize",   "dequantize",      "prepare_query", "score",
+                                                 "accumulate", "accumulate_grid", "score_groups"};
+// A level's other kernels, each named by (codec, op) in the table: the polar and turbo codecs', the online
+// softmax's, the chanB keys' score, the float checks and the primitives' contract check.
+enum class OtherKernel : int {
+    turbo_score, turbo_accumulate, turbo_quantize, polar_score, polar_accumulate, polar_quantize,
+    softmax_update, chan_score, all_finite, finite_max_abs, check_ops, count
+};
+struct OtherKernelName {
+    const char* codec;
+    const char* op;
+};
+inline constexpr OtherKernelName kOtherKernelNames[] = {
+    {"turbo", "score"},   {"turbo", "accumulate"},  {"turbo", "quantize"},        {"polar", "score"},
+    {"polar", "accumulate"}, {"polar", "quantize"}, {"softmax", "update"},        {"chanB", "score"},
+    {"floats", "all_finite"}, {"floats", "finite_max_abs"}, {"primitives", "check_ops"},
+};
+static_assert(sizeof kKernelOpNames / sizeof *kKernelOpNames == static_cast<size_t>(KernelOp::count));
+static_assert(sizeof kOtherKernelNames / sizeof *kOtherKernelNames == static_cast<size_t>(OtherKernel::count));
+
+// The kernel name dispatch gives every slot a level leaves empty and the scalar level's: the scalar
+// specification (lib/ref/).
+inline constexpr const char* kSpecKernel = "spec";
+
+// The kernels of one SIMD level, made by lib/simd/level_<isa>.cpp (each compiled with its own flags): the
+// one place that chooses, by set<...>(), which kernel runs for each (codec, op) at that level, and names
+// it. Any slot may stay empty (the level has no such kernel): dispatch fills it from the specification
+// (named kSpecKernel), except accumulate_grid and score_groups, which stay null where a codec or level has
+// none (their callers then take accumulate, or keys in rows).
 struct LevelKernels {
-    BlockKernels codec[static_cast<int>(BlockCodec::count)];
-    bool (*all_finite)(const float* x, size_t n);  // no NaN or Inf in x[0..n)
-    float (*finite_max_abs)(const float* x, size_t n);  // max |x_j| (0 for n = 0), or NaN if any is NaN or Inf
+    BlockKernels codec[kBlockCodecCount]{};
+    bool (*all_finite)(const float* x, size_t n) = nullptr;  // no NaN or Inf in x[0..n)
+    float (*finite_max_abs)(const float* x, size_t n) = nullptr;  // max |x_j| (0 for n = 0), or NaN if any is NaN or Inf
     RotatedKernels rotated{};  // polar and turbo codecs
     RotatedQuantizeKernels rotated_quantize{};  // their quantizers
     SoftmaxUpdate softmax = nullptr;
@@ -29,6 +62,47 @@ struct LevelKernels {
     // The contract check of the level's primitives (ops_check.hpp): null if all hold, else the first
     // broken one. Null pointer: nothing to check (scalar).
     const char* (*check_ops)() = nullptr;
+    // Each slot's kernel name (null: empty), as the level file gives it.
+    const char* codec_names[kBlockCodecCount][static_cast<int>(KernelOp::count)] = {};
+    const char* other_names[static_cast<int>(OtherKernel::count)] = {};
+
+    // The slot of operation Op in a codec's kernels, and of another kernel K.
+    template <KernelOp Op>
+    static constexpr auto& slot(BlockKernels& b) {
+        if constexpr (Op == KernelOp::quantize) return b.quantize;
+        else if constexpr (Op == KernelOp::dequantize) return b.dequantize;
+        else if constexpr (Op == KernelOp::prepare_query) return b.prepare_query;
+        else if constexpr (Op == KernelOp::score) return b.score;
+        else if constexpr (Op == KernelOp::accumulate) return b.accumulate;
+        else if constexpr (Op == KernelOp::accumulate_grid) return b.accumulate_grid;
+        else return b.score_groups;
+    }
+    template <OtherKernel K>
+    constexpr auto& slot() {
+        if constexpr (K == OtherKernel::turbo_score) return rotated.turbo.score;
+        else if constexpr (K == OtherKernel::turbo_accumulate) return rotated.turbo.accumulate;
+        else if constexpr (K == OtherKernel::turbo_quantize) return rotated_quantize.turbo;
+        else if constexpr (K == OtherKernel::polar_score) return rotated.polar.score;
+        else if constexpr (K == OtherKernel::polar_accumulate) return rotated.polar.accumulate;
+        else if constexpr (K == OtherKernel::polar_quantize) return rotated_quantize.polar;
+        else if constexpr (K == OtherKernel::softmax_update) return softmax;
+        else if constexpr (K == OtherKernel::chan_score) return channel_score;
+        else if constexpr (K == OtherKernel::all_finite) return all_finite;
+        else if constexpr (K == OtherKernel::finite_max_abs) return finite_max_abs;
+        else return check_ops;
+    }
+    // Codec c's operation Op runs `kernel`, called `name` in the table.
+    template <KernelOp Op>
+    void set(BlockCodec c, std::remove_reference_t<decltype(slot<Op>(std::declval<BlockKernels&>()))> kernel,
+             const char* name) {
+        slot<Op>(codec[static_cast<int>(c)]) = kernel;
+        codec_names[static_cast<int>(c)][static_cast<int>(Op)] = name;
+    }
+    template <OtherKernel K>
+    void set(std::remove_reference_t<decltype(std::declval<LevelKernels&>().slot<K>())> kernel, const char* name) {
+        slot<K>() = kernel;
+        other_names[static_cast<int>(K)] = name;
+    }
 };
 const LevelKernels& level_sse2();
 const LevelKernels& level_avx2();
@@ -65,6 +139,15 @@ ChannelScore active_channel_score();
 ChannelScore level_channel_score(SimdLevel level);
 // The contract check of a level's primitives (ops_check.hpp); nullptr if it has none.
 const char* (*level_check_ops(SimdLevel level))();
+
+// A check a layer above lib/simd adds to every level's run-time self-check: empty if the level agrees
+// with the specification, else what differed first. lib/codec adds the polar and turbo codecs' checks
+// through the codec path (their kernels take layouts only the codecs build) as the program starts
+// (codec.cpp); a check added after a level was checked does not run for it. Adding one twice adds it once.
+using LevelCheck = std::string (*)(SimdLevel level);
+void add_level_check(LevelCheck check);
+// The run-time self-check of a level: its kernels (selfcheck.hpp), then every added check.
+std::string level_self_check(SimdLevel level);
 
 // While alive, this thread's kernels come from `level` (compiled and run by the CPU, or scalar),
 // whatever level is in use: the self-check and selftest run a level through the whole codec path.

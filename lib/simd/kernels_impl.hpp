@@ -1,11 +1,13 @@
-// The SIMD kernels of every block codec, written once over the xsimd arch A and Ops<A> (ops.hpp); each
-// lib/simd/level_<isa>.cpp includes its ops_<isa>.hpp and this file and calls make_level<A>(), compiled
-// with that instruction set's flags only. Equal to the scalar specification (lib/ref/) in bytes for
-// quantize and dequantize, and to float rounding for score and accumulate (lanes are summed in another
-// order and with fma).
+// The SIMD kernels of every block codec, written once over the xsimd arch A and Ops<A> (ops.hpp). This
+// file and the *_impl.hpp headers it includes provide kernels; they choose none. Each level's file
+// (lib/simd/level_<isa>.cpp, compiled with that instruction set's flags only) includes its ops_<isa>.hpp,
+// this file and the ISA-specific kernel headers it uses, and lists its kernels one line per (codec, op):
+// the level files are the one place that says which kernel runs (docs/simd.md, "Which kernel runs").
+// Equal to the scalar specification (lib/ref/) in bytes for quantize and dequantize, and to float
+// rounding for score and accumulate (lanes are summed in another order and with fma).
 //
 // Layouts: layouts_impl.hpp; score: score_impl.hpp; quantize: quantize_impl.hpp; plain codecs:
-// plain_impl.hpp; the online softmax: softmax_impl.hpp. Here: accumulate, and the level's table.
+// plain_impl.hpp; the online softmax: softmax_impl.hpp. Here: the generic accumulate kernels.
 // accumulate: acc += w·row with the accumulators of one 32-column tile and a few queries held in
 // registers over a chunk of rows; rows are dequantized in registers, never into a buffer.
 #pragma once
@@ -23,16 +25,6 @@
 #include "quantize_impl.hpp"
 #include "score_impl.hpp"
 #include "softmax_impl.hpp"
-#if defined(__AVX512F__)
-#include "accumulate_avx512.hpp"
-#elif defined(__AVX2__)
-#include "accumulate_avx2.hpp"
-#endif
-#if defined(__AVX512VNNI__)
-#include "accumulate_grid_vnni.hpp"
-#elif defined(__AVX2__)
-#include "accumulate_grid_avx2.hpp"
-#endif
 
 namespace kvq::simd {
 namespace {
@@ -103,74 +95,26 @@ struct AccumulateScaled {
     }
 };
 
+// The generic accumulate kernels, with BlockKernels::accumulate's signature. Layouts with a minimum
+// (x = d·q + m): tiles dequantized in registers. Symmetric layouts: the block scale folded into the
+// weights (AccumulateScaled). accumulate_scaled_grid: the same on weights rounded to the int8 grid
+// (BlockKernels::accumulate_grid, lib/ref/weight_grid.hpp).
 template <class A, class L>
-void accumulate_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+void accumulate_tiles(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                      size_t n_rows, int64_t n, float* acc) {
+    AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
+}
+template <class A, class L>
+void accumulate_scaled(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                        size_t n_rows, int64_t n, float* acc) {
-#if defined(__AVX512F__)
-    // By capability, not by level: a level compiled with AVX-512 F takes the 512-bit kernel (the same bits
-    // as the 256-bit one), any other compiled with AVX2 the 256-bit one.
-    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
-        return accumulate_sym_avx512<detail::BlockQ4_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    } else if constexpr (std::is_same_v<L, LayoutQ8_0>) {
-        return accumulate_sym_avx512<detail::BlockQ8_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    }
-#elif defined(__AVX2__)
-    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
-        return accumulate_sym_avx2<detail::BlockQ4_0, CodesQ4_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    } else if constexpr (std::is_same_v<L, LayoutQ8_0>) {
-        return accumulate_sym_avx2<detail::BlockQ8_0, CodesQ8_0>(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    }
-#endif
-    if constexpr (L::has_min) {
-        AccumulateTiles<A, BlockTile<A, L>>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    } else {
-        AccumulateScaled<A, L>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    }
+    static_assert(!L::has_min, "accumulate_scaled: symmetric layouts (x = d·q) only; accumulate_tiles for the others");
+    AccumulateScaled<A, L>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
 }
-
-// accumulate_grid (q4_0): the integer kernel where the level has AVX512-VNNI (vpdpbusd) or AVX2
-// (vpmaddubsw), else the float one on rounded weights.
 template <class A, class L>
-void accumulate_grid_blocks(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+void accumulate_scaled_grid(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
                             size_t n_rows, int64_t n, float* acc) {
-#if defined(__AVX512VNNI__)
-    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
-        return accumulate_grid_q4_0_vnni(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    }
-#elif defined(__AVX2__)
-    if constexpr (std::is_same_v<L, LayoutQ4_0>) {
-        return accumulate_grid_q4_0_avx2(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-    }
-#endif
+    static_assert(!L::has_min, "accumulate_scaled_grid: symmetric layouts (x = d·q) only");
     AccumulateScaled<A, L, true>::run(w, w_stride, n_q, rows, row_stride, n_rows, n, acc);
-}
-
-template <class A, class L>
-detail::BlockKernels block_kernels(void (*quantize)(const float*, uint8_t*, int64_t)) {
-    return {quantize, dequantize_blocks<A, L>, prepare_query_q8<A>, ScoreBlocks<A, L>::score,
-            accumulate_blocks<A, L>, std::is_same_v<L, LayoutQ4_0> ? accumulate_grid_blocks<A, L> : nullptr};
-}
-
-template <class A>
-detail::LevelKernels make_level() {
-    using detail::BlockCodec;
-    detail::LevelKernels k{};
-    k.codec[int(BlockCodec::f32)] = plain_kernels<A, PlainF32>();
-    k.codec[int(BlockCodec::f16)] = plain_kernels<A, PlainF16>();
-    k.codec[int(BlockCodec::bf16)] = plain_kernels<A, PlainBF16>();
-    k.codec[int(BlockCodec::q8_0)] = block_kernels<A, LayoutQ8_0>(quantize_q8_0<A>);
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    if constexpr (std::is_same_v<A, xsimd::avx512bw>) k.codec[int(BlockCodec::q8_0)].score_groups = score_q8_0_groups;
-#endif
-    k.codec[int(BlockCodec::q4_0)] = block_kernels<A, LayoutQ4_0>(quantize_sym<A, 4>);
-    k.codec[int(BlockCodec::q4_1)] = block_kernels<A, LayoutQ4_1>(quantize_asym<A, 4>);
-    k.codec[int(BlockCodec::q5_0)] = block_kernels<A, LayoutQ5_0>(quantize_sym<A, 5>);
-    k.codec[int(BlockCodec::q5_1)] = block_kernels<A, LayoutQ5_1>(quantize_asym<A, 5>);
-    k.all_finite = all_finite<A>;
-    k.finite_max_abs = finite_max_abs<A>;
-    k.softmax = softmax_update_lanes;
-    k.check_ops = check_ops<A>;
-    return k;
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// Checks of one SIMD level against the scalar specification, shared by the run-time self-check
+// Checks of one SIMD level's kernels against the scalar specification, shared by the run-time self-check
 // (selfcheck.cpp: a few small cases) and the full parity check kvq::selftest() (lib/check/): each
 // function runs one case and returns what differed first, or an empty string; `checks` counts the
-// values compared.
+// values compared. Kernels only: the checks through the codec path are above lib/simd
+// (lib/codec/level_checks.hpp).
 #pragma once
 
 #include <cstddef>
@@ -20,16 +21,6 @@ namespace kvq::detail {
 // extreme: rows with huge, tiny and subnormal values besides ordinary ones.
 std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows, int n_q, bool extreme, uint64_t seed,
                               size_t& checks);
-
-// A codec spec (polar, turbo*, or any other) through the whole codec path with this thread's kernels at
-// `level` against the specification's: scores and accumulations (finished) to float rounding.
-std::string check_codec_path(SimdLevel level, const std::string& spec, int d, size_t rows, int n_q, uint64_t seed,
-                             size_t& checks);
-
-// A codec's quantize_rows at `level` against the specification's: the same bytes, on parity_rows(extreme)
-// and a NaN and an Inf row (NanPolicy::propagate), into strided rows whose gaps must stay untouched.
-std::string check_codec_quantize(SimdLevel level, const std::string& spec, int d, size_t rows, uint64_t seed,
-                                 size_t& checks);
 
 // The online softmax's block update at `level`: the same bits as the specification (weights, states and
 // rescaled accumulators) for g queries and n scores.

@@ -1,21 +1,86 @@
 // The neon level: NEON on arm64 (the baseline of every arm64 CPU).
-// The block-codec kernels, the softmax and the primitive checks come from kernels_impl.hpp; this file
-// picks the instruction set (and, where it has them, the polar/turbo kernels).
+// The one place that chooses this level's kernels: one line per (codec, op), naming the kernel (from
+// kernels_impl.hpp and the headers included here) and what `kvq info --kernels` calls it. Slots not set
+// here take the scalar specification (dispatch.cpp; "spec" in the table): iq4_nl's kernels, and any
+// other a line below does not name.
 #include "dispatch.hpp"
 #include "ops_neon.hpp"
 #include "kernels_impl.hpp"
 #include "quantize_polar_impl.hpp"
 
+namespace kvq::simd {
+namespace {
+
+using detail::BlockCodec;
+using detail::KernelOp;
+using detail::OtherKernel;
+
+detail::LevelKernels make() {
+    using A = xsimd::neon64;
+    using C = BlockCodec;
+    using Op = KernelOp;
+    using K = OtherKernel;
+    detail::LevelKernels k;
+    // plain codecs: values as they are, queries as floats
+    k.set<Op::quantize>(C::f32, quantize_plain<A, PlainF32>, "quantize_plain<f32>");
+    k.set<Op::dequantize>(C::f32, dequantize_plain<A, PlainF32>, "dequantize_plain<f32>");
+    k.set<Op::prepare_query>(C::f32, prepare_query_f32, "prepare_query_f32");
+    k.set<Op::score>(C::f32, ScorePlain<A, PlainF32>::score, "score_plain<f32>");
+    k.set<Op::accumulate>(C::f32, accumulate_plain<A, PlainF32>, "accumulate_plain<f32>");
+    k.set<Op::quantize>(C::f16, quantize_plain<A, PlainF16>, "quantize_plain<f16>");
+    k.set<Op::dequantize>(C::f16, dequantize_plain<A, PlainF16>, "dequantize_plain<f16>");
+    k.set<Op::prepare_query>(C::f16, prepare_query_f32, "prepare_query_f32");
+    k.set<Op::score>(C::f16, ScorePlain<A, PlainF16>::score, "score_plain<f16>");
+    k.set<Op::accumulate>(C::f16, accumulate_plain<A, PlainF16>, "accumulate_plain<f16>");
+    k.set<Op::quantize>(C::bf16, quantize_plain<A, PlainBF16>, "quantize_plain<bf16>");
+    k.set<Op::dequantize>(C::bf16, dequantize_plain<A, PlainBF16>, "dequantize_plain<bf16>");
+    k.set<Op::prepare_query>(C::bf16, prepare_query_f32, "prepare_query_f32");
+    k.set<Op::score>(C::bf16, ScorePlain<A, PlainBF16>::score, "score_plain<bf16>");
+    k.set<Op::accumulate>(C::bf16, accumulate_plain<A, PlainBF16>, "accumulate_plain<bf16>");
+    // ggml block codecs: int8 queries (prepare_query_q8)
+    k.set<Op::quantize>(C::q8_0, quantize_q8_0<A>, "quantize_q8_0");
+    k.set<Op::dequantize>(C::q8_0, dequantize_blocks<A, LayoutQ8_0>, "dequantize_blocks<q8_0>");
+    k.set<Op::prepare_query>(C::q8_0, prepare_query_q8<A>, "prepare_query_q8");
+    k.set<Op::score>(C::q8_0, ScoreBlocks<A, LayoutQ8_0>::score, "score_blocks<q8_0>");
+    k.set<Op::accumulate>(C::q8_0, accumulate_scaled<A, LayoutQ8_0>, "accumulate_scaled<q8_0>");
+    k.set<Op::quantize>(C::q4_0, quantize_sym<A, 4>, "quantize_sym<4>");
+    k.set<Op::dequantize>(C::q4_0, dequantize_blocks<A, LayoutQ4_0>, "dequantize_blocks<q4_0>");
+    k.set<Op::prepare_query>(C::q4_0, prepare_query_q8<A>, "prepare_query_q8");
+    k.set<Op::score>(C::q4_0, ScoreBlocks<A, LayoutQ4_0>::score, "score_blocks<q4_0>");
+    k.set<Op::accumulate>(C::q4_0, accumulate_scaled<A, LayoutQ4_0>, "accumulate_scaled<q4_0>");
+    k.set<Op::accumulate_grid>(C::q4_0, accumulate_scaled_grid<A, LayoutQ4_0>, "accumulate_scaled_grid<q4_0>");
+    k.set<Op::quantize>(C::q4_1, quantize_asym<A, 4>, "quantize_asym<4>");
+    k.set<Op::dequantize>(C::q4_1, dequantize_blocks<A, LayoutQ4_1>, "dequantize_blocks<q4_1>");
+    k.set<Op::prepare_query>(C::q4_1, prepare_query_q8<A>, "prepare_query_q8");
+    k.set<Op::score>(C::q4_1, ScoreBlocks<A, LayoutQ4_1>::score, "score_blocks<q4_1>");
+    k.set<Op::accumulate>(C::q4_1, accumulate_tiles<A, LayoutQ4_1>, "accumulate_tiles<q4_1>");
+    k.set<Op::quantize>(C::q5_0, quantize_sym<A, 5>, "quantize_sym<5>");
+    k.set<Op::dequantize>(C::q5_0, dequantize_blocks<A, LayoutQ5_0>, "dequantize_blocks<q5_0>");
+    k.set<Op::prepare_query>(C::q5_0, prepare_query_q8<A>, "prepare_query_q8");
+    k.set<Op::score>(C::q5_0, ScoreBlocks<A, LayoutQ5_0>::score, "score_blocks<q5_0>");
+    k.set<Op::accumulate>(C::q5_0, accumulate_scaled<A, LayoutQ5_0>, "accumulate_scaled<q5_0>");
+    k.set<Op::quantize>(C::q5_1, quantize_asym<A, 5>, "quantize_asym<5>");
+    k.set<Op::dequantize>(C::q5_1, dequantize_blocks<A, LayoutQ5_1>, "dequantize_blocks<q5_1>");
+    k.set<Op::prepare_query>(C::q5_1, prepare_query_q8<A>, "prepare_query_q8");
+    k.set<Op::score>(C::q5_1, ScoreBlocks<A, LayoutQ5_1>::score, "score_blocks<q5_1>");
+    k.set<Op::accumulate>(C::q5_1, accumulate_tiles<A, LayoutQ5_1>, "accumulate_tiles<q5_1>");
+    k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    // polar quantize: the specification. This level's gives other bytes than the specification on the
+    // selftest's extreme rows under qemu-aarch64 (not yet understood).
+    k.set<K::softmax_update>(softmax_update_lanes, "softmax_update_lanes");
+    k.set<K::all_finite>(all_finite<A>, "all_finite");
+    k.set<K::finite_max_abs>(finite_max_abs<A>, "finite_max_abs");
+    k.set<K::check_ops>(check_ops<A>, "check_ops");
+    return k;
+}
+
+}  // namespace
+}  // namespace kvq::simd
+
 namespace kvq::detail {
 
 const LevelKernels& level_neon() {
-    static const LevelKernels kernels = [] {
-        LevelKernels k = simd::make_level<xsimd::neon64>();
-        // turbo quantize; polar's gives other bytes than the specification on the selftest's extreme rows
-        // under qemu-aarch64 (not yet understood), so polar quantizes with the specification here.
-        k.rotated_quantize.turbo = simd::rotated_quantize_kernels<xsimd::neon64>().turbo;
-        return k;
-    }();
+    static const LevelKernels kernels = simd::make();
     return kernels;
 }
 

@@ -335,9 +335,5 @@ void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int
 
 }  // namespace avx2
 
-detail::RotatedKernels rotated_kernels_avx2() {
-    return {{avx2::turbo_score, avx2::turbo_accumulate}, {avx2::polar_score, avx2::polar_accumulate}};
-}
-
 }  // namespace
 }  // namespace kvq::simd

@@ -1,7 +1,8 @@
 // The score kernels of the block codecs: the g queries of a GQA group go through each key row together;
 // rows are taken in chunks that stay in cache while several query groups pass over them. Quantized keys
 // are scored as ggml does: an integer dot product per 32-value block against the int8 query, then one fma
-// per block in fp32. Included by kernels_impl.hpp in one level's file.
+// per block in fp32. Included by kernels_impl.hpp in one level's file,
+// which chooses among them (lib/simd/level_<isa>.cpp).
 #pragma once
 
 #include <algorithm>
@@ -388,7 +389,54 @@ constexpr bool has_block_pairs() {
     }
 }
 
-template <class A, class L>
+// A score kernel's first choice for one pass of G queries over a chunk of rows: run(...) scores them and
+// returns true, or returns false where its preconditions do not hold (then ScoreBlocks's generic
+// kernels score them). NoFirst: none (the generic kernels only).
+struct NoFirst {
+    template <int G>
+    static bool run(const uint8_t* const*, const uint8_t*, size_t, size_t, int64_t, float* const*) {
+        return false;
+    }
+};
+
+// q4_0 keys, four queries: two key blocks per register (score_group4_pairs), where Ops<A> has block pairs.
+template <class A>
+struct Q4_0Pairs {
+    static_assert(has_block_pairs<Ops<A>>(), "Q4_0Pairs: a level whose Ops have block pairs (kBlockPairs)");
+    template <int G>
+    static bool run(const uint8_t* const* p, const uint8_t* rows, size_t row_stride, size_t n_rows, int64_t nb,
+                    float* const* out) {
+        if constexpr (G == 4) {
+            if (nb % 2 == 0 && nb <= kMaxGroupBlocks) {
+                if (nb == 4) score_group4_pairs<A, LayoutQ4_0, 4>(p, rows, row_stride, n_rows, nb, out);
+                else score_group4_pairs<A, LayoutQ4_0, 0>(p, rows, row_stride, n_rows, nb, out);
+                return true;
+            }
+        }
+        return false;
+    }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// q8_0 keys with AVX512-VNNI: 16 rows per register for any number of queries, the arithmetic of the
+// kernel on keys in groups (score_q8_0_groups16), so both layouts give the same bits.
+struct Q8_0Rows16 {
+    template <int G>
+    static bool run(const uint8_t* const* p, const uint8_t* rows, size_t row_stride, size_t n_rows, int64_t nb,
+                    float* const* out) {
+        if (16 * row_stride >= (size_t{1} << 31)) return false;  // the scales' gather takes int32 offsets
+        if (nb == 4) score_q8_0_rows16<4, G>(p, rows, row_stride, n_rows, nb, out);
+        else if (nb <= kMaxGroupBlocks) score_q8_0_rows16<0, G>(p, rows, row_stride, n_rows, nb, out);
+        else return false;
+        return true;
+    }
+};
+#endif
+
+// BlockKernels::score of layout L: rows in chunks, queries in groups of up to kScoreGroup; each pass tries
+// First (above), then the generic kernels: score_group4 for four queries (the block loop unrolled for
+// d = 128 where L is q8_0), score_group for fewer.
+template <class A, class L, class First = NoFirst>
 struct ScoreBlocks {
     template <int G>
     struct Pass {
@@ -400,24 +448,9 @@ struct ScoreBlocks {
                 p[i] = prep + (i0 + i) * prep_bytes;
                 out[i] = scores + (i0 + i) * score_stride;
             }
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-            // q8_0 keys with AVX512-VNNI: 16 rows per register for any number of queries, the arithmetic of
-            // the kernel on keys in groups (score_q8_0_groups16), so both layouts give the same bits.
-            if constexpr (std::is_same_v<L, LayoutQ8_0> && std::is_same_v<A, xsimd::avx512bw>) {
-                if (16 * row_stride < (size_t{1} << 31)) {  // the scales' gather takes int32 offsets
-                    if (nb == 4) return score_q8_0_rows16<4, G>(p, rows, row_stride, n_rows, nb, out);
-                    if (nb <= kMaxGroupBlocks) return score_q8_0_rows16<0, G>(p, rows, row_stride, n_rows, nb, out);
-                }
-            }
-#endif
+            if (First::template run<G>(p, rows, row_stride, n_rows, nb, out)) return;
             if constexpr (G == 4) {
-                if constexpr (std::is_same_v<L, LayoutQ4_0> && has_block_pairs<Ops<A>>()) {
-                    if (nb % 2 == 0 && nb <= kMaxGroupBlocks) {
-                        if (nb == 4) return score_group4_pairs<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
-                        return score_group4_pairs<A, L, 0>(p, rows, row_stride, n_rows, nb, out);
-                    }
-                }
-                if constexpr (std::is_same_v<L, LayoutQ8_0>) {
+                if constexpr (std::is_same_v<L, LayoutQ8_0>) {  // an unrolled copy of the same kernel
                     if (nb == 4) return score_group4<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
                 }
                 if (nb <= kMaxGroupBlocks) return score_group4<A, L>(p, rows, row_stride, n_rows, nb, out);

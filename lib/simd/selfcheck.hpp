@@ -10,7 +10,8 @@
 
 namespace kvq::detail {
 
-// Empty if `level` agrees with the specification, else what differed first.
+// Empty if `level`'s kernels agree with the specification, else what differed first. The run-time
+// self-check is this and the checks added from above (dispatch.hpp, level_self_check).
 std::string quick_check_level(SimdLevel level);
 
 }  // namespace kvq::detail

@@ -6,6 +6,7 @@
     kvq plan --model llama-3-70b --context 131072 --batch 8
     kvq plan --config path/to/config.json
     kvq info                       # the codec table and the SIMD levels (which passed their self-check)
+    kvq info --kernels             # which kernel runs for each (codec, op) at each SIMD level
     kvq selftest                   # every codec at every SIMD level against the scalar specification
     kvq eval gemma3-270m --text tutorial.txt --pairs q8_0/q4_0,q4_0+rot+center/q4_0   # needs torch
     kvq eval gemma3-270m --text tutorial.txt --budget 3.5 --budget 4.5   # per-layer pairs for a bit budget
@@ -208,6 +209,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.kernels:
+        # Which kernel runs for each (codec, op) at each SIMD level this CPU runs: lib/simd/level_<isa>.cpp.
+        sys.stdout.write(_core.simd_kernel_table()["text"])
+        return 0
     sys.stdout.write(_core.codec_table(args.format, args.head_dim))
     return 0
 
@@ -426,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="the codec table and the SIMD level in use")
     i.add_argument("--format", choices=formats, default="markdown")
     i.add_argument("--head-dim", type=_bounded(1, 65536, "a head size"), default=128, help="head size for bits per value (default 128)")
+    i.add_argument("--kernels", action="store_true",
+                   help="print which kernel runs for each (codec, op) at each SIMD level this CPU runs, not the codec table")
     i.set_defaults(func=cmd_info)
 
     s = sub.add_parser("selftest", help="check every codec at every SIMD level this CPU runs against the scalar specification")

@@ -1,4 +1,4 @@
-// kvq.codecs, kvq.codec_info, kvq.quantize, kvq.dequantize, kvq.simd_level, simd_report, selftest: the codec table and one
+// kvq.codecs, kvq.codec_info, kvq.quantize, kvq.dequantize, kvq.simd_level, simd_report, simd_kernel_table, selftest: the codec table and one
 // codec's rows, from numpy.
 #include <string>
 
@@ -113,6 +113,25 @@ void bind_codecs(py::module_& m) {
           "Which SIMD levels this build has, which this CPU runs, which passed their self-check, which is in\n"
           "use and why: {'in_use', 'reason', 'levels': [{'name', 'cpu_runs', 'checked', 'passed', 'detail',\n"
           "'check_ms'}], 'text'}.");
+    m.def("simd_kernel_table", [] {
+              const auto table = kvq::simd_kernel_table();
+              py::list lines;
+              for (const auto& k : table) {
+                  py::dict d;
+                  d["level"] = std::string(simd_level_name(k.level));
+                  d["codec"] = k.codec;
+                  d["op"] = k.op;
+                  d["kernel"] = k.kernel;
+                  lines.append(d);
+              }
+              py::dict out;
+              out["lines"] = lines;
+              out["text"] = kvq::format_simd_kernel_table(table);
+              return out;
+          },
+          "Which kernel runs for each (codec, op) at every SIMD level this build has and this CPU runs (the\n"
+          "choices of lib/simd/level_<isa>.cpp; 'spec' where the scalar specification fills a gap):\n"
+          "{'lines': [{'level', 'codec', 'op', 'kernel'}], 'text'}.");
     m.def("selftest", [](py::object on_line) {
               std::vector<kvq::SelftestLine> lines;
               {

@@ -123,6 +123,30 @@ def test_info_json(capsys):
     assert [c["name"] for c in info["codecs"]] == kvq.codecs()
 
 
+def test_info_kernels(capsys):
+    """`kvq info --kernels`: one line per (codec, op), one column per level this CPU runs, each cell the
+    kernel its level file (lib/simd/level_<isa>.cpp) names, or "spec"."""
+    code, out, _ = run(capsys, "info", "--kernels")
+    assert code == 0
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header[:2] == ["codec", "op"]
+    assert header[2:] == kvq.available_simd_levels()
+    table = kvq.simd_kernel_table()
+    assert out == table["text"]
+    cells = {(l["level"], l["codec"], l["op"]): l["kernel"] for l in table["lines"]}
+    assert all(cells.values())
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:]}
+    for codec in kvq.codecs():
+        if codec in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"):
+            for op in ("quantize", "dequantize", "prepare_query", "score", "accumulate"):
+                assert (codec, op) in rows
+                assert cells[("scalar", codec, op)] == "spec"
+    assert ("q4_0", "accumulate_grid") in rows
+    if "avx2" in header:
+        assert cells[("avx2", "q4_0", "accumulate")] == "accumulate_sym_avx2<q4_0>"
+
+
 def _write_dump(tmp_path, shape=(2, 48, 2, 32), dtype=np.float16, q_heads=4):
     rng = np.random.default_rng(0)
     np.save(tmp_path / "k.npy", rng.standard_normal(shape).astype(dtype))

@@ -1,0 +1,107 @@
+// The kernel tables of the SIMD levels (lib/simd/level_<isa>.cpp, the one place that chooses kernels):
+// every slot that holds a kernel is named, every named slot holds a kernel, lookups are never null, and
+// simd_kernel_table() reports exactly what dispatch calls.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "kvq/simd.hpp"
+#include "ref/block_codecs.hpp"
+#include "simd/dispatch.hpp"
+
+using kvq::SimdLevel;
+using kvq::detail::BlockCodec;
+using kvq::detail::BlockKernels;
+
+namespace {
+
+const kvq::SimdKernel* find(const std::vector<kvq::SimdKernel>& table, SimdLevel l, const std::string& codec,
+                            const std::string& op) {
+    for (const auto& k : table) {
+        if (k.level == l && k.codec == codec && k.op == op) return &k;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("every level's kernel table: each (codec, op) named and non-null, one line each") {
+    const auto table = kvq::simd_kernel_table();
+    REQUIRE(!table.empty());
+    std::set<std::tuple<int, std::string, std::string>> seen;
+    for (const auto& k : table) {
+        CAPTURE(kvq::simd_level_name(k.level));
+        CAPTURE(k.codec);
+        CAPTURE(k.op);
+        CHECK(!k.kernel.empty());
+        CHECK(seen.insert({static_cast<int>(k.level), k.codec, k.op}).second);  // one line per (codec, op)
+        if (k.level == SimdLevel::scalar) CHECK(k.kernel == "spec");
+    }
+    for (SimdLevel level : kvq::available_simd_levels()) {
+        CAPTURE(kvq::simd_level_name(level));
+        for (int c = 0; c < kvq::detail::kBlockCodecCount; ++c) {
+            const auto codec = static_cast<BlockCodec>(c);
+            CAPTURE(kvq::detail::codec_name(codec));
+            const BlockKernels* k = kvq::detail::level_kernels(codec, level);
+            REQUIRE(k != nullptr);
+            // The five operations every codec has: non-null at every level, and in the table.
+            CHECK((k->quantize != nullptr));
+            CHECK((k->dequantize != nullptr));
+            CHECK((k->prepare_query != nullptr));
+            CHECK((k->score != nullptr));
+            CHECK((k->accumulate != nullptr));
+            for (const char* op : {"quantize", "dequantize", "prepare_query", "score", "accumulate"}) {
+                CAPTURE(op);
+                CHECK(find(table, level, kvq::detail::codec_name(codec), op) != nullptr);
+            }
+            // The optional ones: in the table exactly where the slot holds a kernel.
+            CHECK((find(table, level, kvq::detail::codec_name(codec), "accumulate_grid") != nullptr) ==
+                  (k->accumulate_grid != nullptr));
+            CHECK((find(table, level, kvq::detail::codec_name(codec), "score_groups") != nullptr) ==
+                  (k->score_groups != nullptr));
+            // accumulate_grid is q4_0's at every level (the specification's at scalar).
+            CHECK((k->accumulate_grid != nullptr) == (codec == BlockCodec::q4_0));
+        }
+        CHECK((kvq::detail::level_softmax(level) != nullptr));
+        CHECK((kvq::detail::level_channel_score(level) != nullptr));
+        for (auto [codec, op] : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"turbo", "quantize"},
+                                 {"polar", "score"}, {"polar", "accumulate"}, {"polar", "quantize"},
+                                 {"softmax", "update"}, {"chanB", "score"}, {"floats", "all_finite"},
+                                 {"floats", "finite_max_abs"}}) {
+            CAPTURE(codec);
+            CAPTURE(op);
+            CHECK(find(table, level, codec, op) != nullptr);
+        }
+    }
+}
+
+TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernels of avx2 and avx512)") {
+    const auto table = kvq::simd_kernel_table();
+    auto kernel = [&](SimdLevel l, const char* codec, const char* op) {
+        const auto* k = find(table, l, codec, op);
+        return k ? k->kernel : std::string("(none)");
+    };
+    // iq4_nl has no SIMD kernels: the specification at every level.
+    for (SimdLevel level : kvq::available_simd_levels()) CHECK(kernel(level, "iq4_nl", "score") == "spec");
+    const auto levels = kvq::available_simd_levels();
+    auto has = [&](SimdLevel l) { return std::find(levels.begin(), levels.end(), l) != levels.end(); };
+    if (has(SimdLevel::avx2)) {
+        CHECK(kernel(SimdLevel::avx2, "q4_0", "accumulate") == "accumulate_sym_avx2<q4_0>");
+        CHECK(kernel(SimdLevel::avx2, "q4_0", "accumulate_grid") == "accumulate_grid_q4_0_avx2");
+        CHECK(kernel(SimdLevel::avx2, "q4_0", "score") == "score_blocks<q4_0,Q4_0Pairs>");
+        CHECK(kernel(SimdLevel::avx2, "q8_0", "score_groups") == "(none)");
+    }
+    if (has(SimdLevel::avx512)) {
+        CHECK(kernel(SimdLevel::avx512, "q4_0", "accumulate") == "accumulate_sym_avx512<q4_0>");
+        CHECK(kernel(SimdLevel::avx512, "chanB", "score") == "channel_score_avx512");
+    }
+    if (has(SimdLevel::sse2)) CHECK(kernel(SimdLevel::sse2, "q4_0", "accumulate") == "accumulate_scaled<q4_0>");
+    const std::string text = kvq::format_simd_kernel_table(table);
+    MESSAGE(text);
+    CHECK(text.rfind("codec", 0) == 0);
+    CHECK(text.find("q4_0") != std::string::npos);
+}
