@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "../codec/channel_keys.hpp"
+#include "../codec/key_format.hpp"
 #include "../ref/half.hpp"
 #include "../ref/key_groups.hpp"
 #include "../util/checked_size.hpp"
@@ -19,8 +20,6 @@ namespace kvq {
 namespace {
 
 [[noreturn]] void bad_config(const std::string& what) { throw BadParams("CacheConfig: " + what); }
-
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 void check_dim(const char* what, int x) {
     if (x < 1 || x > kMaxCacheDim) {
@@ -128,28 +127,23 @@ Codec make_value_codec(const CacheConfig& c, const std::string& spec) {
     return Codec::make(spec, c.head_dim, c.seed);
 }
 
-// The block layout of one pair of codecs: each kv head's key rows, the value rows from a 64-byte aligned
-// offset, then (centered keys) each kv head's fp16 key means or (per-channel keys) its fp16 minimums and
-// steps. Returns the block's bytes.
+// The block layout of one pair of codecs, as the key format (lib/codec/key_format.hpp) places it: each
+// kv head's key rows, the value rows from a 64-byte aligned offset, then (centered keys) each kv head's
+// fp16 key means or (per-channel keys) its fp16 minimums and steps. Returns the block's bytes.
 size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, detail::BlockLayout& layout) {
-    const size_t h = static_cast<size_t>(c.n_kv_heads), d = static_cast<size_t>(c.head_dim);
+    static_assert(detail::kKeyBlockAlignment == detail::BlockPool::kAlignment);
+    const detail::KeyBlockFormat format(key, c.center_keys, c.block_tokens);
     const size_t bt = static_cast<size_t>(c.block_tokens);
     layout.block_tokens = c.block_tokens;
     layout.k_offset = 0;
-    layout.k_head_stride = bt * key.row_bytes();
+    layout.k_head_stride = format.rows_bytes();
     layout.k_groups = detail::keys_in_groups(key, c.block_tokens);  // a layout of the pool's memory only
-    layout.v_offset = align_up(h * layout.k_head_stride, detail::BlockPool::kAlignment);
     layout.v_head_stride = bt * value.row_bytes();
-    size_t bytes = layout.v_offset + h * layout.v_head_stride;
-    if (c.center_keys) {
-        layout.mean_offset = align_up(bytes, detail::BlockPool::kAlignment);
-        bytes = layout.mean_offset + h * d * sizeof(uint16_t);
-    }
-    if (key.info().per_channel) {
-        layout.channel_offset = align_up(bytes, detail::BlockPool::kAlignment);
-        bytes = layout.channel_offset + h * detail::channel_params_bytes(c.head_dim);
-    }
-    return bytes;  // the pool rounds it up to its alignment
+    const detail::KeyBlockFormat::CacheBlock block = format.cache_block(c.n_kv_heads, layout.v_head_stride);
+    layout.v_offset = block.value_offset;
+    if (format.side() == detail::KeySide::means) layout.mean_offset = block.side_offset;
+    if (format.side() == detail::KeySide::channel_params) layout.channel_offset = block.side_offset;
+    return block.bytes;  // the pool rounds it up to its alignment
 }
 
 }  // namespace
@@ -428,9 +422,8 @@ double KVCache::bytes_per_token(int layer) const {
     impl_->check_layer("bytes_per_token", layer);
     const auto& c = impl_->cfg;
     const detail::LayerKind& k = impl_->kind(layer);
-    double per_head = static_cast<double>(k.key.row_bytes() + k.value.row_bytes());
-    if (c.center_keys) per_head += static_cast<double>(c.head_dim * sizeof(uint16_t)) / c.block_tokens;
-    if (k.key.info().per_channel) per_head += static_cast<double>(detail::channel_params_bytes(c.head_dim)) / c.block_tokens;
+    const detail::KeyBlockFormat format(k.key, c.center_keys, c.block_tokens);
+    const double per_head = static_cast<double>(k.key.row_bytes() + k.value.row_bytes()) + format.side_bytes_per_token();
     return per_head * c.n_kv_heads;
 }
 

@@ -9,11 +9,10 @@
 #include "attention/decode_attention.hpp"
 #include "codec/centering.hpp"
 #include "codec/channel_keys.hpp"
+#include "codec/key_format.hpp"
 
 namespace kvq::detail {
 namespace {
-
-size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
 // Rows first..n_rows−1 of the keys and values as one row source of the decode engine; key_blocks and
 // value_blocks receive the blocks' addresses (the source refers to them).
@@ -45,14 +44,14 @@ QuantizedKeys quantize_keys(const Codec& codec, const float* k, size_t n_rows, b
     const size_t d = codec.head_dim(), bt = static_cast<size_t>(block_tokens);
     const int channel_bits = channel_bits_of(codec);
     QuantizedKeys out;
-    out.block_tokens = block_tokens;
-    out.centered = center;
-    out.per_channel = channel_bits != 0;
     // As a cache block of one kv head: the key rows, then the means or the minimums and steps.
-    out.mean_offset = out.channel_offset = round_up(bt * codec.row_bytes(), 64);
-    out.block_bytes = center            ? round_up(out.mean_offset + d * sizeof(uint16_t), 64)
-                      : out.per_channel ? round_up(out.channel_offset + channel_params_bytes(static_cast<int>(d)), 64)
-                                        : bt * codec.row_bytes();
+    const KeyBlockFormat format(codec, center, block_tokens);
+    out.block_tokens = block_tokens;
+    out.centered = format.side() == KeySide::means;
+    out.per_channel = format.side() == KeySide::channel_params;
+    if (out.centered) out.mean_offset = format.head_side_offset();
+    if (out.per_channel) out.channel_offset = format.head_side_offset();
+    out.block_bytes = format.head_block_bytes();
     const size_t n_blocks = (n_rows + bt - 1) / bt;
     out.rows.resize(n_blocks * out.block_bytes);
     std::vector<float> centered(center ? bt * d : 0);
