@@ -68,10 +68,12 @@ TEST_CASE("every level's kernel table: each (codec, op) named and non-null, one 
         }
         CHECK((kvq::detail::level_softmax(level) != nullptr));
         CHECK((kvq::detail::level_channel_score(level) != nullptr));
-        for (auto [codec, op] : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"turbo", "quantize"},
+        for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"turbo", "quantize"},
                                  {"polar", "score"}, {"polar", "accumulate"}, {"polar", "quantize"},
                                  {"softmax", "update"}, {"chanB", "score"}, {"floats", "all_finite"},
                                  {"floats", "finite_max_abs"}}) {
+            const char* codec = name.first;  // not a structured binding: clang 14 cannot capture one (CAPTURE)
+            const char* op = name.second;
             CAPTURE(codec);
             CAPTURE(op);
             CHECK(find(table, level, codec, op) != nullptr);

@@ -98,8 +98,10 @@ struct LevelKernels {
         slot<Op>(codec[static_cast<int>(c)]) = kernel;
         codec_names[static_cast<int>(c)][static_cast<int>(Op)] = name;
     }
-    template <OtherKernel K>
-    void set(std::remove_reference_t<decltype(std::declval<LevelKernels&>().slot<K>())> kernel, const char* name) {
+    // (The kernel's type is checked by the assignment: a parameter type naming slot<K>() would need this
+    // class complete, which clang requires at the declaration.)
+    template <OtherKernel K, class F>
+    void set(F kernel, const char* name) {
         slot<K>() = kernel;
         other_names[static_cast<int>(K)] = name;
     }
