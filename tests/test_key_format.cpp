@@ -1,13 +1,12 @@
-// The key block format (lib/codec/key_format.hpp) is the one place a sealed block's key bytes are worked
-// out: its answers are what the cache's bytes_per_token and pool blocks, the planner and the accuracy
-// tables' key blocks hold, for every kind of key codec.
+// The key format (lib/codec/key_format.hpp) is the one place a sealed block's key bytes are worked out:
+// its answers are what the cache's bytes_per_token and pool blocks, the planner and the accuracy tables'
+// key blocks hold, for every kind of key format (lib/codec/key_formats.cpp makes them all).
 #include <doctest/doctest.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "codec/channel_keys.hpp"
-#include "codec/key_format.hpp"
+#include "codec/key_formats.hpp"
 #include "eval/quantized_attention.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
@@ -21,50 +20,43 @@ constexpr int kKv = 3, kDim = 128;  // three kv heads: the 64-byte alignment of 
 const char* const kValue = "q4_0";
 
 struct KeyKind {
-    const char* key;  // CacheConfig::key_codec (chanB included)
+    const char* key;  // CacheConfig::key_codec (key formats included)
     bool center;
-    kvq::detail::KeySide side;
+    size_t side;      // one kv head's side data: fp16 means (2d), chanB minimums and steps (4d), sinks
 };
 
-using kvq::detail::KeySide;
 const KeyKind kKinds[] = {
-    {"f16", false, KeySide::none},         {"q8_0", false, KeySide::none},  {"q4_0", false, KeySide::none},
-    {"q4_0", true, KeySide::means},        {"f16", true, KeySide::means},   {"chan3", false, KeySide::channel_params},
-    {"chan4", false, KeySide::channel_params}, {"chan8", false, KeySide::channel_params},
-    {"polar", false, KeySide::none},       {"polar", true, KeySide::means}, {"turbo4", false, KeySide::none},
-    {"turbo3", true, KeySide::means},      {"q4_0+rot", true, KeySide::means},
+    {"f16", false, 0},          {"q8_0", false, 0},           {"q4_0", false, 0},
+    {"q4_0", true, 2 * kDim},   {"f16", true, 2 * kDim},      {"chan3", false, 4 * kDim},
+    {"chan4", false, 4 * kDim}, {"chan8", false, 4 * kDim},   {"polar", false, 0},
+    {"polar", true, 2 * kDim},  {"turbo4", false, 0},         {"turbo3", true, 2 * kDim},
+    {"q4_0+rot", true, 2 * kDim},
 };
-
-kvq::Codec key_codec(const char* spec, int dim) {
-    const int bits = kvq::detail::channel_key_bits(spec);
-    return bits ? kvq::detail::make_channel_key_codec(bits, dim) : kvq::Codec::make(spec, dim);
-}
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 }  // namespace
 
-TEST_CASE("key block format: the cache, the planner and the tables hold the bytes it gives, for every key codec kind") {
+TEST_CASE("key formats: the cache, the planner and the tables hold the bytes it gives, for every key codec kind") {
     const size_t vrow = kvq::Codec::make(kValue, kDim).row_bytes();
     for (const int bt : {32, 16, 20}) {
         for (const KeyKind& kind : kKinds) {
             CAPTURE(bt);
             CAPTURE(kind.key);
             CAPTURE(kind.center);
-            const kvq::Codec key = key_codec(kind.key, kDim);
-            const kvq::detail::KeyBlockFormat f(key, kind.center, bt);
+            const auto format = kvq::detail::make_key_format(kind.key, kDim, bt, {kind.center});
+            const kvq::detail::KeyFormat& f = *format;
+            const kvq::Codec& key = f.codec();
 
             // Its own answers, from the definitions.
-            REQUIRE(f.side() == kind.side);
+            const size_t side = kind.side;
+            REQUIRE(f.side_bytes() == side);
             CHECK(f.head_dim() == kDim);
             CHECK(f.block_tokens() == bt);
             CHECK(f.row_bytes() == key.row_bytes());
             CHECK(f.rows_bytes() == size_t(bt) * key.row_bytes());
-            const size_t side = kind.side == KeySide::means ? 2 * kDim : kind.side == KeySide::channel_params ? 4 * kDim : 0;
-            CHECK(f.side_bytes() == side);
-            CHECK(f.side_bytes_per_token() == doctest::Approx(double(side) / bt));
             CHECK(f.bytes_per_token() == doctest::Approx(double(key.row_bytes()) + double(side) / bt));
-            if (kind.side == KeySide::none) {
+            if (side == 0) {
                 CHECK(f.head_side_offset() == kvq::detail::kNoKeySide);
                 CHECK(f.head_block_bytes() == f.rows_bytes());
             } else {
@@ -74,7 +66,7 @@ TEST_CASE("key block format: the cache, the planner and the tables hold the byte
             const auto block = f.cache_block(kKv, bt * vrow);
             CHECK(block.value_offset == align64(kKv * f.rows_bytes()));
             CHECK(block.value_offset % 64 == 0);
-            if (kind.side == KeySide::none) {
+            if (side == 0) {
                 CHECK(block.side_offset == kvq::detail::kNoKeySide);
                 CHECK(block.bytes == block.value_offset + kKv * bt * vrow);
             } else {
@@ -93,7 +85,7 @@ TEST_CASE("key block format: the cache, the planner and the tables hold the byte
             c.value_codec = kValue;
             c.center_keys = kind.center;
             const kvq::KVCache cache(c);
-            CHECK(cache.bytes_per_token(0) == (double(key.row_bytes() + vrow) + f.side_bytes_per_token()) * kKv);
+            CHECK(cache.bytes_per_token(0) == (double(key.row_bytes() + vrow) + double(side) / bt) * kKv);
             CHECK(cache.pool_stats().block_bytes == align64(block.bytes));
 
             // The planner, on a model of the same shape.
@@ -111,20 +103,21 @@ TEST_CASE("key block format: the cache, the planner and the tables hold the byte
             // The tables' key blocks (one kv head): as the format places them.
             const size_t n_rows = 2 * size_t(bt) + 5;
             const auto k = kvq::test::gaussian(n_rows * kDim, 7, 0.5f);
-            const auto q = kvq::detail::quantize_keys(key, k.data(), n_rows, kind.center, bt);
+            const auto q = kvq::detail::quantize_keys(f, k.data(), n_rows);
             CHECK(q.block_bytes == f.head_block_bytes());
             CHECK(q.rows.size() == 3 * f.head_block_bytes());
-            CHECK(q.centered == (kind.side == KeySide::means));
-            CHECK(q.per_channel == (kind.side == KeySide::channel_params));
-            if (q.centered) CHECK(q.mean_offset == f.head_side_offset());
-            if (q.per_channel) CHECK(q.channel_offset == f.head_side_offset());
         }
     }
 }
 
-TEST_CASE("key block format: per-channel keys take no centering") {
-    CHECK_THROWS_AS(kvq::detail::KeyBlockFormat(kvq::detail::make_channel_key_codec(4, 64), true, 32), std::invalid_argument);
-    const kvq::detail::KeyBlockFormat plain(kvq::Codec::make("q8_0", 64), false, 32);
-    CHECK(plain.side_bytes() == 0);
-    CHECK(plain.side_bytes_per_token() == 0.0);
+TEST_CASE("key formats: per-channel keys take no centering, and specs no format takes are refused") {
+    CHECK_THROWS_WITH_AS(kvq::detail::make_key_format("chan4", 64, 32, {true}), doctest::Contains("+center does not apply"), kvq::BadParams);
+    for (const char* bad : {"chan9", "chan4+rot", "nope"}) {
+        CAPTURE(bad);
+        CHECK_THROWS_AS(kvq::detail::make_key_format(bad, 64, 32), std::invalid_argument);
+    }
+    const auto plain = kvq::detail::make_key_format("q8_0", 64, 32);
+    CHECK(plain->side_bytes() == 0);
+    CHECK(plain->bytes_per_token() == double(plain->row_bytes()));
+    CHECK(plain->name() == "q8_0");
 }

@@ -16,6 +16,7 @@
 #include "kvq/cache.hpp"
 #include "kvq/simd.hpp"
 #include "cache/cache_impl.hpp"
+#include "codec/key_formats.hpp"
 #include "kvq/codec.hpp"
 #include "ref/key_groups.hpp"
 #include "simd/dispatch.hpp"

@@ -9,6 +9,7 @@
 
 #include "eval/json_reader.hpp"
 #include "codec/channel_keys.hpp"
+#include "codec/key_formats.hpp"
 #include "eval/quantized_attention.hpp"
 #include "ref/half.hpp"
 #include "kvq/cache.hpp"
@@ -215,16 +216,15 @@ TEST_CASE("sweep: its attention output is KVCache::attend's, bit for bit, +cente
                 std::vector<float> from_cache(size_t(d.q_heads) * dim);
                 cache.attend(0, seq, d.q.data(), from_cache.data());
 
-                const auto keys = f.channel_bits ? kvq::detail::make_channel_key_codec(f.channel_bits, dim)
-                                                 : kvq::Codec::make(f.key_codec, dim, kSeed);
+                const auto keys = kvq::detail::make_key_format(f.key_codec, dim, kBlock, {f.center_keys, false, kSeed});
                 const auto values = kvq::Codec::make(f.value_codec, dim, kSeed);
                 const size_t first = window ? t.n - window : 0, n = t.n - first;
                 for (int h = 0; h < d.kv_heads; ++h) {
                     const auto k = d.keys(0, h, t.n), v = d.values(0, h, t.n), q = d.queries(0, h, 0);
-                    const auto kc = kvq::detail::quantize_keys(keys, k.data(), t.n, f.center_keys, kBlock);
+                    const auto kc = kvq::detail::quantize_keys(*keys, k.data(), t.n);
                     const auto vc = kvq::detail::quantize_values(values, v.data(), t.n);
                     std::vector<float> scores(g * n), weights(g * n), out(g * dim);
-                    kvq::detail::quantized_attention(keys, kc, values, vc, q.data(), g, first, t.n, d.softmax_scale(),
+                    kvq::detail::quantized_attention(kc, values, vc, q.data(), g, first, t.n, d.softmax_scale(),
                                                      scores.data(), weights.data(), out.data(), int8);
                     const auto head = from_cache.begin() + h * g * dim;
                     const std::vector<float> cached(head, head + g * dim);
@@ -313,14 +313,15 @@ TEST_CASE("chanB keys: per-channel minimum and step per block, exact bits, and e
         for (int c = 0; c < d; ++c) k[size_t(t) * d + c] = 100.0f * (c - 3) + (c + 1) * std::sin(0.37f * t + c);
     for (int bits : {2, 3, 4, 5, 8}) {
         CAPTURE(bits);
-        const auto codec = kvq::detail::make_channel_key_codec(bits, d);
+        const auto format = kvq::detail::make_key_format("chan" + std::to_string(bits), d, 32);
+        const kvq::Codec& codec = format->codec();
         CHECK(codec.row_bytes() == size_t(bits));  // d = 8 codes of `bits` bits
-        const auto q = kvq::detail::quantize_keys(codec, k.data(), n, false, 32);
-        REQUIRE(q.per_channel);
+        const auto q = kvq::detail::quantize_keys(*format, k.data(), n);
+        REQUIRE(format->side_bytes() == 4 * size_t(d));
         REQUIRE(q.rows.size() == 2 * q.block_bytes);
         for (int b = 0; b < 2; ++b) {
             const uint8_t* block = q.rows.data() + b * q.block_bytes;
-            const auto* params = reinterpret_cast<const uint16_t*>(block + q.channel_offset);
+            const auto* params = reinterpret_cast<const uint16_t*>(block + format->head_side_offset());
             const int rows = b == 0 ? 32 : 8;
             std::vector<float> y(size_t(rows) * d);
             kvq::detail::dequantize_channel_rows(block, codec.row_bytes(), rows, d, bits, params, y.data());
@@ -334,7 +335,6 @@ TEST_CASE("chanB keys: per-channel minimum and step per block, exact bits, and e
         }
     }
     const auto f = kvq::KVFormat::parse("chan4/q4_0");
-    CHECK(f.channel_bits == 4);
     CHECK(f.key_label() == "chan4");
     CHECK(f.key_bits(128, 32) == 5.0);
     CHECK(f.key_bits(128, 64) == 4.5);
@@ -344,7 +344,7 @@ TEST_CASE("chanB keys: per-channel minimum and step per block, exact bits, and e
     CHECK_THROWS_AS(kvq::KVFormat::parse("q4_0/chan4"), std::invalid_argument);
     std::vector<float> big(32 * 8, 1.0f);
     big[5] = 1e6f;
-    CHECK_THROWS_WITH_AS(kvq::detail::quantize_keys(kvq::detail::make_channel_key_codec(4, 8), big.data(), 32, false, 32),
+    CHECK_THROWS_WITH_AS(kvq::detail::quantize_keys(*kvq::detail::make_key_format("chan4", 8, 32), big.data(), 32),
                          doctest::Contains("beyond fp16"), std::invalid_argument);
     CHECK_THROWS_AS(kvq::detail::make_channel_key_codec(4, 12), kvq::BadHeadDim);  // 12 3-bit codes: not whole bytes
 }

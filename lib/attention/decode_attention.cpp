@@ -6,9 +6,6 @@
 #include <functional>
 #include <vector>
 
-#include "../codec/channel_keys.hpp"
-#include "../ref/half.hpp"
-#include "../ref/key_groups.hpp"
 #include "online_softmax.hpp"
 
 namespace kvq::detail {
@@ -52,8 +49,7 @@ void soft_cap(float* s, size_t n, float softcap) {
 }
 
 // The key side of a source, shared by attend_blocks and attention_scores: which rows of each block it
-// holds, where a kv head's key rows are, the query they are scored against (per block for per-channel
-// keys) and what is added to their scores (q·mean of centered keys, q·min of per-channel ones).
+// holds and where a kv head's part of a block is; the key format (lib/codec/key_format.hpp) scores them.
 struct KeyBlocks {
     const RowSource& src;
     int g, d;
@@ -63,58 +59,32 @@ struct KeyBlocks {
         : src(s), g(shape.n_heads / shape.n_kv_heads), d(shape.head_dim), bt(static_cast<size_t>(s.layout.block_tokens)),
           krb(s.key->row_bytes()), krs(s.layout.k_row_stride ? s.layout.k_row_stride : krb), qb(s.key->query_bytes()) {}
 
-    bool centered() const { return src.layout.mean_offset != kNoMeans; }
-    bool per_channel() const { return src.layout.channel_offset != kNoMeans; }
-    // Floats of scratch block_query needs: a block's key mean, or its g scaled queries; then g offsets.
-    size_t scratch_floats() const {
-        return per_channel() ? static_cast<size_t>(g) * d + g : centered() ? static_cast<size_t>(d + g) : 0;
-    }
+    // Floats of scratch the key format's score needs.
+    size_t scratch_floats() const { return src.key->scratch_floats(g); }
     // Block b holds rows [lo(b), lo(b) + rows(b)) of the source.
     size_t lo(size_t b) const { return b == 0 ? src.first_row : 0; }
     size_t rows(size_t b) const {
         const size_t hi = b == src.blocks.size() - 1 ? src.end_row : bt;
         return hi > lo(b) ? hi - lo(b) : 0;
     }
-    // Where row lo of kv head h's keys in block b is (keys in groups: where its group starts).
+    // Kv head h's part of block b.
+    ConstKeyHead head(size_t b, int h) const {
+        const uint8_t* block = src.blocks[b];
+        const BlockLayout& lay = src.layout;
+        return {block + lay.k_offset + h * lay.k_head_stride,
+                lay.k_side_offset == kNoKeySide ? nullptr : block + lay.k_side_offset + h * lay.k_side_stride, krs};
+    }
+    // Where the bytes of row lo of kv head h's keys in block b start (keys in groups: where its group starts).
     const uint8_t* keys(size_t b, int h, size_t lo) const {
-        const uint8_t* head = src.blocks[b] + src.layout.k_offset + h * src.layout.k_head_stride;
-        return src.layout.k_groups ? head + lo / kGroupRows * kGroupRows * krb : head + lo * krs;
+        return src.key->rows_from(src.blocks[b] + src.layout.k_offset + h * src.layout.k_head_stride, lo, krs);
     }
-    // The prepared queries of kv head h's g queries for block b (prep: the source's, from
-    // prepare_queries), and in *offsets what to add to their scores (null: nothing). Centered keys: q·mean
-    // of the block's mean; per-channel keys: the queries scaled by the block's steps and q·min
-    // (prepare_channel_queries, lib/codec/channel_keys.hpp). scratch: scratch_floats() floats.
-    const uint8_t* block_query(const uint8_t* prep, size_t b, int h, const float* q, float* scratch,
-                               const float** offsets) const {
-        *offsets = nullptr;
-        if (!per_channel() && !centered()) return prep + static_cast<size_t>(h) * g * qb;
-        const float* qh = q + static_cast<size_t>(h) * g * d;
-        float* off = scratch + scratch_floats() - g;
-        if (per_channel()) {
-            const auto* params = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.channel_offset) + h * 2 * d;
-            prepare_channel_queries(qh, g, d, params, scratch, off);
-            *offsets = off;
-            return reinterpret_cast<const uint8_t*>(scratch);
-        }
-        const auto* m16 = reinterpret_cast<const uint16_t*>(src.blocks[b] + src.layout.mean_offset) + h * d;
-        for (int j = 0; j < d; ++j) scratch[j] = f16_to_f32(m16[j]);
-        for (int i = 0; i < g; ++i) {
-            const float* qi = qh + static_cast<size_t>(i) * d;
-            float dot = 0.0f;
-            for (int j = 0; j < d; ++j) dot += qi[j] * scratch[j];
-            off[i] = dot;
-        }
-        *offsets = off;
-        return prep + static_cast<size_t>(h) * g * qb;
-    }
-    // q·k of g prepared queries (block_query's) against rows [lo, lo + n) of kv head h in block b; query
-    // i's at scores + i·stride.
-    void score(const uint8_t* prep, size_t b, int h, size_t lo, size_t n, float* scores, size_t stride) const {
-        if (src.layout.k_groups) {
-            src.key->score_groups(prep, g, keys(b, h, 0), lo, n, scores, stride);
-        } else {
-            src.key->score_rows(prep, g, keys(b, h, lo), krs, n, scores, stride);
-        }
+    // q·k of kv head h's g queries (prep: the source's prepared queries, from prepare_queries; q: the
+    // floats) against rows [lo, lo + n) of block b; query i's at scores + i·stride. Returns what to add to
+    // query i's scores (null: nothing). scratch: scratch_floats() floats.
+    const float* score(const uint8_t* prep, const float* q, size_t b, int h, size_t lo, size_t n, float* scores,
+                       size_t stride, float* scratch) const {
+        const size_t first = static_cast<size_t>(h) * g;
+        return src.key->score(prep + first * qb, q + first * d, g, head(b, h), lo, n, scores, stride, scratch);
     }
 };
 
@@ -164,9 +134,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             // faster). Spreading them, and the values' L1 prefetch below, was 1.04-1.11× faster again.
             const size_t n1 = b + 1 < b1 ? kb.rows(b + 1) : 0, lo1 = b + 1 < b1 ? kb.lo(b + 1) : 0;
             if (n1) prefetch_rows<kToL2>(kb.keys(b + 1, h, lo1), n1, krb, krs);
-            const float* offsets = nullptr;
-            const uint8_t* head_prep = kb.block_query(prep, b, h, q, block_scratch, &offsets);
-            kb.score(head_prep, b, h, lo, n, scores, n);
+            const float* offsets = kb.score(prep, q, b, h, lo, n, scores, n, block_scratch);
             // The values are read after the softmax: ask for them now, so that their first touch overlaps it
             // instead of stalling the accumulate (measured: 6-10% of a q8_0/q4_0 step at 4k and 32k tokens;
             // asked before the scoring, with the next block's keys, 1.0-1.1× slower).
@@ -227,7 +195,7 @@ void decode_round(const AttentionShape& shape, std::span<const DecodeTask> tasks
     const size_t d = static_cast<size_t>(shape.head_dim);
     const int g = shape.n_heads / shape.n_kv_heads;
 
-    // Queries prepared once per task and source (a source's key codec), at 64-byte offsets.
+    // Queries prepared once per task and source (a source's key format), at 64-byte offsets.
     sc.prep_at.clear();
     size_t prep_bytes = 0;
     for (const DecodeTask& t : tasks) {
@@ -369,9 +337,7 @@ void attention_scores(const AttentionShape& shape, const RowSource& src, const f
         if (n == 0) continue;
         for (int h = 0; h < shape.n_kv_heads; ++h) {
             float* s = scores + static_cast<size_t>(h) * kb.g * total + at;
-            const float* offsets = nullptr;
-            const uint8_t* head_prep = kb.block_query(prep, b, h, q, aligned_scratch, &offsets);
-            kb.score(head_prep, b, h, lo, n, s, total);
+            const float* offsets = kb.score(prep, q, b, h, lo, n, s, total, aligned_scratch);
             scale_scores(shape, s, total, kb.g, n, offsets);
         }
         at += n;

@@ -1,7 +1,7 @@
 // One decode step of attention over rows stored in blocks, computed on the codes.
 //
 // For each kv head, the g = n_heads / n_kv_heads queries that share it are prepared once; then, block by
-// block, the key codec scores the g queries against the block's rows (one call), an online softmax turns
+// block, the key format scores the g queries against the block's rows (one call), an online softmax turns
 // the scores into weights, and the value codec accumulates the weighted rows into registers-sized
 // accumulators (one call). No row is ever dequantized into memory and every byte is read once.
 // Long runs are split into block ranges that run on several threads; their partial (max, sum,
@@ -16,40 +16,31 @@
 #include <vector>
 
 #include "../codec/codec_impl.hpp"
+#include "../codec/key_format.hpp"
 #include "online_softmax.hpp"
 #include "scratch_pool.hpp"
 #include "thread_pool.hpp"
 
 namespace kvq::detail {
 
-inline constexpr size_t kNoMeans = SIZE_MAX;
-
 // Where the rows of kv head h sit in a block: keys at block + k_offset + h·k_head_stride, one row of
-// the key codec's row_bytes() per token, values likewise; optional fp16 key means (n_kv_heads × head_dim)
-// at mean_offset: the keys were stored minus that mean, and q·mean is added back to each score.
+// the key format's row_bytes() per token (or as the format keeps them), values likewise; the key format's
+// side data (lib/codec/key_format.hpp), where it has any, at k_side_offset + h·k_side_stride.
 struct BlockLayout {
     int block_tokens = 0;
     size_t k_offset = 0, k_head_stride = 0;
     size_t v_offset = 0, v_head_stride = 0;
-    size_t mean_offset = kNoMeans;
-    // Per-channel keys (chanB, lib/codec/channel_keys.hpp): each kv head's fp16 minimums and steps at
-    // channel_offset + h·4·head_dim; the key codec scores the codes against the query scaled by the
-    // block's steps, and q·min is added to each score.
-    size_t channel_offset = kNoMeans;
+    size_t k_side_offset = kNoKeySide, k_side_stride = 0;
     // Bytes from one token's row to the next within a head; 0: the codec's row_bytes() (rows packed, as
     // in pool blocks). A ggml KV tensor has its nb[2] here.
     size_t k_row_stride = 0, v_row_stride = 0;
-    // Each kv head's key rows stored in groups of 16 (lib/ref/key_groups.hpp: q8_0 keys of a cache's
-    // sealed blocks where the active level has a kernel for them), packed: scored by the key codec's
-    // score_groups.
-    bool k_groups = false;
 };
 
-// Consecutive tokens held in blocks of one layout and one pair of codecs: rows [first_row, block_tokens)
-// of blocks[0], all rows of the blocks between, rows [0, end_row) of the last block (a single block
-// uses rows [first_row, end_row)).
+// Consecutive tokens held in blocks of one layout, one key format and one value codec: rows
+// [first_row, block_tokens) of blocks[0], all rows of the blocks between, rows [0, end_row) of the last
+// block (a single block uses rows [first_row, end_row)).
 struct RowSource {
-    const CodecImpl* key = nullptr;
+    const KeyFormat* key = nullptr;
     const CodecImpl* value = nullptr;
     BlockLayout layout;
     std::span<uint8_t* const> blocks;

@@ -1,6 +1,6 @@
 // Appending tokens: checks, a plan of the blocks the append needs (taken from the pool in one call that
 // either gives them all or throws with nothing changed), then the writes: quantize on append, or float
-// staging sealed a block at a time (with optional key centering).
+// staging sealed a block at a time by the layer's key format.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,10 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "../codec/centering.hpp"
-#include "../codec/channel_keys.hpp"
-#include "../ref/half.hpp"
-#include "../ref/key_groups.hpp"
 #include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 
@@ -70,37 +66,17 @@ struct AppendPlan {
     bool copy_last;                   // the partly filled last block is shared: written to a copy
 };
 
-// Keys with parameters fitted to a whole block, or an exact tail (see plan_append).
+// Keys with side data fitted to a whole block, or an exact tail (see plan_append).
 bool re_quantizes_on_reopen(const detail::CacheImpl& c, const detail::LayerKind& kind) {
-    return detail::channel_bits_of(kind.key) != 0 || c.cfg.center_keys || c.cfg.exact_tail_tokens > 0;
+    return !kind.keys->writes_rows() || c.cfg.exact_tail_tokens > 0;
 }
 
-// The first n key and value rows of kv head h of a block as attention reads them (dequantized, the key
-// mean added back), into keys and values (n × head_dim each).
-void read_block_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* block, int h, size_t n,
-                     float* keys, float* values) {
-    const detail::BlockLayout& lay = kind.layout;
-    const int d = c.cfg.head_dim;
-    const uint8_t* key_head = block + lay.k_offset + h * lay.k_head_stride;
-    if (const int bits = detail::channel_bits_of(kind.key)) {
-        const auto* params = reinterpret_cast<const uint16_t*>(block + lay.channel_offset) + h * 2 * d;
-        detail::dequantize_channel_rows(key_head, kind.key.row_bytes(), n, d, bits, params, keys);
-    } else {
-        std::vector<uint8_t> rows;
-        if (lay.k_groups) {  // the head's rows back in ggml's bytes
-            rows.resize(c.bt() * kind.key.row_bytes());
-            detail::rows_from_groups(key_head, c.bt(), static_cast<size_t>(d) / detail::kQK, rows.data(), kind.key.row_bytes());
-            key_head = rows.data();
-        }
-        detail::impl_of(kind.key).dequantize_rows(key_head, kind.key.row_bytes(), n, keys);
-        if (c.cfg.center_keys) {
-            const auto* mean = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
-            for (size_t r = 0; r < n; ++r) {
-                for (int j = 0; j < d; ++j) keys[r * d + j] += detail::f16_to_f32(mean[j]);
-            }
-        }
-    }
-    detail::impl_of(kind.value).dequantize_rows(block + lay.v_offset + h * lay.v_head_stride, kind.value.row_bytes(), n, values);
+// The first n key and value rows of kv head h of a block as attention reads them (the key format's
+// exact read-back), into keys and values (n × head_dim each).
+void read_block_rows(const detail::LayerKind& kind, const uint8_t* block, int h, size_t n, float* keys, float* values) {
+    kind.keys->read_rows(kind.key_head(block, h), 0, n, keys);
+    detail::impl_of(kind.value).dequantize_rows(block + kind.layout.v_offset + h * kind.layout.v_head_stride, kind.value.row_bytes(),
+                                                n, values);
 }
 
 // A row as a block reads it may pass the limit append admits by a rounding (an fp16 step, scale or mean
@@ -131,8 +107,8 @@ AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st,
     p.keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
     p.staging = c.cfg.seal == SealPolicy::on_block_full;
     p.old_pool_end = st.pool_end();
-    // A block re-opened by a truncate whose keys share block-level parameters (chanB minimums and steps, a
-    // centered block's key mean) is not appended to with those parameters, which were fitted to the rows it
+    // A block re-opened by a truncate whose key format fits side data to the whole block (chanB minimums and
+    // steps, a centered block's key mean: KeyFormat::writes_rows) is not appended to with those parameters, which were fitted to the rows it
     // was sealed with: its rows go back to the float staging (as they read, dequantized) and the block
     // seals anew over them and the new rows, as a block that was never sealed. With an exact tail too:
     // the new rows are recent, so they go to the staging, not into the block. Codecs of rows (q8_0 in
@@ -214,23 +190,11 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     uint8_t* block = st.data[block_index];
     std::vector<float> rows(n * d);
-    // Only codecs of rows get here: a re-opened block of keys with block-level parameters (chanB, centered)
-    // goes back to the staging instead (plan_append).
+    // Only key formats that write rows get here: a re-opened block of the others goes back to the staging
+    // instead (plan_append).
     for (int h = 0; h < n_kv; ++h) {
-        uint8_t* const key_head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
-        uint8_t* key_rows = key_head + row * kind.key.row_bytes();
-        // Keys in groups: the head's rows back in ggml's bytes, the new ones written there, then regrouped.
-        thread_local std::vector<uint8_t> grouped;
-        if (kind.layout.k_groups) {
-            grouped.resize(bt() * kind.key.row_bytes());
-            detail::rows_from_groups(key_head, bt(), static_cast<size_t>(d) / detail::kQK, grouped.data(), kind.key.row_bytes());
-            key_rows = grouped.data() + row * kind.key.row_bytes();
-        }
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
-        detail::impl_of(kind.key).quantize_rows(rows.data(), n, key_rows, kind.key.row_bytes());
-        if (kind.layout.k_groups) {
-            detail::groups_from_rows(grouped.data(), kind.key.row_bytes(), bt(), static_cast<size_t>(d) / detail::kQK, key_head);
-        }
+        kind.keys->write_rows(rows.data(), row, n, kind.key_head(block, h));
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
         detail::impl_of(kind.value).quantize_rows(rows.data(), n,
                                    block + kind.layout.v_offset + h * kind.layout.v_head_stride + row * kind.value.row_bytes(),
@@ -254,35 +218,13 @@ void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int
 void detail::CacheImpl::seal(const LayerKind& kind, const detail::LayerState& st, size_t pos, uint8_t* block) const {
     const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
     const size_t rows_per_head = bt() * d;
-    thread_local std::vector<float> keys, values, centered;
+    thread_local std::vector<float> keys, values;
     keys.resize(rows_per_head);
     values.resize(rows_per_head);
-    if (cfg.center_keys) centered.resize(rows_per_head);
     for (int h = 0; h < n_kv; ++h) {
         staged_rows(st, true, h, pos, bt(), keys.data());
         staged_rows(st, false, h, pos, bt(), values.data());
-        uint8_t* key_rows = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
-        if (const int bits = detail::channel_bits_of(kind.key)) {
-            // The keys were checked at append (finite, |x| <= 65504): the minimums and steps fit fp16.
-            detail::quantize_channel_block(keys.data(), d, bt(), d, bits,
-                                           reinterpret_cast<uint16_t*>(block + kind.layout.channel_offset) + h * 2 * d,
-                                           key_rows, kind.key.row_bytes());
-        } else {
-            const float* k = keys.data();
-            if (cfg.center_keys) {
-                detail::center_block(k, d, bt(), d, reinterpret_cast<uint16_t*>(block + kind.layout.mean_offset) + h * d,
-                                     centered.data());
-                k = centered.data();
-            }
-            if (kind.layout.k_groups) {
-                thread_local std::vector<uint8_t> rows;
-                rows.resize(bt() * kind.key.row_bytes());
-                detail::impl_of(kind.key).quantize_rows(k, bt(), rows.data(), kind.key.row_bytes());
-                detail::groups_from_rows(rows.data(), kind.key.row_bytes(), bt(), static_cast<size_t>(d) / detail::kQK, key_rows);
-            } else {
-                detail::impl_of(kind.key).quantize_rows(k, bt(), key_rows, kind.key.row_bytes());
-            }
-        }
+        kind.keys->seal(keys.data(), bt(), pos, kind.key_head(block, h));
         detail::impl_of(kind.value).quantize_rows(values.data(), bt(), block + kind.layout.v_offset + h * kind.layout.v_head_stride,
                                    kind.value.row_bytes());
     }
@@ -325,7 +267,7 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
         restaged_k.resize(n_kv * head_floats);
         restaged_v.resize(n_kv * head_floats);
         for (int h = 0; h < n_kv; ++h) {
-            read_block_rows(*this, kd, st.data.back(), h, p.restaged, restaged_k.data() + h * head_floats,
+            read_block_rows(kd, st.data.back(), h, p.restaged, restaged_k.data() + h * head_floats,
                             restaged_v.data() + h * head_floats);
         }
         for (size_t r = 0; r < n_kv * p.restaged; ++r) {

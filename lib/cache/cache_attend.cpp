@@ -9,9 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "../codec/channel_keys.hpp"
-#include "../ref/key_groups.hpp"
-#include "../ref/half.hpp"
 #include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 
@@ -74,7 +71,7 @@ size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::Layer
     if (const size_t a = std::max(lo, st.first_pos), b = std::min(hi, pool_end); a < b) {
         const size_t b0 = (a - st.first_pos) / bt, b1 = (b - st.first_pos + bt - 1) / bt;
         auto& s = sources[n_sources++];
-        s.key = &detail::impl_of(kind.key);
+        s.key = kind.keys.get();
         s.value = &detail::impl_of(kind.value);
         s.layout = kind.layout;
         s.blocks = std::span<uint8_t* const>(st.data).subspan(b0, b1 - b0);
@@ -87,7 +84,7 @@ size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::Layer
         const size_t s0 = (a - pool_end) / bt, s1 = (hi - pool_end + bt - 1) / bt;
         for (size_t i = s0; i < s1; ++i) staging_slots[i] = const_cast<uint8_t*>(staging_slot(st, pool_end + i * bt));
         auto& s = sources[n_sources++];
-        s.key = &detail::impl_of(exact);
+        s.key = exact_keys.get();
         s.value = &detail::impl_of(exact);
         s.layout = staging_layout;
         s.blocks = std::span<uint8_t* const>(staging_slots + s0, s1 - s0);
@@ -117,7 +114,6 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
     const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
     const detail::BlockLayout& lay = kind.layout;
     std::vector<float> row(d);
-    std::vector<uint8_t> row_bytes;
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
         if (p >= pool_end) {
@@ -126,25 +122,8 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
         }
         const uint8_t* block = st.data[(p - st.first_pos) / bt];
         const size_t r = (p - st.first_pos) % bt;
-        if (const int bits = detail::channel_bits_of(kind.key); keys && bits) {
-            const auto* params = reinterpret_cast<const uint16_t*>(block + lay.channel_offset) + h * 2 * d;
-            detail::dequantize_channel_rows(block + lay.k_offset + h * lay.k_head_stride + r * kind.key.row_bytes(),
-                                            kind.key.row_bytes(), 1, static_cast<int>(d), bits, params, row.data());
-        } else if (keys) {
-            const uint8_t* key_head = block + lay.k_offset + h * lay.k_head_stride;
-            if (lay.k_groups) {  // the row back in ggml's bytes
-                row_bytes.resize(kind.key.row_bytes());
-                const size_t nb = d / detail::kQK;
-                detail::row_from_group(key_head + r / detail::kGroupRows * detail::group_bytes(nb), nb, r % detail::kGroupRows,
-                                       row_bytes.data());
-                kind.key.dequantize_rows(row_bytes.data(), 1, row.data());
-            } else {
-                kind.key.dequantize_rows(key_head + r * kind.key.row_bytes(), 1, row.data());
-            }
-            if (cfg.center_keys) {
-                const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
-                for (size_t j = 0; j < d; ++j) row[j] += detail::f16_to_f32(m16[j]);
-            }
+        if (keys) {
+            kind.keys->read_rows(kind.key_head(block, h), r, 1, row.data());
         } else {
             kind.value.dequantize_rows(block + lay.v_offset + h * lay.v_head_stride + r * kind.value.row_bytes(), 1, row.data());
         }

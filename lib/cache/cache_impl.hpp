@@ -90,25 +90,11 @@ class InFile;
 
 namespace kvq::detail {
 
-// Whether a cache keeps the key rows of its sealed blocks in groups of 16 rows (BlockLayout::k_groups,
-// lib/ref/key_groups.hpp; docs/DESIGN.md, "q8_0 keys in groups of 16 rows"): the one place that decides
-// it. Yes exactly when
-//   - the key codec is q8_0 (the only codec with a kernel for grouped keys),
-//   - the SIMD level in use has that kernel (BlockKernels::score_groups; which level does is chosen in
-//     lib/simd/level_<isa>.cpp: today the avx512 level's VNNI build) and the head fits it
-//     (head_dim / 32 <= kMaxGroupsBlocks), and
-//   - a block's rows make whole groups (block_tokens % 16 == 0).
-// Why: that kernel scores a group's 16 rows with 8 loads and no transpose, faster than the row kernel
-// (docs/PERFORMANCE.md, "q8_0 keys in groups of 16 rows"); without it the groups would only cost a
-// regroup on every row read. When: once per layer kind, as the cache is made (or loaded), at the level in
-// use then. The layout is the pool's only (files and readers see ggml rows), and it stays when the level
-// changes later: a level without the kernel scores the groups' rows turned back to ggml's bytes.
-bool keys_in_groups(const Codec& key, int block_tokens);
-
-// What layers of one pair of codecs share: the codecs, their input rules and the block layout (one size
-// class of the pool). Layers without codecs of their own are of kind 0 with the default codecs.
+// What layers of one pair of codecs share: the key format and value codec, their input rules and the
+// block layout (one size class of the pool). Layers without codecs of their own are of kind 0 with the
+// default codecs.
 struct LayerKind {
-    Codec key;
+    Codec key;  // keys->codec(): the codec of the key rows
     Codec value;
     bool store_nonfinite_k = false;  // plain codecs keep NaN/Inf as they are (NanPolicy::propagate)
     bool store_nonfinite_v = false;
@@ -116,6 +102,17 @@ struct LayerKind {
     InputLimit key_limit, value_limit;
     BlockLayout layout;        // its pool blocks
     size_t staging_units = 0;  // the blocks' worth of pool capacity one layer's staging takes
+    // The keys of a sealed block (lib/codec/key_format.hpp): bytes, sealing, reading, scoring.
+    std::shared_ptr<const KeyFormat> keys;
+    KeyHead key_head(uint8_t* block, int h) const {
+        return {block + layout.k_offset + h * layout.k_head_stride,
+                layout.k_side_offset == kNoKeySide ? nullptr : block + layout.k_side_offset + h * layout.k_side_stride,
+                key.row_bytes()};
+    }
+    ConstKeyHead key_head(const uint8_t* block, int h) const {
+        const KeyHead k = key_head(const_cast<uint8_t*>(block), h);
+        return {k.rows, k.side, k.row_stride};
+    }
 };
 
 // Everything a KVCache holds (kvq/cache.hpp keeps only a pointer to it).
@@ -125,9 +122,11 @@ struct CacheImpl {
     explicit CacheImpl(const CacheConfig& config, bool allocate = true);
 
     CacheConfig cfg;  // as given, with n_heads and scale resolved
-    Codec key;    // the default codecs (cfg.key_codec, cfg.value_codec)
+    std::shared_ptr<const KeyFormat> key_format;  // the default key format (cfg.key_codec)
+    Codec key;    // the default codecs (cfg.key_codec's rows, cfg.value_codec)
     Codec value;
     Codec exact;  // f32 or f16 (CacheConfig::staging): the open block's rows
+    std::shared_ptr<const KeyFormat> exact_keys;  // exact's rows as a key format (the staging's keys)
     // Kinds in the order of the first layer of each; the pool's size class c is kind c.
     std::vector<LayerKind> kinds;
     std::vector<size_t> kind_of;  // by layer
@@ -211,10 +210,9 @@ struct CacheImpl {
     }
 
     // Helpers of the operations.
-    // Keys in groups of 16 (LayerKind::layout.k_groups, lib/ref/key_groups.hpp): every kv head's key area of
-    // a block from ggml rows into groups (to_groups) or back, in place; nothing happens where the kind keeps
-    // rows.
-    void regroup_keys(const LayerKind& kind, uint8_t* block, bool to_groups) const;
+    // Every kv head's key rows of a block from the pool's layout to the file's ggml rows (to_file) or back,
+    // in place (KeyFormat::convert_rows; only q8_0 keys in groups of 16 differ).
+    void convert_keys(const LayerKind& kind, uint8_t* block, bool to_file) const;
     // Quantizes the staged block that starts at position pos into a pool block.
     void seal(const LayerKind& kind, const detail::LayerState& st, size_t pos, uint8_t* block) const;
     void write_rows(const LayerKind& kind, detail::LayerState& st, size_t block_index, size_t row, const float* k, const float* v,

@@ -9,8 +9,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "../codec/channel_keys.hpp"
-#include "../ref/half.hpp"
 #include "cache_file.hpp"
 #include "cache_impl.hpp"
 #include "cache_load_checks.hpp"
@@ -80,28 +78,27 @@ bool all_finite(const float* x, size_t n) {
     return true;
 }
 
-// The live rows of a block (as attention reads them: dequantized, plus the stored key mean) that are not
-// finite: what append never stores under NanPolicy::reject, and records as non-finite under propagate.
-BadRows bad_block_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* block, uint32_t live) {
+// The live rows of a block of the file (as attention reads them: dequantized, the key format's side data
+// applied) that are not finite: what append never stores under NanPolicy::reject, and records as
+// non-finite under propagate.
+BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file_block, uint32_t live) {
+    const detail::LayerKind& kind = c.kinds[k];
     const detail::BlockLayout& lay = kind.layout;
     BadRows bad;
     const size_t d = static_cast<size_t>(c.cfg.head_dim);
     std::vector<float> rows(static_cast<size_t>(live) * d);
+    // The block in the pool's layout (a copy, where the key format's differs from the file's).
+    std::vector<uint8_t> copy;
+    const uint8_t* block = file_block;
+    if (!kind.keys->rows_as_file()) {
+        copy.assign(file_block, file_block + c.pool->block_bytes(k));
+        c.convert_keys(kind, copy.data(), false);
+        block = copy.data();
+    }
     for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
         std::vector<char> row_bad(live, 0);
-        bool mean_bad = false;
-        if (c.cfg.center_keys) {
-            const auto* m16 = reinterpret_cast<const uint16_t*>(block + lay.mean_offset) + h * d;
-            for (size_t j = 0; j < d; ++j) mean_bad |= !std::isfinite(detail::f16_to_f32(m16[j]));
-        }
-        if (const int bits = detail::channel_bits_of(kind.key)) {  // minimums and steps of a file not written by kvq
-            const auto* params = reinterpret_cast<const uint16_t*>(block + lay.channel_offset) + h * 2 * d;
-            detail::dequantize_channel_rows(block + lay.k_offset + h * lay.k_head_stride, kind.key.row_bytes(), live,
-                                            static_cast<int>(d), bits, params, rows.data());
-        } else {
-            kind.key.dequantize_rows(block + lay.k_offset + h * lay.k_head_stride, live, rows.data());
-        }
-        for (uint32_t r = 0; r < live; ++r) row_bad[r] |= mean_bad || !all_finite(rows.data() + r * d, d);
+        kind.keys->read_rows(kind.key_head(block, h), 0, live, rows.data());
+        for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
         kind.value.dequantize_rows(block + lay.v_offset + h * lay.v_head_stride, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
         for (uint32_t r = 0; r < live; ++r) {
@@ -204,7 +201,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     for (uint64_t i = 0; i < n_payloads; ++i) {
         read_payload(f, h, t, i, scratch.data(), ": the file is corrupted");
         if (i < h.n_blocks) {
-            block_bad[i] = bad_block_rows(*this, kinds[detail::file::block_place(h, i).kind], scratch.data(), live[i]);
+            block_bad[i] = bad_block_rows(*this, detail::file::block_place(h, i).kind, scratch.data(), live[i]);
         } else {
             const uint64_t j = i - h.n_blocks;
             staging_bad[j] = bad_staged_rows(*this, kinds[kind_of_staging[j]], scratch.data(), pool_end_of[j], staged_of[j]);
@@ -256,7 +253,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     try {
         for (uint64_t i = 0; i < h.n_blocks; ++i) {
             read_payload(f, h, t, i, blocks[i].data, changed);
-            regroup_keys(kinds[detail::file::block_place(h, i).kind], blocks[i].data, true);  // files hold ggml rows
+            convert_keys(kinds[detail::file::block_place(h, i).kind], blocks[i].data, false);  // files hold ggml rows
         }
         std::vector<detail::BlockRef> extra;  // a block in k tables gets k − 1 more references
         for (uint64_t i = 0; i < h.n_blocks; ++i) extra.insert(extra.end(), refs[i] - 1, blocks[i]);

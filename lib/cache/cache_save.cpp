@@ -110,9 +110,9 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     std::vector<uint8_t> buffer;
     // Block b of kind k as the file holds it: keys in ggml rows (a copy, where the pool groups them).
     const auto file_block = [&](size_t k, const uint8_t* b) {
-        if (!kinds[k].layout.k_groups) return b;
+        if (kinds[k].keys->rows_as_file()) return b;
         buffer.assign(b, b + pool->block_bytes(k));
-        regroup_keys(kinds[k], buffer.data(), false);
+        convert_keys(kinds[k], buffer.data(), true);
         return static_cast<const uint8_t*>(buffer.data());
     };
     for (size_t k = 0; k < kinds.size(); ++k) {

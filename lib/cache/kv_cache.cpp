@@ -9,10 +9,8 @@
 #include <string>
 #include <thread>
 
-#include "../codec/channel_keys.hpp"
-#include "../codec/key_format.hpp"
+#include "../codec/key_formats.hpp"
 #include "../ref/half.hpp"
-#include "../ref/key_groups.hpp"
 #include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
 
@@ -99,50 +97,37 @@ CacheConfig validate_config(CacheConfig c) {
     return detail::CacheImpl(c, false).cfg;
 }
 
-bool detail::keys_in_groups(const Codec& key, int block_tokens) {
-    // can_score_groups(): q8_0, with the level in use's score_groups kernel, and a head it takes.
-    return detail::impl_of(key).can_score_groups() && block_tokens > 0 &&
-           static_cast<size_t>(block_tokens) % detail::kGroupRows == 0;
-}
-
 namespace {
 
-// A key codec: "chanB" (per-channel keys, lib/codec/channel_keys.hpp), which only a cache that seals a
-// block at a time can hold (a block's minimums and steps are known only when it is full), or a table codec.
-Codec make_key_codec(const CacheConfig& c, const std::string& spec) {
-    const int bits = detail::channel_key_bits(spec);
-    if (!bits) return Codec::make(spec, c.head_dim, c.seed);
-    if (c.seal != SealPolicy::on_block_full) {
-        bad_config("key codec '" + spec + "' needs seal = SealPolicy::on_block_full (a block's per-channel minimums and "
-                   "steps are known only when the block is full)");
+// The key format of a spec as the cache's pool holds it (lib/codec/key_formats.cpp is the registration).
+std::shared_ptr<const detail::KeyFormat> make_keys(const CacheConfig& c, const std::string& spec) {
+    std::shared_ptr<const detail::KeyFormat> keys =
+        detail::make_key_format(spec, c.head_dim, c.block_tokens, {c.center_keys, true, c.seed});
+    if (!keys->writes_rows() && c.seal != SealPolicy::on_block_full) {
+        bad_config("key codec '" + spec + "' needs seal = SealPolicy::on_block_full (its side data is fitted to a whole "
+                   "block, known only when the block is full)");
     }
-    if (c.center_keys) {
-        bad_config("key codec '" + spec + "' stores a per-channel minimum per block already; center_keys does not apply to it");
-    }
-    return detail::make_channel_key_codec(bits, c.head_dim);
+    return keys;
 }
 
 Codec make_value_codec(const CacheConfig& c, const std::string& spec) {
-    if (detail::channel_key_bits(spec)) bad_config("'" + spec + "' is a key codec (per-channel keys); values need a row codec");
+    if (detail::is_key_only_spec(spec)) bad_config("'" + spec + "' is a key codec (a key format); values need a row codec");
     return Codec::make(spec, c.head_dim, c.seed);
 }
 
-// The block layout of one pair of codecs, as the key format (lib/codec/key_format.hpp) places it: each
-// kv head's key rows, the value rows from a 64-byte aligned offset, then (centered keys) each kv head's
-// fp16 key means or (per-channel keys) its fp16 minimums and steps. Returns the block's bytes.
-size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, detail::BlockLayout& layout) {
+// The block layout of a key format and a value codec, as the key format places it
+// (lib/codec/key_format.hpp): each kv head's key rows, the value rows from a 64-byte aligned offset, then
+// each kv head's side data. Returns the block's bytes.
+size_t block_layout(const CacheConfig& c, const detail::KeyFormat& keys, const Codec& value, detail::BlockLayout& layout) {
     static_assert(detail::kKeyBlockAlignment == detail::BlockPool::kAlignment);
-    const detail::KeyBlockFormat format(key, c.center_keys, c.block_tokens);
-    const size_t bt = static_cast<size_t>(c.block_tokens);
     layout.block_tokens = c.block_tokens;
     layout.k_offset = 0;
-    layout.k_head_stride = format.rows_bytes();
-    layout.k_groups = detail::keys_in_groups(key, c.block_tokens);  // a layout of the pool's memory only
-    layout.v_head_stride = bt * value.row_bytes();
-    const detail::KeyBlockFormat::CacheBlock block = format.cache_block(c.n_kv_heads, layout.v_head_stride);
+    layout.k_head_stride = keys.rows_bytes();
+    layout.v_head_stride = static_cast<size_t>(c.block_tokens) * value.row_bytes();
+    const detail::KeyFormat::CacheBlock block = keys.cache_block(c.n_kv_heads, layout.v_head_stride);
     layout.v_offset = block.value_offset;
-    if (format.side() == detail::KeySide::means) layout.mean_offset = block.side_offset;
-    if (format.side() == detail::KeySide::channel_params) layout.channel_offset = block.side_offset;
+    layout.k_side_offset = block.side_offset;
+    layout.k_side_stride = keys.side_bytes();
     return block.bytes;  // the pool rounds it up to its alignment
 }
 
@@ -150,9 +135,11 @@ size_t block_layout(const CacheConfig& c, const Codec& key, const Codec& value, 
 
 detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     : cfg(checked_fields(config)),  // with the codecs made below: validate_config's rules, codecs made once
-      key(make_key_codec(cfg, cfg.key_codec)),
+      key_format(make_keys(cfg, cfg.key_codec)),
+      key(key_format->codec()),
       value(make_value_codec(cfg, cfg.value_codec)),
-      exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)) {
+      exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)),
+      exact_keys(detail::make_key_format(exact.name(), cfg.head_dim, cfg.block_tokens)) {
     const size_t h = static_cast<size_t>(cfg.n_kv_heads);
     staging_layout.block_tokens = cfg.block_tokens;
     staging_layout.k_offset = 0;
@@ -171,30 +158,27 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     std::vector<size_t> class_bytes, layers_of;
     for (int l = 0; l < cfg.n_layers; ++l) {
         const LayerCodecs own = cfg.layer_codecs.empty() ? LayerCodecs{} : cfg.layer_codecs[l];
-        Codec k = own.key.empty() ? key : make_key_codec(cfg, own.key);
+        std::shared_ptr<const detail::KeyFormat> k = own.key.empty() ? key_format : make_keys(cfg, own.key);
         Codec v = own.value.empty() ? value : make_value_codec(cfg, own.value);
         size_t found = 0;
-        while (found < kinds.size() && (kinds[found].key.name() != k.name() || kinds[found].value.name() != v.name())) ++found;
+        while (found < kinds.size() && (kinds[found].keys->name() != k->name() || kinds[found].value.name() != v.name())) ++found;
         kind_of.push_back(found);
         if (found < kinds.size()) {
             ++layers_of[found];
             continue;
         }
-        LayerKind& kd = kinds.emplace_back(LayerKind{std::move(k), std::move(v), false, false, {}, {}, {}, 0});
+        LayerKind& kd = kinds.emplace_back(LayerKind{k->codec(), std::move(v), false, false, {}, {}, {}, 0, k});
         layers_of.push_back(1);
         kd.store_nonfinite_k = kd.key.info().plain;
         kd.store_nonfinite_v = kd.value.info().plain;
-        kd.key_limit = kd.key.input_limit();
+        kd.key_limit = kd.keys->input_limit();
         kd.value_limit = kd.value.input_limit();
-        // Centering stores each block's key mean as fp16 and quantizes k - mean, which can be twice as
-        // large as the largest key.
-        if (cfg.center_keys) kd.key_limit.max_abs = std::min(kd.key_limit.max_abs / 2, 65504.0f);
         // fp16 staging holds |x| up to 65504 (a limit on the norm implies it on every value).
         if (cfg.staging == StagingType::f16 && cfg.seal == SealPolicy::on_block_full) {
             kd.key_limit.max_abs = std::min(kd.key_limit.max_abs, 65504.0f);
             kd.value_limit.max_abs = std::min(kd.value_limit.max_abs, 65504.0f);
         }
-        const size_t bytes = block_layout(cfg, kd.key, kd.value, kd.layout);
+        const size_t bytes = block_layout(cfg, *kd.keys, kd.value, kd.layout);
         class_bytes.push_back(bytes);
         kd.staging_units = (staging_layer_bytes + bytes - 1) / bytes;
     }
@@ -422,8 +406,7 @@ double KVCache::bytes_per_token(int layer) const {
     impl_->check_layer("bytes_per_token", layer);
     const auto& c = impl_->cfg;
     const detail::LayerKind& k = impl_->kind(layer);
-    const detail::KeyBlockFormat format(k.key, c.center_keys, c.block_tokens);
-    const double per_head = static_cast<double>(k.key.row_bytes() + k.value.row_bytes()) + format.side_bytes_per_token();
+    const double per_head = k.keys->bytes_per_token() + static_cast<double>(k.value.row_bytes());
     return per_head * c.n_kv_heads;
 }
 
@@ -438,20 +421,9 @@ double KVCache::average_bytes_per_token(int layer, size_t n_tokens) const {
 PoolStats KVCache::pool_stats() const { return impl_->pool->stats(); }
 std::string KVCache::dump() const { return impl_->dump(); }
 
-void detail::CacheImpl::regroup_keys(const LayerKind& kind, uint8_t* block, bool to_groups) const {
-    if (!kind.layout.k_groups) return;
-    const size_t rb = kind.key.row_bytes(), nb = static_cast<size_t>(cfg.head_dim) / detail::kQK;
-    thread_local std::vector<uint8_t> copy;  // one head's key area as it was
-    copy.resize(bt() * rb);
-    for (int h = 0; h < cfg.n_kv_heads; ++h) {
-        uint8_t* head = block + kind.layout.k_offset + h * kind.layout.k_head_stride;
-        std::memcpy(copy.data(), head, copy.size());
-        if (to_groups) {
-            detail::groups_from_rows(copy.data(), rb, bt(), nb, head);
-        } else {
-            detail::rows_from_groups(copy.data(), bt(), nb, head, rb);
-        }
-    }
+void detail::CacheImpl::convert_keys(const LayerKind& kind, uint8_t* block, bool to_file) const {
+    if (kind.keys->rows_as_file()) return;
+    for (int h = 0; h < cfg.n_kv_heads; ++h) kind.keys->convert_rows(block + kind.layout.k_offset + h * kind.layout.k_head_stride, to_file);
 }
 
 }  // namespace kvq

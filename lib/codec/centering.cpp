@@ -1,5 +1,8 @@
 #include "centering.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include "../ref/half.hpp"
 
 namespace kvq::detail {
@@ -17,6 +20,48 @@ void subtract_mean(const float* k, size_t k_stride, size_t n, int d, const uint1
     for (size_t t = 0; t < n; ++t) {
         for (int j = 0; j < d; ++j) centered[t * d + j] = k[t * k_stride + j] - f16_to_f32(mean16[j]);
     }
+}
+
+CenteredKeys::CenteredKeys(std::unique_ptr<const KeyFormat> inner)
+    : KeyFormat(inner->codec(), inner->block_tokens(), inner->group_rows()), inner_(std::move(inner)) {}
+
+InputLimit CenteredKeys::input_limit() const {
+    InputLimit limit = inner_->input_limit();
+    limit.max_abs = std::min(limit.max_abs / 2, 65504.0f);
+    return limit;
+}
+
+void CenteredKeys::seal(const float* k, size_t n, size_t first_token, const KeyHead& head) const {
+    thread_local std::vector<float> centered;
+    centered.resize(n * head_dim());
+    center_block(k, head_dim(), n, head_dim(), reinterpret_cast<uint16_t*>(head.side), centered.data());
+    inner_->seal(centered.data(), n, first_token, inner_head(head));
+}
+
+void CenteredKeys::read_rows(const ConstKeyHead& head, size_t lo, size_t n, float* out) const {
+    inner_->read_rows(inner_head(head), lo, n, out);
+    const auto* mean = reinterpret_cast<const uint16_t*>(head.side);
+    const int d = head_dim();
+    for (size_t r = 0; r < n; ++r) {
+        for (int j = 0; j < d; ++j) out[r * d + j] += f16_to_f32(mean[j]);
+    }
+}
+
+const float* CenteredKeys::score(const uint8_t* prep, const float* q, int g, const ConstKeyHead& head, size_t lo, size_t n,
+                                 float* scores, size_t stride, float* scratch) const {
+    const float* inner_offsets = inner_->score(prep, q, g, inner_head(head), lo, n, scores, stride, scratch);
+    const int d = head_dim();
+    float* mean = scratch + inner_->scratch_floats(g);
+    float* offsets = mean + d;
+    const auto* m16 = reinterpret_cast<const uint16_t*>(head.side);
+    for (int j = 0; j < d; ++j) mean[j] = f16_to_f32(m16[j]);
+    for (int i = 0; i < g; ++i) {
+        const float* qi = q + static_cast<size_t>(i) * d;
+        float dot = 0.0f;
+        for (int j = 0; j < d; ++j) dot += qi[j] * mean[j];
+        offsets[i] = inner_offsets ? inner_offsets[i] + dot : dot;
+    }
+    return offsets;
 }
 
 }  // namespace kvq::detail

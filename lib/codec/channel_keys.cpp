@@ -177,4 +177,24 @@ void prepare_channel_queries(const float* q, int n_q, int d, const uint16_t* par
     }
 }
 
+void ChannelKeys::seal(const float* k, size_t n, size_t, const KeyHead& head) const {
+    // The keys were checked at append (finite, |x| <= 65504): the minimums and steps fit fp16.
+    quantize_channel_block(k, head_dim(), n, head_dim(), bits_, reinterpret_cast<uint16_t*>(head.side), head.rows,
+                           head.row_stride);
+}
+
+void ChannelKeys::read_rows(const ConstKeyHead& head, size_t lo, size_t n, float* out) const {
+    dequantize_channel_rows(head.rows + lo * head.row_stride, head.row_stride, n, head_dim(), bits_,
+                            reinterpret_cast<const uint16_t*>(head.side), out);
+}
+
+const float* ChannelKeys::score(const uint8_t*, const float* q, int g, const ConstKeyHead& head, size_t lo, size_t n,
+                                float* scores, size_t stride, float* scratch) const {
+    float* offsets = scratch + static_cast<size_t>(g) * head_dim();
+    prepare_channel_queries(q, g, head_dim(), reinterpret_cast<const uint16_t*>(head.side), scratch, offsets);
+    impl_->score_rows(reinterpret_cast<const uint8_t*>(scratch), g, head.rows + lo * head.row_stride, head.row_stride, n,
+                      scores, stride);
+    return offsets;
+}
+
 }  // namespace kvq::detail

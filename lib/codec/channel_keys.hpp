@@ -7,20 +7,20 @@
 // | where (per kv head)            | what                                                          |
 // |--------------------------------|---------------------------------------------------------------|
 // | key rows (k_offset, row_bytes) | d B-bit codes per token, packed as lib/ref/bit_codes.hpp says |
-// | channel_offset + h·4d bytes    | d fp16 minimums, then d fp16 steps                            |
+// | side data (4d bytes)           | d fp16 minimums, then d fp16 steps                            |
 //
 // A chanB codec is no row codec: a row's codes mean nothing without its block's minimums and steps. So
-// it is not in the codec table, Codec::make refuses it, and KVCache (CacheConfig::key_codec "chanB",
-// sealed a block at a time) and the accuracy tables make it here. Its Codec's row operations throw; the
-// engine scores its codes through the implementation (score_rows against a query prepared per block).
-// The cache (seal) and the tables (lib/eval/quantized_attention.cpp) quantize through the
-// functions below.
+// it is not in the codec table, Codec::make refuses it, and it lives in ChannelKeys, its key format
+// (lib/codec/key_format.hpp; made by lib/codec/key_formats.cpp for CacheConfig::key_codec "chanB", sealed
+// a block at a time, and the tables' chanB keys). Its Codec's row operations throw; the format scores its
+// codes through the implementation (score_rows against a query prepared per block).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "key_format.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq::detail {
@@ -56,5 +56,22 @@ void dequantize_channel_rows(const uint8_t* codes, size_t code_stride, size_t n,
 // The per-block query preparation of n_q queries (q: n_q × d): scaled (n_q × d) = q ⊙ step, what the
 // codes are scored against; offsets[i] = q_i·min (in float, j in increasing order), added to each score.
 void prepare_channel_queries(const float* q, int n_q, int d, const uint16_t* params, float* scaled, float* offsets);
+
+// The key format of chanB keys.
+class ChannelKeys : public KeyFormat {
+public:
+    ChannelKeys(int bits, int head_dim, int block_tokens) : KeyFormat(make_channel_key_codec(bits, head_dim), block_tokens), bits_(bits) {}
+
+    size_t side_bytes() const override { return channel_params_bytes(head_dim()); }
+    bool writes_rows() const override { return false; }  // minimums and steps are fitted to the whole block
+    void seal(const float* k, size_t n, size_t first_token, const KeyHead& head) const override;
+    void read_rows(const ConstKeyHead& head, size_t lo, size_t n, float* out) const override;
+    size_t scratch_floats(int g) const override { return static_cast<size_t>(g) * head_dim() + g; }
+    const float* score(const uint8_t* prep, const float* q, int g, const ConstKeyHead& head, size_t lo, size_t n,
+                       float* scores, size_t stride, float* scratch) const override;
+
+private:
+    int bits_;
+};
 
 }  // namespace kvq::detail

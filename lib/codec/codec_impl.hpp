@@ -38,7 +38,7 @@ public:
     // q8_0 keys a cache stores in groups of 16 rows (lib/ref/key_groups.hpp), group 0 holding rows 0..15 at
     // groups: score_rows's scores of rows [r0, r0 + n_rows), bit for bit. Only q8_0 implements it.
     // can_score_groups(): q8_0 with a kernel for it at the active level and a head it takes; whether a
-    // cache uses the layout is decided in one place, detail::keys_in_groups (lib/cache/cache_impl.hpp).
+    // cache uses the layout is decided in one place, detail::keys_in_groups (lib/codec/key_formats.hpp).
     virtual bool can_score_groups() const { return false; }
     virtual void score_groups(const uint8_t* /*prep*/, int /*n_q*/, const uint8_t* /*groups*/, size_t /*r0*/,
                               size_t /*n_rows*/, float* /*scores*/, size_t /*score_stride*/) const {

@@ -1,44 +1,36 @@
 #include "key_format.hpp"
 
 #include <stdexcept>
-#include <string>
-
-#include "channel_keys.hpp"
+#include <utility>
 
 namespace kvq::detail {
 
-KeyBlockFormat::KeyBlockFormat(const Codec& key, bool centered, int block_tokens)
-    : block_tokens_(block_tokens), head_dim_(key.head_dim()), row_bytes_(key.row_bytes()) {
-    const bool per_channel = key.info().per_channel;
-    if (per_channel && centered) {
-        throw std::invalid_argument("key codec '" + key.name() + "' stores a per-channel minimum per block already; centering does not apply to it");
-    }
-    side_ = per_channel ? KeySide::channel_params : centered ? KeySide::means : KeySide::none;
+KeyFormat::KeyFormat(Codec codec, int block_tokens, size_t group_rows)
+    : codec_(std::move(codec)), impl_(&impl_of(codec_)), block_tokens_(block_tokens), group_rows_(group_rows) {}
+
+double KeyFormat::bytes_per_token() const {
+    const double side = side_bytes() ? static_cast<double>(side_bytes()) / block_tokens_ : 0.0;
+    return static_cast<double>(row_bytes()) + side;
 }
 
-size_t KeyBlockFormat::side_bytes() const {
-    switch (side_) {
-        case KeySide::means: return static_cast<size_t>(head_dim_) * sizeof(uint16_t);
-        case KeySide::channel_params: return channel_params_bytes(head_dim_);
-        case KeySide::none: break;
-    }
-    return 0;
+size_t KeyFormat::head_block_bytes() const {
+    return side_bytes() ? align_key_block(head_side_offset() + side_bytes()) : rows_bytes();
 }
 
-size_t KeyBlockFormat::head_block_bytes() const {
-    return side_ == KeySide::none ? rows_bytes() : align_key_block(head_side_offset() + side_bytes());
-}
-
-KeyBlockFormat::CacheBlock KeyBlockFormat::cache_block(int n_kv_heads, size_t value_head_bytes) const {
+KeyFormat::CacheBlock KeyFormat::cache_block(int n_kv_heads, size_t value_head_bytes) const {
     const size_t h = static_cast<size_t>(n_kv_heads);
     CacheBlock b;
     b.value_offset = align_key_block(h * rows_bytes());
     b.bytes = b.value_offset + h * value_head_bytes;
-    if (side_ != KeySide::none) {
+    if (side_bytes()) {
         b.side_offset = align_key_block(b.bytes);
         b.bytes = b.side_offset + h * side_bytes();
     }
     return b;
+}
+
+void KeyFormat::write_rows(const float*, size_t, size_t, const KeyHead&) const {
+    throw std::logic_error("key format '" + name() + "' does not write rows into a sealed block");
 }
 
 }  // namespace kvq::detail

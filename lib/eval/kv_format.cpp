@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "codec/key_formats.hpp"
 #include "kvq/codec.hpp"
 #include "spec_params.hpp"
 
@@ -30,9 +31,8 @@ std::string KVFormat::key_label() const { return key_codec + (center_keys ? std:
 std::string KVFormat::label() const { return key_label() + "/" + value_codec + (window ? "|" + window->label() : ""); }
 
 double KVFormat::key_bits(int head_dim, int block_tokens) const {
-    if (channel_bits) return channel_bits + 32.0 / block_tokens;  // fp16 min and step per channel per block
-    const double bits = Codec::make(key_codec, head_dim).bits_per_value();
-    return center_keys ? bits + 16.0 / block_tokens : bits;
+    // The key rows and their side data as the cache seals them (its key format, lib/codec/key_format.hpp).
+    return detail::make_key_format(key_codec, head_dim, block_tokens, {center_keys})->bits_per_value();
 }
 
 double KVFormat::value_bits(int head_dim) const { return Codec::make(value_codec, head_dim).bits_per_value(); }
@@ -59,23 +59,19 @@ KVFormat KVFormat::parse(std::string_view spec) {
     }
     f.key_codec = std::string(key);
     f.value_codec = std::string(spec.substr(slash + 1));
-    if (f.key_codec.starts_with("chan")) {
-        const std::string b = f.key_codec.substr(4);
-        if (b.size() != 1 || b[0] < '2' || b[0] > '8') {
-            throw std::invalid_argument("K/V pair '" + std::string(spec) + "': per-channel keys are chan2 .. chan8 (bits per code), got '" +
-                                        f.key_codec + "'");
-        }
-        if (f.center_keys) {
-            throw std::invalid_argument("K/V pair '" + std::string(spec) + "': chanB keys store a per-channel minimum already; +center does not apply");
-        }
-        f.channel_bits = b[0] - '0';
-        check_codec_name(f.value_codec, spec);
-        return f;
-    }
     if (f.value_codec.ends_with(kCenter)) {
         throw std::invalid_argument("K/V pair '" + std::string(spec) + "': +center applies to keys only");
     }
-    check_codec_name(f.key_codec, spec);
+    try {
+        detail::check_key_spec(f.key_codec, f.center_keys);
+    } catch (const UnknownCodec&) {
+        check_codec_name(f.key_codec, spec);  // names the codecs there are
+    } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("K/V pair '" + std::string(spec) + "': " + e.what());
+    }
+    if (detail::is_key_only_spec(f.value_codec)) {
+        throw std::invalid_argument("K/V pair '" + std::string(spec) + "': '" + f.value_codec + "' is a key format; values need a row codec");
+    }
     check_codec_name(f.value_codec, spec);
     return f;
 }
@@ -121,12 +117,9 @@ std::vector<KVFormat> default_kv_formats() {
                                               {"q5_0+rot+center", "polar:budget=3"},
                                               {"chan4", "polar:budget=3.5"},
                                               {"chan3", "polar:budget=3"}};
-    auto base = [](std::string_view spec) {
-        spec = spec.substr(0, spec.find_first_of(":+"));
-        return spec.starts_with("chan") ? std::string_view("f32") : spec;  // chanB keys are not in the table
-    };
-    for (const auto& [k, v] : rotating) {
-        if (have(base(k)) && have(base(v))) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
+    auto base = [](std::string_view spec) { return spec.substr(0, spec.find_first_of(":+")); };
+    for (const auto& [k, v] : rotating) {  // key formats that are no row codec (chanB) are not in the table
+        if ((detail::is_key_only_spec(k) || have(base(k))) && have(base(v))) out.push_back(KVFormat::parse(std::string(k) + "/" + v));
     }
     // Any other codec registered later shows up as K and V of its own.
     static const std::string_view listed[] = {"f32",   "f16",    "bf16",   "q8_0",     "q4_0",       "q4_1",

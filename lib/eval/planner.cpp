@@ -11,8 +11,7 @@
 
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
-#include "codec/channel_keys.hpp"
-#include "codec/key_format.hpp"
+#include "codec/key_formats.hpp"
 #include "input_file.hpp"
 
 namespace kvq {
@@ -48,11 +47,8 @@ std::string lower(std::string_view s) {
 
 // Bytes per token of one layer (all its kv heads).
 double layer_bytes_per_token(const ModelShape& m, const KVFormat& f, int block_tokens) {
-    // The key rows and their side data (fp16 means, or a chanB codec's fp16 minimums and steps) as the
-    // cache seals them (lib/codec/key_format.hpp).
-    const int kd = m.key_row_dim();
-    const Codec key = f.channel_bits ? detail::make_channel_key_codec(f.channel_bits, kd) : Codec::make(f.key_codec, kd);
-    double bytes = detail::KeyBlockFormat(key, f.center_keys, block_tokens).bytes_per_token();
+    // The key rows and their side data as the cache seals them (its key format, lib/codec/key_format.hpp).
+    double bytes = detail::make_key_format(f.key_codec, m.key_row_dim(), block_tokens, {f.center_keys})->bytes_per_token();
     if (!m.is_mla()) bytes += static_cast<double>(Codec::make(f.value_codec, m.value_row_dim()).row_bytes());
     return bytes * (m.is_mla() ? 1 : m.n_kv_heads);
 }

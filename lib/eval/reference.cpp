@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/row_keys.hpp"
 #include "kvq/research/eval.hpp"
 #include "quantized_attention.hpp"
 
@@ -101,10 +102,11 @@ AttentionErrors attention_error(const float* q, int n_q, const float* k, const f
     Map(ref_out.data(), n_q, d).noalias() = Map(ref_w.data(), n_q, n) * ConstMap(v, n, d);
 
     // On the codes, as the tables and engines attend: the cache's decode engine (quantized_attention).
-    const detail::QuantizedKeys kq = detail::quantize_keys(key_codec, k, n_rows, false, 256);
+    const detail::RowKeys keys(key_codec, 256);
+    const detail::QuantizedKeys kq = detail::quantize_keys(keys, k, n_rows);
     const std::vector<uint8_t> vq = detail::quantize_values(value_codec, v, n_rows);
     std::vector<float> scores(nq * n_rows), w(nq * n_rows), out(nq * d);
-    detail::quantized_attention(key_codec, kq, value_codec, vq, q, n_q, 0, n_rows, scale, scores.data(), w.data(), out.data());
+    detail::quantized_attention(kq, value_codec, vq, q, n_q, 0, n_rows, scale, scores.data(), w.data(), out.data());
     return compare_attention(ref_scores.data(), ref_w.data(), ref_out.data(), scores.data(), w.data(), out.data(),
                              n_q, n_rows, d, top_k);
 }

@@ -14,7 +14,7 @@
 #include <stdexcept>
 
 #include "kvq/cache.hpp"
-#include "codec/channel_keys.hpp"
+#include "codec/key_formats.hpp"
 #include "quantized_attention.hpp"
 
 namespace kvq {
@@ -66,13 +66,13 @@ Reference reference(const float* q, int n_q, const float* k, const float* v, siz
 
 struct Prepared {
     KVFormat format;
-    std::optional<Codec> keys, values;
-    std::optional<Codec> window_keys, window_values;  // "K/V|K2/V2": the sliding-window layers' codecs
+    std::shared_ptr<const detail::KeyFormat> keys, window_keys;  // "K/V|K2/V2": the sliding-window layers' too
+    std::optional<Codec> values, window_values;
     std::string error;
 
     // The format and codecs of a layer.
     const KVFormat& format_of(bool windowed) const { return format.on_layer(windowed); }
-    const Codec& keys_of(bool windowed) const { return windowed && window_keys ? *window_keys : *keys; }
+    const detail::KeyFormat& keys_of(bool windowed) const { return windowed && window_keys ? *window_keys : *keys; }
     const Codec& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
     // Whether a KVCache can hold the format: every layer's keys centered alike.
     bool cache_holds() const {
@@ -170,22 +170,22 @@ const KVFormat& f16_format() {
     return f16;
 }
 
-// A format's key codec: chanB (lib/codec/channel_keys.hpp, as KVCache makes it) or a table codec.
-Codec key_codec(const KVFormat& f, int head_dim, uint64_t seed) {
-    return f.channel_bits ? detail::make_channel_key_codec(f.channel_bits, head_dim) : Codec::make(f.key_codec, head_dim, seed);
+// A format's key format (lib/codec/key_formats.hpp), one kv head per block as the tables hold them.
+std::shared_ptr<const detail::KeyFormat> key_format(const KVFormat& f, int head_dim, int block_tokens, uint64_t seed) {
+    return detail::make_key_format(f.key_codec, head_dim, block_tokens, {f.center_keys, false, seed});
 }
 
 // The codecs of every format at the data set's head size; a format they cannot make carries the reason.
-std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int head_dim, uint64_t seed) {
+std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int head_dim, int block_tokens, uint64_t seed) {
     std::vector<Prepared> prepared;
     for (const auto& f : formats) {
         Prepared p;
         p.format = f;
         try {
-            p.keys = key_codec(f, head_dim, seed);
+            p.keys = key_format(f, head_dim, block_tokens, seed);
             p.values = Codec::make(f.value_codec, head_dim, seed);
             if (const KVFormat* w = f.window.get()) {
-                p.window_keys = key_codec(*w, head_dim, seed);
+                p.window_keys = key_format(*w, head_dim, block_tokens, seed);
                 p.window_values = Codec::make(w->value_codec, head_dim, seed);
             }
         } catch (const std::invalid_argument& e) {
@@ -232,11 +232,11 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
         const Prepared& p = prepared[f];
         if (!p.error.empty()) continue;
         const KVFormat& lf = p.format_of(windowed);  // this layer's pair
-        const Codec& keys = p.keys_of(windowed);
+        const detail::KeyFormat& keys = p.keys_of(windowed);
         const Codec& values = p.values_of(windowed);
         auto kc = key_codes.find(lf.key_label());
         if (kc == key_codes.end())
-            kc = key_codes.emplace(lf.key_label(), detail::quantize_keys(keys, k.data(), n_rows, lf.center_keys, options.block_tokens))
+            kc = key_codes.emplace(lf.key_label(), detail::quantize_keys(keys, k.data(), n_rows))
                      .first;
         auto vc = value_codes.find(lf.value_codec);
         if (vc == value_codes.end()) vc = value_codes.emplace(lf.value_codec, detail::quantize_values(values, v.data(), n_rows)).first;
@@ -244,7 +244,7 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
             const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
             s.scores.resize(size_t(g) * (n - first));
             s.weights.resize(size_t(g) * (n - first));
-            detail::quantized_attention(keys, kc->second, values, vc->second, q[i].data(), g, first, n, scale,
+            detail::quantized_attention(kc->second, values, vc->second, q[i].data(), g, first, n, scale,
                                         s.scores.data(), s.weights.data(), s.out.data(), options.int8_value_weights);
             const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
                                                         s.scores.data(), s.weights.data(), s.out.data(), g, n - first, dim,
@@ -293,7 +293,7 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
     }
     Prepared baseline;
     baseline.format = f16_format();
-    baseline.keys = Codec::make("f16", d.head_dim, options.seed);
+    baseline.keys = detail::make_key_format("f16", d.head_dim, options.block_tokens);
     baseline.values = Codec::make("f16", d.head_dim, options.seed);
     if (baseline_index == SIZE_MAX) {
         baseline_index = timed.size();
@@ -408,7 +408,7 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
     for (const auto& d : data) d.validate();
     Progress progress(data, options);
     for (const KVData& d : data) {
-        const std::vector<Prepared> prepared = prepare_formats(formats, d.head_dim, options.seed);
+        const std::vector<Prepared> prepared = prepare_formats(formats, d.head_dim, options.block_tokens, options.seed);
         const std::vector<FormatErrors> errors = measure_errors(d, prepared, options, progress);
         DecodeTimes times{std::vector<double>(prepared.size(), 0.0), 0.0};
         if (options.timing) {

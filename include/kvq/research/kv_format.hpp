@@ -25,10 +25,9 @@
 namespace kvq {
 
 struct KVFormat {
-    std::string key_codec;    // a kvq::Codec spec, e.g. "q4_0+rot"
+    std::string key_codec;    // a KVCache key codec: a kvq::Codec spec, e.g. "q4_0+rot", or a key format's ("chan4", "q4_0+sink1")
     std::string value_codec;  // a kvq::Codec spec
     bool center_keys = false;
-    int channel_bits = 0;     // "chanB" keys: B; key_codec is then "chanB" (a KVCache key codec, not in the table)
     // The format of sliding-window layers ("K/V|K2/V2"); null: every layer has this one.
     std::shared_ptr<const KVFormat> window;
 
