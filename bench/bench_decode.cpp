@@ -31,11 +31,14 @@ struct CodecPair {
     const char* value;
     const char* name = nullptr;  // the value's part of the benchmark name, if not `value`
     bool int8_value_weights = false;  // CacheConfig::int8_value_weights
+    bool center_keys = false;         // CacheConfig::center_keys (the key's name gets "+center")
 };
 // f16 first: every other pair is compared with it. q4_0-i8w: q4_0 values on int8 weights.
 constexpr CodecPair kPairs[] = {{"f16", "f16"},   {"f32", "f32"},       {"q8_0", "q4_0"},
                                 {"q8_0", "q8_0"}, {"q4_0+rot", "q4_0"}, {"q8_0", "q4_0+rot"},
-                                {"q8_0", "q4_0", "q4_0-i8w", true}};
+                                {"q8_0", "q4_0", "q4_0-i8w", true},
+                                // Block-level key formats (lib/codec/key_formats.hpp): side data per block.
+                                {"q4_0+rot", "q4_0", nullptr, false, true}, {"chan4", "q4_0"}};
 constexpr size_t kContexts[] = {size_t(128) << 10, size_t(32) << 10, size_t(4) << 10};  // longest first
 constexpr int kThreads[] = {1, 2};
 constexpr int kKvHeads = 8, kHeads = 32, kHeadDim = 128;
@@ -50,6 +53,7 @@ kvq::CacheConfig llama3_layer(const CodecPair& pair, int threads) {
     cfg.value_codec = pair.value;
     cfg.threads = threads;
     cfg.int8_value_weights = pair.int8_value_weights;
+    cfg.center_keys = pair.center_keys;
     return cfg;
 }
 
@@ -158,6 +162,7 @@ void BM_DecodeLevel(benchmark::State& state, kvq::SimdLevel level, int pair, siz
 }
 
 std::string value_name(const CodecPair& p) { return p.name ? p.name : p.value; }
+std::string key_name(const CodecPair& p) { return std::string(p.key) + (p.center_keys ? "+center" : ""); }
 
 const bool registered_levels = [] {
     const kvq::SimdLevel def = kvq::simd_level();
@@ -168,7 +173,7 @@ const bool registered_levels = [] {
     for (int p : {0, 2, 3, 6}) {  // f16/f16, q8_0/q4_0, q8_0/q8_0, q8_0/q4_0-i8w
         for (size_t ctx : {kContexts[0], kContexts[1]}) {
             for (auto level : levels) {
-                const std::string name = std::string("decode_level/") + kPairs[p].key + "/" + value_name(kPairs[p]) + "/" +
+                const std::string name = std::string("decode_level/") + key_name(kPairs[p]) + "/" + value_name(kPairs[p]) + "/" +
                                          context_name(ctx) + "/threads:2/" + std::string(kvq::simd_level_name(level));
                 benchmark::RegisterBenchmark(name.c_str(), BM_DecodeLevel, level, p, ctx, 2)
                     ->UseRealTime()
@@ -184,7 +189,7 @@ const bool registered = [] {
     for (int p = 0; p < static_cast<int>(std::size(kPairs)); ++p) {
         for (int threads : kThreads) {
             for (size_t ctx : kContexts) {
-                const std::string name = std::string("decode/") + kPairs[p].key + "/" + value_name(kPairs[p]) + "/" +
+                const std::string name = std::string("decode/") + key_name(kPairs[p]) + "/" + value_name(kPairs[p]) + "/" +
                                          context_name(ctx) + "/threads:" + std::to_string(threads);
                 benchmark::RegisterBenchmark(name.c_str(), BM_Decode, p, ctx, threads)
                     ->UseRealTime()
