@@ -128,13 +128,16 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     // A cache without an exact tail writes the version before it, so an older kvq reads its files.
     h.version = cfg.exact_tail_tokens ? detail::file::kExactTailFormatVersion : detail::file::kExactTailFormatVersion - 1;
     h.config = cfg;
-    h.config.key_codec = key.name();
+    // The keys by their format's name (its row codec's, with the wrappers' suffixes), the values by codec.
+    h.config.key_codec = key_format->name();
     h.config.value_codec = value.name();
     // Each layer's codecs by name, unless every layer has the default ones.
     h.config.layer_codecs.clear();
     bool own_codecs = false;
-    for (int l = 0; l < cfg.n_layers; ++l) own_codecs |= kind(l).key.name() != key.name() || kind(l).value.name() != value.name();
-    for (int l = 0; own_codecs && l < cfg.n_layers; ++l) h.config.layer_codecs.push_back({kind(l).key.name(), kind(l).value.name()});
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        own_codecs |= kind(l).keys->name() != key_format->name() || kind(l).value.name() != value.name();
+    }
+    for (int l = 0; own_codecs && l < cfg.n_layers; ++l) h.config.layer_codecs.push_back({kind(l).keys->name(), kind(l).value.name()});
     for (size_t k = 0; k < kinds.size(); ++k) {
         h.kinds.push_back({p.blocks[k].size(), pool->block_bytes(k), kinds[k].key.row_bytes(), kinds[k].value.row_bytes()});
         h.n_blocks += p.blocks[k].size();

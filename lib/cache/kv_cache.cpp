@@ -264,7 +264,7 @@ std::string detail::CacheImpl::dump() const {
     std::ostringstream os;
     const PoolStats ps = pool->stats();
     os << "KVCache: " << cfg.n_layers << " layer(s), " << cfg.n_heads << " query / " << cfg.n_kv_heads
-       << " kv heads, head_dim " << cfg.head_dim << ", keys " << key.name() << ", values " << value.name() << ", "
+       << " kv heads, head_dim " << cfg.head_dim << ", keys " << key_format->name() << ", values " << value.name() << ", "
        << (kinds.size() > 1 ? std::to_string(kinds.size()) + " kinds of layer codecs, " : std::string())
        << cfg.block_tokens << " tokens/block, seal "
        << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
