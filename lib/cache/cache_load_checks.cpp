@@ -106,15 +106,15 @@ void check_matches(const detail::CacheImpl& c, const Header& h) {
     same_int("n_kv_heads", f.n_kv_heads, c.cfg.n_kv_heads);
     same_int("n_heads", f.n_heads, c.cfg.n_heads);
     same_int("head_dim", f.head_dim, c.cfg.head_dim);
-    if (f.key_codec != c.key.name()) differ("key_codec", "'" + f.key_codec + "'", "'" + c.key.name() + "'");
+    if (f.key_codec != c.key_format->name()) differ("key_codec", "'" + f.key_codec + "'", "'" + c.key_format->name() + "'");
     if (f.value_codec != c.value.name()) differ("value_codec", "'" + f.value_codec + "'", "'" + c.value.name() + "'");
     // Each layer's codecs as the file names them (its own, or the defaults) against the cache's.
     for (int l = 0; l < c.cfg.n_layers; ++l) {
         const LayerCodecs own = f.layer_codecs.empty() ? LayerCodecs{} : f.layer_codecs[l];
         const std::string k = own.key.empty() ? f.key_codec : own.key, v = own.value.empty() ? f.value_codec : own.value;
         const std::string field = "codecs of layer " + std::to_string(l);
-        if (k != c.kind(l).key.name() || v != c.kind(l).value.name()) {
-            differ(field, "'" + k + "/" + v + "'", "'" + c.kind(l).key.name() + "/" + c.kind(l).value.name() + "'");
+        if (k != c.kind(l).keys->name() || v != c.kind(l).value.name()) {
+            differ(field, "'" + k + "/" + v + "'", "'" + c.kind(l).keys->name() + "/" + c.kind(l).value.name() + "'");
         }
     }
     if (f.seed != c.cfg.seed) differ("seed", std::to_string(f.seed), std::to_string(c.cfg.seed));
