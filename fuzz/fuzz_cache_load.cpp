@@ -30,8 +30,9 @@ constexpr int kD = 32;
 
 // Configurations 0-2: 4-token blocks; 3: 16-token blocks and 4 queries per kv head, whose sealed q8_0 key
 // blocks the cache keeps in groups of 16 rows where the SIMD level has a kernel for them
-// (lib/ref/key_groups.hpp): files hold rows, which loading groups again.
-constexpr int kConfigs = 4;
+// (lib/ref/key_groups.hpp): files hold rows, which loading groups again; 4: sink keys over centered
+// rotated q4_0 (lib/codec/sink_keys.hpp: a hostile file's sink count and fp16 rows).
+constexpr int kConfigs = 5;
 
 CacheConfig base_config(int which) {
     CacheConfig c;
@@ -40,10 +41,10 @@ CacheConfig base_config(int which) {
     c.n_heads = (which == 3 ? 4 : 2) * c.n_kv_heads;
     c.head_dim = kD;
     c.block_tokens = which == 3 ? 16 : 4;
-    c.key_codec = which == 2 ? "polar" : "q8_0";
+    c.key_codec = which == 2 ? "polar" : which == 4 ? "q4_0+rot+sink2" : "q8_0";
     c.value_codec = which == 1 ? "q4_1+rot" : "q4_0";
     c.seal = which == 1 ? SealPolicy::on_append : SealPolicy::on_block_full;
-    c.center_keys = which == 2;
+    c.center_keys = which == 2 || which == 4;
     if (which == 1) c.sliding_window = {6, 0};
     if (which == 0) c.layer_codecs = {{}, {"q4_0", "q8_0"}};  // blocks of two sizes (file format 3)
     c.nan_policy = NanPolicy::propagate;

@@ -25,12 +25,16 @@ struct KeyKind {
     size_t side;      // one kv head's side data: fp16 means (2d), chanB minimums and steps (4d), sinks
 };
 
+// Sinks: the wrapped format's side data padded to 64, a 64-byte count, N rows of fp16.
+constexpr size_t sinks(size_t inner, size_t n) { return (inner + 63) / 64 * 64 + 64 + n * 2 * kDim; }
+
 const KeyKind kKinds[] = {
     {"f16", false, 0},          {"q8_0", false, 0},           {"q4_0", false, 0},
     {"q4_0", true, 2 * kDim},   {"f16", true, 2 * kDim},      {"chan3", false, 4 * kDim},
     {"chan4", false, 4 * kDim}, {"chan8", false, 4 * kDim},   {"polar", false, 0},
     {"polar", true, 2 * kDim},  {"turbo4", false, 0},         {"turbo3", true, 2 * kDim},
-    {"q4_0+rot", true, 2 * kDim},
+    {"q4_0+rot", true, 2 * kDim}, {"q4_0+sink1", false, sinks(0, 1)}, {"q4_0+rot+sink4", true, sinks(2 * kDim, 4)},
+    {"chan4+sink2", false, sinks(4 * kDim, 2)},
 };
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
@@ -112,7 +116,7 @@ TEST_CASE("key formats: the cache, the planner and the tables hold the bytes it 
 
 TEST_CASE("key formats: per-channel keys take no centering, and specs no format takes are refused") {
     CHECK_THROWS_WITH_AS(kvq::detail::make_key_format("chan4", 64, 32, {true}), doctest::Contains("+center does not apply"), kvq::BadParams);
-    for (const char* bad : {"chan9", "chan4+rot", "nope"}) {
+    for (const char* bad : {"q4_0+sink0", "q4_0+sink17", "q4_0+sink", "q4_0+sinkx", "q4_0+sink01", "chan9", "nope+sink1"}) {
         CAPTURE(bad);
         CHECK_THROWS_AS(kvq::detail::make_key_format(bad, 64, 32), std::invalid_argument);
     }
@@ -120,4 +124,5 @@ TEST_CASE("key formats: per-channel keys take no centering, and specs no format 
     CHECK(plain->side_bytes() == 0);
     CHECK(plain->bytes_per_token() == double(plain->row_bytes()));
     CHECK(plain->name() == "q8_0");
+    CHECK(kvq::detail::make_key_format("q4_0+rot+sink3", 64, 32)->name() == "q4_0+rot+sink3");
 }

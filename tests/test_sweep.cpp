@@ -189,6 +189,9 @@ TEST_CASE("sweep: its attention output is KVCache::attend's, bit for bit, +cente
         {"chan3/q4_0", kvq::SealPolicy::on_block_full, 256},
         {"chan4/polar:budget=3.5", kvq::SealPolicy::on_block_full, 256},
         {"chan8/turbo3", kvq::SealPolicy::on_block_full, 256},
+        {"q4_0+rot+sink1/q4_0", kvq::SealPolicy::on_block_full, 256},
+        {"q4_0+sink3+center/q4_0", kvq::SealPolicy::on_block_full, 256},
+        {"chan3+sink2/q4_0", kvq::SealPolicy::on_block_full, 256},
     };
     for (const int window : {0, 100}) {  // 100: the window starts inside a block (row 150 or 156)
         for (const bool int8 : {false, true}) {

@@ -2,7 +2,8 @@
 // options make. The cache, the planner and the accuracy tables make their key formats here only.
 //
 // A key spec is a row codec's spec (the codec table's, lib/codec/table.cpp: "q8_0", "q4_0+rot",
-// "polar:budget=3", ...) or "chanB" (B = 2..8, per-channel keys). Options add centering (CacheConfig::center_keys,
+// "polar:budget=3", ...) or "chanB" (B = 2..8, per-channel keys), either optionally followed by "+sinkN"
+// (the first N = 1..16 tokens of a sequence kept in fp16). Options add centering (CacheConfig::center_keys,
 // the tables' "+center") and, in the cache's pool, q8_0's groups of 16 rows.
 #pragma once
 
