@@ -107,13 +107,12 @@ AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st,
     p.keep_from = blocks_before_window > 1 ? (blocks_before_window - 1) * bt : 0;
     p.staging = c.cfg.seal == SealPolicy::on_block_full;
     p.old_pool_end = st.pool_end();
-    // A block re-opened by a truncate whose key format fits side data to the whole block (chanB minimums and
-    // steps, a centered block's key mean: KeyFormat::writes_rows) is not appended to with those parameters, which were fitted to the rows it
-    // was sealed with: its rows go back to the float staging (as they read, dequantized) and the block
-    // seals anew over them and the new rows, as a block that was never sealed. With an exact tail too:
-    // the new rows are recent, so they go to the staging, not into the block. Codecs of rows (q8_0 in
-    // groups included) otherwise keep quantizing into the partly filled block: their rows are the same
-    // either way.
+    // A block re-opened by a truncate whose key format fits side data to the whole block (a mean, ranges:
+    // KeyFormat::writes_rows() is false) is not appended to with side data fitted to the rows it was sealed
+    // with: its rows go back to the float staging (as they read back) and the block seals anew over them
+    // and the new rows, as a block that was never sealed. With an exact tail too: the new rows are recent,
+    // so they go to the staging, not into the block. Formats of rows otherwise keep quantizing into the
+    // partly filled block: their rows are the same either way.
     p.restaged = p.staging && re_quantizes_on_reopen(c, c.kind(layer)) ? p.old_pool_end % bt : 0;
     p.old_pool_end -= p.restaged;
     p.partial_pool_block = p.old_pool_end % bt != 0;

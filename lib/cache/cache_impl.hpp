@@ -14,9 +14,9 @@
 // never exceed exact_tail_tokens + bt − 1, which the ring holds.
 // first_pos is always a block boundary. Under on_block_full the last pool block is partly filled only
 // after a truncate into a sealed block; appends fill it (quantized as they arrive) before staging again,
-// except where keys share parameters fitted to the whole block (chanB minimums and steps, a centered
-// block's key mean) or an exact tail keeps recent tokens exact: the next append moves such a block's rows
-// back to the staging, to be sealed anew.
+// except where the key format fits side data to the whole block (KeyFormat::writes_rows() is false) or an
+// exact tail keeps recent tokens exact: the next append moves such a block's rows back to the staging, to
+// be sealed anew.
 #pragma once
 
 #include <atomic>
