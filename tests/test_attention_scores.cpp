@@ -52,7 +52,8 @@ TEST_CASE("attention_scores: every query head's scores over a window of centered
     }
     kvq::detail::RowSource src;
     src.key = format.get();
-    src.value = &kvq::detail::impl_of(values);
+    const auto value_format = kvq::detail::make_value_format(values, false);
+    src.value = value_format.get();
     src.layout = layout;
     src.blocks = kb;
     src.value_blocks = vb;

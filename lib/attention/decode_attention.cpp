@@ -159,11 +159,7 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
                 const uint8_t* value_block1 = src.value_blocks.empty() ? src.blocks[b + 1] : src.value_blocks[b + 1];
                 prefetch_rows<kToL2>(value_block1 + lay.v_offset + h * lay.v_head_stride + lo1 * vrs, n1, vrb, vrs);
             }
-            if (shape.grid_values) {
-                src.value->accumulate_attention(scores, n, g, values, vrs, n, head_acc);
-            } else {
-                src.value->accumulate_rows(scores, n, g, values, vrs, n, head_acc);
-            }
+            src.value->accumulate(scores, n, g, values, vrs, n, head_acc);
         }
     }
 }
@@ -264,7 +260,7 @@ void decode_round(const AttentionShape& shape, std::span<const DecodeTask> tasks
                 const size_t h0 = static_cast<size_t>(items[j].head_begin) * g, h1 = static_cast<size_t>(items[j].head_end) * g;
                 for (size_t h = h0; h < h1; ++h) merge_softmax(st_i[h], acc_i + h * d, st_j[h], acc_j + h * d, shape.head_dim);
             }
-            tasks[task].sources[items[i].source].value->finish_accumulate(acc_i, shape.n_heads);
+            tasks[task].sources[items[i].source].value->finish(acc_i, shape.n_heads);
             if (!total) {
                 total = st_i;
                 total_acc = acc_i;

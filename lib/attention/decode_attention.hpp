@@ -17,6 +17,7 @@
 
 #include "../codec/codec_impl.hpp"
 #include "../codec/key_format.hpp"
+#include "../codec/value_format.hpp"
 #include "online_softmax.hpp"
 #include "scratch_pool.hpp"
 #include "thread_pool.hpp"
@@ -36,12 +37,12 @@ struct BlockLayout {
     size_t k_row_stride = 0, v_row_stride = 0;
 };
 
-// Consecutive tokens held in blocks of one layout, one key format and one value codec: rows
+// Consecutive tokens held in blocks of one layout, one key format and one value format: rows
 // [first_row, block_tokens) of blocks[0], all rows of the blocks between, rows [0, end_row) of the last
 // block (a single block uses rows [first_row, end_row)).
 struct RowSource {
     const KeyFormat* key = nullptr;
-    const CodecImpl* value = nullptr;
+    const ValueFormat* value = nullptr;
     BlockLayout layout;
     std::span<uint8_t* const> blocks;
     size_t first_row = 0;
@@ -57,9 +58,6 @@ struct AttentionShape {
     int head_dim = 0;
     float scale = 0;     // applied to q·k (after the key-mean compensation)
     float softcap = 0;   // c > 0: s -> c·tanh(s/c) after scaling
-    // Values on the int8 weight grid where the value codec has one (CodecImpl::accumulate_attention;
-    // CacheConfig::int8_value_weights), else accumulate_rows.
-    bool grid_values = false;
 };
 
 // Runs task(i) once for every i in [0, n), on any threads, and returns when all calls have returned

@@ -75,8 +75,7 @@ bool re_quantizes_on_reopen(const detail::CacheImpl& c, const detail::LayerKind&
 // exact read-back), into keys and values (n × head_dim each).
 void read_block_rows(const detail::LayerKind& kind, const uint8_t* block, int h, size_t n, float* keys, float* values) {
     kind.keys->read_rows(kind.key_head(block, h), 0, n, keys);
-    detail::impl_of(kind.value).dequantize_rows(block + kind.layout.v_offset + h * kind.layout.v_head_stride, kind.value.row_bytes(),
-                                                n, values);
+    kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), 0, n, values);
 }
 
 // A row as a block reads it may pass the limit append admits by a rounding (an fp16 step, scale or mean
@@ -195,9 +194,7 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
         kind.keys->write_rows(rows.data(), row, n, kind.key_head(block, h));
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
-        detail::impl_of(kind.value).quantize_rows(rows.data(), n,
-                                   block + kind.layout.v_offset + h * kind.layout.v_head_stride + row * kind.value.row_bytes(),
-                                   kind.value.row_bytes());
+        kind.values->write_rows(rows.data(), row, n, kind.value_rows(block, h), kind.value.row_bytes());
     }
 }
 
@@ -224,8 +221,7 @@ void detail::CacheImpl::seal(const LayerKind& kind, const detail::LayerState& st
         staged_rows(st, true, h, pos, bt(), keys.data());
         staged_rows(st, false, h, pos, bt(), values.data());
         kind.keys->seal(keys.data(), bt(), pos, kind.key_head(block, h));
-        detail::impl_of(kind.value).quantize_rows(values.data(), bt(), block + kind.layout.v_offset + h * kind.layout.v_head_stride,
-                                   kind.value.row_bytes());
+        kind.values->write_rows(values.data(), 0, bt(), kind.value_rows(block, h), kind.value.row_bytes());
     }
 }
 

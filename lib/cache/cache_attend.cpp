@@ -72,7 +72,7 @@ size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::Layer
         const size_t b0 = (a - st.first_pos) / bt, b1 = (b - st.first_pos + bt - 1) / bt;
         auto& s = sources[n_sources++];
         s.key = kind.keys.get();
-        s.value = &detail::impl_of(kind.value);
+        s.value = kind.values.get();
         s.layout = kind.layout;
         s.blocks = std::span<uint8_t* const>(st.data).subspan(b0, b1 - b0);
         s.first_row = (a - st.first_pos) % bt;
@@ -85,7 +85,7 @@ size_t detail::CacheImpl::row_sources(const LayerKind& kind, const detail::Layer
         for (size_t i = s0; i < s1; ++i) staging_slots[i] = const_cast<uint8_t*>(staging_slot(st, pool_end + i * bt));
         auto& s = sources[n_sources++];
         s.key = exact_keys.get();
-        s.value = &detail::impl_of(exact);
+        s.value = exact_values.get();
         s.layout = staging_layout;
         s.blocks = std::span<uint8_t* const>(staging_slots + s0, s1 - s0);
         s.first_row = (a - pool_end) % bt;
@@ -101,8 +101,7 @@ void detail::CacheImpl::attend_range(const LayerKind& kind, const detail::LayerS
     uint8_t* slots_here[8];
     std::vector<uint8_t*> slots_heap(staging_blocks > 8 ? staging_blocks : 0);
     const size_t n_sources = row_sources(kind, st, lo, hi, sources, staging_blocks > 8 ? slots_heap.data() : slots_here);
-    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,
-                                       cfg.int8_value_weights};
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
     detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads,
                              &decode_scratch);
     finish_output(kind, st, lo, hi, q, out);
@@ -125,7 +124,7 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
         if (keys) {
             kind.keys->read_rows(kind.key_head(block, h), r, 1, row.data());
         } else {
-            kind.value.dequantize_rows(block + lay.v_offset + h * lay.v_head_stride + r * kind.value.row_bytes(), 1, row.data());
+            kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), r, 1, row.data());
         }
         return row.data();
     };
@@ -285,8 +284,7 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
                                          &staging[i * staging_blocks]);
         tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), q + i * vec, out + i * vec};
     }
-    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap,
-                                       cfg.int8_value_weights};
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
     detail::decode_attention_batch(shape, tasks, run(), cfg.threads, &decode_scratch);
     for (size_t i = 0; i < ids.size(); ++i) finish_output(kind(layer), *layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
     for (size_t h = 0; h < nan_head.size(); ++h) {

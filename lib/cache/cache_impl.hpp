@@ -102,8 +102,12 @@ struct LayerKind {
     InputLimit key_limit, value_limit;
     BlockLayout layout;        // its pool blocks
     size_t staging_units = 0;  // the blocks' worth of pool capacity one layer's staging takes
-    // The keys of a sealed block (lib/codec/key_format.hpp): bytes, sealing, reading, scoring.
+    // The keys and values of a sealed block (lib/codec/key_format.hpp, value_format.hpp): bytes, sealing,
+    // reading, scoring and accumulating.
     std::shared_ptr<const KeyFormat> keys;
+    std::shared_ptr<const ValueFormat> values;
+    uint8_t* value_rows(uint8_t* block, int h) const { return block + layout.v_offset + h * layout.v_head_stride; }
+    const uint8_t* value_rows(const uint8_t* block, int h) const { return block + layout.v_offset + h * layout.v_head_stride; }
     KeyHead key_head(uint8_t* block, int h) const {
         return {block + layout.k_offset + h * layout.k_head_stride,
                 layout.k_side_offset == kNoKeySide ? nullptr : block + layout.k_side_offset + h * layout.k_side_stride,
@@ -127,6 +131,7 @@ struct CacheImpl {
     Codec value;
     Codec exact;  // f32 or f16 (CacheConfig::staging): the open block's rows
     std::shared_ptr<const KeyFormat> exact_keys;  // exact's rows as a key format (the staging's keys)
+    std::shared_ptr<const ValueFormat> exact_values;  // and as a value format (the staging's values)
     // Kinds in the order of the first layer of each; the pool's size class c is kind c.
     std::vector<LayerKind> kinds;
     std::vector<size_t> kind_of;  // by layer

@@ -99,7 +99,7 @@ BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file
         std::vector<char> row_bad(live, 0);
         kind.keys->read_rows(kind.key_head(block, h), 0, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
-        kind.value.dequantize_rows(block + lay.v_offset + h * lay.v_head_stride, live, rows.data());
+        kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), 0, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
         for (uint32_t r = 0; r < live; ++r) {
             if (row_bad[r]) bad.emplace_back(r, h);

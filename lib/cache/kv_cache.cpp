@@ -139,7 +139,8 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
       key(key_format->codec()),
       value(make_value_codec(cfg, cfg.value_codec)),
       exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)),
-      exact_keys(detail::make_key_format(exact.name(), cfg.head_dim, cfg.block_tokens)) {
+      exact_keys(detail::make_key_format(exact.name(), cfg.head_dim, cfg.block_tokens)),
+      exact_values(detail::make_value_format(exact, cfg.int8_value_weights)) {
     const size_t h = static_cast<size_t>(cfg.n_kv_heads);
     staging_layout.block_tokens = cfg.block_tokens;
     staging_layout.k_offset = 0;
@@ -167,7 +168,8 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
             ++layers_of[found];
             continue;
         }
-        LayerKind& kd = kinds.emplace_back(LayerKind{k->codec(), std::move(v), false, false, {}, {}, {}, 0, k});
+        LayerKind& kd = kinds.emplace_back(LayerKind{k->codec(), v, false, false, {}, {}, {}, 0, k,
+                                                     detail::make_value_format(v, cfg.int8_value_weights)});
         layers_of.push_back(1);
         kd.store_nonfinite_k = kd.key.info().plain;
         kd.store_nonfinite_v = kd.value.info().plain;

@@ -13,7 +13,7 @@ namespace {
 
 // Rows first..n_rows−1 of the keys and values as one row source of the decode engine; key_blocks and
 // value_blocks receive the blocks' addresses (the source refers to them).
-RowSource row_source(const QuantizedKeys& k, const Codec& values, const std::vector<uint8_t>& v, size_t first, size_t n_rows,
+RowSource row_source(const QuantizedKeys& k, const ValueFormat& values, const std::vector<uint8_t>& v, size_t first, size_t n_rows,
                      std::vector<uint8_t*>& key_blocks, std::vector<uint8_t*>& value_blocks) {
     const KeyFormat& format = *k.format;
     const size_t bt = static_cast<size_t>(format.block_tokens()), b0 = first / bt, b1 = (n_rows + bt - 1) / bt;
@@ -25,7 +25,7 @@ RowSource row_source(const QuantizedKeys& k, const Codec& values, const std::vec
     }
     RowSource src;
     src.key = &format;
-    src.value = &impl_of(values);
+    src.value = &values;
     src.layout.block_tokens = format.block_tokens();
     src.layout.k_side_offset = format.head_side_offset();
     src.blocks = key_blocks;
@@ -75,9 +75,9 @@ void quantized_attention(const QuantizedKeys& k, const Codec& values, const std:
                          float* out, bool int8_value_weights) {
     const size_t d = static_cast<size_t>(k.format->head_dim()), n = n_rows - first, total = size_t(n_q) * n;
     std::vector<uint8_t*> key_blocks, value_blocks;
-    const RowSource src = row_source(k, values, v, first, n_rows, key_blocks, value_blocks);
-    AttentionShape shape{n_q, 1, static_cast<int>(d), scale, 0.0f};
-    shape.grid_values = int8_value_weights;
+    const auto value_format = make_value_format(values, int8_value_weights);
+    const RowSource src = row_source(k, *value_format, v, first, n_rows, key_blocks, value_blocks);
+    const AttentionShape shape{n_q, 1, static_cast<int>(d), scale, 0.0f};
     attention_scores(shape, src, q, scores);
     decode_attention(shape, std::span<const RowSource>(&src, 1), q, out, nullptr, 1);
     std::copy(scores, scores + total, weights);
