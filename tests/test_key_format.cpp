@@ -25,8 +25,8 @@ struct KeyKind {
     size_t side;      // one kv head's side data: fp16 means (2d), chanB minimums and steps (4d), sinks
 };
 
-// Sinks: the wrapped format's side data padded to 64, a 64-byte count, N rows of fp16.
-constexpr size_t sinks(size_t inner, size_t n) { return (inner + 63) / 64 * 64 + 64 + n * 2 * kDim; }
+// Sinks: the wrapped format's side data padded to 4, a 4-byte count, N rows of fp16.
+constexpr size_t sinks(size_t inner, size_t n) { return (inner + 3) / 4 * 4 + 4 + n * 2 * kDim; }
 
 const KeyKind kKinds[] = {
     {"f16", false, 0},          {"q8_0", false, 0},           {"q4_0", false, 0},

@@ -9,8 +9,11 @@
 // | where (per kv head) | what                                                                    |
 // |---------------------|-------------------------------------------------------------------------|
 // | key rows            | the wrapped format's                                                    |
-// | side data           | the wrapped format's side data, padded to 64 bytes; a u32 count of the  |
-// |                     | sink rows held (0: not a first block), padded to 64; N × head_dim fp16  |
+// | side data           | the wrapped format's side data, padded to 4 bytes; a u32 count of the   |
+// |                     | sink rows held (0: not a first block); N × head_dim fp16                |
+//
+// The room costs every block (a pool's blocks are all of one size): (4 + 2·N·head_dim) bytes per kv head
+// per block, 0.5 bits per key value for N = 1 at block_tokens 32, whatever the head size.
 #pragma once
 
 #include <memory>
@@ -38,8 +41,8 @@ public:
                        float* scores, size_t stride, float* scratch) const override;
 
 private:
-    size_t count_at() const { return align_key_block(inner_->side_bytes()); }
-    size_t rows_at() const { return count_at() + kKeyBlockAlignment; }
+    size_t count_at() const { return (inner_->side_bytes() + 3) / 4 * 4; }
+    size_t rows_at() const { return count_at() + sizeof(uint32_t); }
     // The sink rows a block holds (0 but in a sequence's first block).
     size_t held(const uint8_t* side) const;
     template <class Head>
