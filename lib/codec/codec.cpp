@@ -15,6 +15,7 @@
 
 #include "../simd/dispatch.hpp"
 #include "../util/checked_size.hpp"
+#include "key_formats.hpp"
 #include "level_checks.hpp"
 #include "rotated.hpp"
 #include "table.hpp"
@@ -103,9 +104,9 @@ CodecSpec parse_codec_spec(std::string_view spec) {
 [[maybe_unused]] static const bool kCodecLevelChecks = (detail::add_codec_level_checks(), true);
 
 Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
-    if (spec.starts_with("chan")) {
-        throw BadParams("codec '" + std::string(spec) + "': chanB keys (per-channel minimum and step per block of tokens) "
-                        "are a KVCache key codec (CacheConfig::key_codec), not a row codec");
+    if (detail::is_key_only_spec(spec)) {
+        throw BadParams("codec '" + std::string(spec) + "': a key format with data fitted to a block of tokens, which is a "
+                        "KVCache key codec (CacheConfig::key_codec), not a row codec");
     }
     CodecSpec parsed = parse_codec_spec(spec);
     if (head_dim <= 0 || head_dim > 65536) {
