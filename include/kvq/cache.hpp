@@ -127,6 +127,9 @@ struct CacheConfig {
     // keys (KIVI-style), per block and kv head an fp16 minimum and step per channel and a B-bit code per
     // value, scored as q·min + (q ⊙ step)·codes. They need seal = on_block_full (a block's ranges are known
     // when it is full; the open block stays in float) and take no center_keys; head_dim a multiple of 8.
+    // Either may end in "+sinkN" (N = 1..16): a sequence's first N keys kept in fp16 and scored exactly
+    // (attention sinks), the rest as the codec stores them; it needs seal = on_block_full, and every block
+    // keeps room for them (4 + 2·N·head_dim bytes per kv head), though only a sequence's first uses it.
     std::string key_codec = "q8_0";
     std::string value_codec = "q4_0";
     // Per layer: empty (every layer uses key_codec and value_codec), or one entry per layer giving that

@@ -22,7 +22,7 @@ struct QuantizedKeys {
 };
 
 // k: n_rows × head_dim floats, sealed block by block (a partial last block: over its own rows). Throws
-// std::invalid_argument if the format cannot seal them (a chanB minimum or step beyond fp16).
+// std::invalid_argument if the format cannot seal them (side data beyond fp16).
 QuantizedKeys quantize_keys(const KeyFormat& format, const float* k, size_t n_rows);
 std::vector<uint8_t> quantize_values(const Codec& codec, const float* v, size_t n_rows);
 
