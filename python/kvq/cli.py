@@ -323,6 +323,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"kvq eval: model loaded in {time.monotonic() - t0:.0f}s", file=sys.stderr)
     cache_config = {"threads": args.threads, "block_tokens": args.block_tokens,
                     "int8_value_weights": args.int8_value_weights, "exact_tail_tokens": args.exact_tail}
+    if args.key_scales == "norms":
+        from . import hf
+
+        cache_config["key_scales"] = hf.key_scales_from_norms(model)
     result = model_eval.eval_model(
         model, tokenizer, text=text, pairs=pairs, ctx=args.ctx, max_chunks=args.max_chunks, baseline=args.baseline,
         per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs), budget=args.budget,
@@ -422,6 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--exact-tail", type=_bounded(0, _core.MAX_EXACT_TAIL_TOKENS, "a token count"), default=0, metavar="N",
                    help="keep the most recent N tokens of every layer exact in every cache (kvq.KVCache "
                    "exact_tail_tokens; counted in bits/value over --ctx; default 0)")
+    e.add_argument("--key-scales", choices=["none", "norms"], default="none",
+                   help="norms: store every layer's keys as k * s and attend with q / s, s from the model's q_norm "
+                   "and k_norm gains (kvq.hf.key_scales_from_norms: the keys' rounding error goes where the queries "
+                   "look less); every cache, the baseline's too (same scores); default none")
     e.add_argument("--format", choices=formats, default="markdown")
     e.add_argument("--output", metavar="FILE", help="write the table(s) to FILE instead of stdout")
     e.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")

@@ -275,6 +275,10 @@ def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
     assert rc == 2 and "is a directory" in capsys.readouterr().err and list(plots.iterdir()) == []
     rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--output", str(tmp_path / "no" / "t.md")])
     assert rc == 1 and "no such directory" in capsys.readouterr().err
+    # --key-scales norms needs per-head query and key norms (Gemma 3, Qwen 3): a Llama has none.
+    rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--key-scales", "norms", "--ctx", "64",
+                   "--max-chunks", "1", "--no-progress"])
+    assert rc == 2 and "no q_norm and k_norm" in capsys.readouterr().err
 
 
 def test_one_gguf_parse_shares_the_reader_of_a_file_and_restores_gguf(tmp_path):

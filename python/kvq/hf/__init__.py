@@ -50,7 +50,8 @@ per-layer sensitivity runs of ``kvq eval --per-layer`` quantize one layer and ke
 Layout: _config.py reads the model (layer shapes, windows, scale, the cache keyword), _layer.py holds the
 per-layer bookkeeping, _tensors.py what crosses the torch boundary (device and dtype checks, the attention
 mask read as real tokens), _cache.py the Cache class, _attention.py the attention function and _generate.py
-generate()'s default cache.
+generate()'s default cache, _scales.py key channel weights from the model's q_norm and k_norm
+(``KVQCache(key_scales=key_scales_from_norms(model))``: keys stored as k ⊙ s, queries attend as q ⊘ s).
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ from ._attention import ATTN_IMPLEMENTATION, kvq_attention, register as _registe
 from ._cache import KVQCache
 from ._config import _layer_windows, _pair, cache_keyword, split_key_spec  # the first two for kvq.model_eval
 from ._generate import CACHE_IMPLEMENTATION, default_cache, install as _install_generate
+from ._scales import key_scales_from_norms
 
 __all__ = ["ATTN_IMPLEMENTATION", "CACHE_IMPLEMENTATION", "KVQCache", "cache_keyword", "default_cache",
-           "kvq_attention", "split_key_spec"]
+           "key_scales_from_norms", "kvq_attention", "split_key_spec"]
 
 _register()
 _install_generate()

@@ -5,7 +5,7 @@ edits of generate (crop, beam reorder, repeat, select) act on every layer's sequ
 from __future__ import annotations
 
 import operator
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -17,6 +17,32 @@ from ._attention import _PENDING, ATTN_IMPLEMENTATION
 from ._config import _AttentionShape, _layer_pairs, _scale_and_softcap, split_key_spec
 from ._layer import _Group, _KVQLayer
 from ._tensors import _check_cpu, _to_numpy, _valid_new
+
+
+def _key_scales(scales, n_layers: int, n_kv: int, d: int, g: int) -> list:
+    """Per layer None, or (s, 1/s repeated per query head) as float32 arrays of the shapes the keys and
+    queries have; ValueError on a bad entry."""
+    out: list = [None] * n_layers
+    if scales is None:
+        return out
+    items = scales.items() if isinstance(scales, Mapping) else enumerate(scales)
+    for layer, s in items:
+        layer = _integer("kvq.hf.KVQCache", "a key_scales layer", layer)
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"kvq.hf.KVQCache: key_scales names layer {layer}; the model has {n_layers} layers")
+        if s is None:
+            continue
+        a = np.array(s.detach().cpu().numpy() if isinstance(s, torch.Tensor) else s, dtype=np.float64)
+        if a.shape != (n_kv, d):
+            raise ValueError(f"kvq.hf.KVQCache: key_scales[{layer}] has shape {a.shape}; expected ({n_kv}, {d})")
+        with np.errstate(all="ignore"):
+            s32, inv32 = a.astype(np.float32), np.repeat(1.0 / a, g, axis=0).astype(np.float32)
+        if not (np.all(np.isfinite(a)) and np.all(a > 0) and np.all(np.isfinite(s32)) and np.all(s32 > 0)
+                and np.all(np.isfinite(inv32)) and np.all(inv32 > 0)):
+            raise ValueError(f"kvq.hf.KVQCache: key_scales[{layer}] must be positive and finite in float32 (and so "
+                             "its inverse)")
+        out[layer] = (s32, inv32)
+    return out
 
 
 def _integer(where: str, name: str, x) -> int:
@@ -38,13 +64,18 @@ class KVQCache(Cache):
             ``chan2`` .. ``chan8`` (per-channel keys, sealed a block at a time).
         max_batch_size: the most batch rows (beams included) the cache accepts; None = no limit.
         layer_codecs: optional ``{layer: "K/V"}`` for layers stored with another pair.
+        key_scales: optional per-layer channel weights folded into the keys: ``{layer: s}`` (or a list, one
+            entry per layer, None for none), s of shape (n_kv_heads, head_dim), positive and finite. Layer l's
+            keys are stored as k ⊙ s and its queries attend as q ⊘ s (s of the query head's kv head), so the
+            scores are unchanged and the keys' rounding error lands where s is small: choose s large on the
+            channels the queries weigh (kvq.hf.key_scales_from_norms). The values are untouched.
         **cache_config: any other ``kvq.KVCache`` keyword (block_tokens, seal, threads, max_blocks, scale,
             softcap, nan_policy, seed, ...). ``scale`` and ``softcap`` default to the model's.
     """
 
     def __init__(self, config, key_codec: str = "q8_0", value_codec: str = "q4_0",
                  max_batch_size: int | None = None, *, layer_codecs: Mapping[int, Any] | None = None,
-                 **cache_config: Any):
+                 key_scales: Mapping[int, Any] | Sequence[Any] | None = None, **cache_config: Any):
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         for bad in ("n_layers", "n_kv_heads", "head_dim", "n_heads", "sliding_window", "center_keys"):
             if bad in cache_config:
@@ -78,6 +109,8 @@ class KVQCache(Cache):
         self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
         self.scale, self.softcap, self.windows = float(scale), float(softcap), shape.windows
         self.block_tokens = int(self._groups[0].cache.config["block_tokens"])
+        self._key_scales = _key_scales(key_scales, shape.n_layers, shape.n_kv_heads, shape.head_dim,
+                                       shape.n_heads // shape.n_kv_heads)
         self._failed = ""
         super().__init__(layers=[_KVQLayer(i, w) for i, w in enumerate(shape.windows)])
 
@@ -225,6 +258,9 @@ class KVQCache(Cache):
                            valid_new: np.ndarray) -> np.ndarray:
         layer_idx = layer.index
         b, q, h, d = qn.shape
+        if self._key_scales[layer_idx] is not None:  # k ⊙ s stored, q ⊘ s attends: the same scores
+            s, inv = self._key_scales[layer_idx]
+            kn, qn = kn * s, qn * inv
         out = np.zeros((b, q, h, d), dtype=np.float32)
         for row in range(b):
             idx = np.flatnonzero(valid_new[row])
