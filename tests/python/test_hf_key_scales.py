@@ -61,8 +61,9 @@ def test_key_scales_from_norms_pairs_the_rope_channels():
         attn = model.model.layers[l].self_attn
         gq = 1 + attn.q_norm.weight.detach().double().numpy()
         gk = 1 + attn.k_norm.weight.detach().double().numpy()
-        r = (gq / gk) ** 2
-        want = (0.5 * (r[: d // 2] + r[d // 2:])) ** 0.25
+        pair = lambda g2: 0.5 * (g2[: d // 2] + g2[d // 2:])
+        want = (pair(gq**2) / pair(gk**2)) ** 0.25
+        want = want / np.exp(np.mean(np.log(want)))
         assert s.shape == (cfg.num_key_value_heads, d)
         np.testing.assert_allclose(s[:, : d // 2], np.broadcast_to(want, (cfg.num_key_value_heads, d // 2)), rtol=1e-6)
         np.testing.assert_array_equal(s[:, : d // 2], s[:, d // 2:])

@@ -4,7 +4,8 @@ OLMo 2: q_norm and k_norm) gives each channel j a query gain g_q,j and a key gai
 s_j = (g_q,j² / g_k,j²)^(1/4) the keys are stored as k ⊙ s and the queries attend as q ⊘ s, which balances
 the channels' shares of q·k's error as the second moments E[q_j²] / E[k_j²] would (the gains stand for them,
 no calibration text). RoPE rotates channel pairs (j, j + d/2) into each other, so a pair shares one weight
-(the mean of the two ratios) and the scaling commutes with it."""
+(the squared gains averaged over the pair) and the scaling commutes with it. The same definition as
+scripts/experiments/format_study.py's +qkw."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _gain(norm) -> np.ndarray | None:
 
 def key_scales_from_norms(model) -> list[np.ndarray]:
     """Per layer an (n_kv_heads, head_dim) float32 array s for KVQCache(key_scales=...), from the layer's
-    q_norm and k_norm weights; ValueError for a model without them (or with a gain of 0)."""
+    q_norm and k_norm weights; ValueError for a model without them."""
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     layers = getattr(getattr(model, "model", model), "layers", None)
     if layers is None and hasattr(model, "model"):
@@ -39,11 +40,11 @@ def key_scales_from_norms(model) -> list[np.ndarray]:
                              "norms): the weights say nothing of the channels' shares")
         if gq.shape != gk.shape or gq.ndim != 1 or gq.size % 2:
             raise ValueError(f"key_scales_from_norms: layer {i}'s q_norm and k_norm are not one per-head vector")
-        if not np.all(np.abs(gk) > 0) or not np.all(np.abs(gq) > 0):
-            raise ValueError(f"key_scales_from_norms: layer {i} has a query or key gain of 0")
-        ratio = (gq / gk) ** 2
-        half = ratio.size // 2
-        pair = 0.5 * (ratio[:half] + ratio[half:])
-        s = np.concatenate([pair, pair]) ** 0.25
+        # Squared gains averaged over each RoPE pair, the ratio floored (a gain of 0 is a channel that is always
+        # 0, or never looked at), s normalized to a geometric mean of 1.
+        half = gq.size // 2
+        pair = lambda g2: np.tile(0.5 * (g2[:half] + g2[half:]), 2)
+        s = (np.maximum(pair(gq**2), 1e-12) / np.maximum(pair(gk**2), 1e-12)) ** 0.25
+        s = s / np.exp(np.mean(np.log(s)))
         out.append(np.tile(s.astype(np.float32), (n_kv, 1)))
     return out
