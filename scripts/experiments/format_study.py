@@ -18,23 +18,27 @@ chunk is full, so, as in kvq's prefill, every key and value a query sees is quan
 
 A pair is 'KEY/VALUE', each a base format and modifiers joined by '+':
 
-  base   f32 | q8_0 | q5_0 | q4_0 | q3_0 | iq4_nl | iq4_nls | lm4 | lm3 | lm2 | chan4 | chan3 | chan2
+  base   f32 | q8_0 | q5_0 | q4_0 | q4_0s | q3_0 | q3_0s | iq4_nl | iq4_nls | lm4 | lm3 | lm2 | chan4 | chan3 | chan2
          q8_0, q5_0, q4_0: ggml's reference rounding (x = d·q, d = max/−2^(b−1) or amax/127, fp16 d, groups of
          32 values of a row); q3_0: q4_0's rule at 3 bits (d = max/−4, codes 0..7); iq4_nl: ggml's table
          −127..113 and its reference rounding as kvq has it (d = max/−127, no scale search, the x²-weighted
-         least-squares scale); iq4_nls: the same table with ggml's scale search (ntry 7); lmB: the Lloyd-Max levels of a
+         least-squares scale); iq4_nls: the same table with ggml's scale search (ntry 7); q4_0s, q3_0s: q4_0's (q3_0's) layout with
+         a scale search (q_search: least squared error over 16 trial scales, least-squares refit); lmB: the
+         Lloyd-Max levels of a
          standard Gaussian at B bits, one fp16 scale per group, the least-squares scale of the nearest codes
          after a search over 16 trial scales; chanB: kvq's chanB (KIVI: per channel over the block's tokens,
          fp16 minimum and step, B-bit codes; not with +rot/+center).
   +rot   kvq's seeded randomized Hadamard (its signs: SplitMix64 from kvq's default seed), before rounding
   +center (keys) kvq's centering: the fp16 mean per channel over the block's 32 tokens subtracted first, q·mean
-         added back exactly; +center64: the mean over 64 tokens (two blocks)
-  +g256  one scale per row of 256 instead of per 32 values
+         added back exactly; +center64, +center128, +center256: the mean over 64, 128, 256 tokens
+  +g64, +g128, +g256  one scale per 64, 128 or 256 values of a row instead of per 32
   +kn    (keys, KVarN-like) per block and channel, the fp16 RMS over the block's tokens (after centering)
          divides the channel before rotation and rounding, and multiplies it back (folded into the query)
   +qk    (keys) a static per-layer channel weight s_j = (E[q_j²] / E[k_j²])^(1/4), from a calibration text
          (--calib), multiplies channel j before rotation and rounding, 1/s_j is folded into the query: the
          key error lands where the queries do not look. E[k_j²] of the centered keys with +center.
+  +qkw   (keys) +qk from the weights alone, no calibration: E[q_j²] / E[k_j²] replaced by the squared gains of
+         Gemma's q_norm and k_norm (1 + weight), averaged over RoPE's channel pairs (j, j + d/2)
   +ks    (keys) static s_j = E[k_j²]^(-1/2) (KVarN's per-channel normalization, static)
   +wo    (values) static s_j = (W_j / E[v_j²])^(1/4), W_j = Σ over the kv head's query heads of the squared norm
          of o_proj's column for channel j: the value error lands where o_proj does not read
@@ -115,6 +119,28 @@ def q_sym(x: torch.Tensor, bits: int) -> torch.Tensor:
     idv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
     q = torch.clamp(torch.trunc(x * idv + (half + 0.5)), max=2 * half - 1)
     return (q - half) * f16(d)
+
+
+def q_search(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """q4_0's (q3_0's, q5_0's) layout, a better encoder: over 16 trial scales max/−(2^(b−1) − t), t in
+    0..1.5, the codes round(x/d) clamped to the levels, their least-squares scale (fp16), and the trial of least
+    squared error. Decodes with the same kernel as q_sym."""
+    half = 2 ** (bits - 1)
+    mx = _signed_max(x)
+    safe = torch.where(mx != 0, mx, torch.ones_like(mx))
+    best_err = best_out = None
+    for t in np.linspace(0.0, 1.5, 16):
+        d = safe / -(half - float(t))
+        q = torch.clamp(torch.round(x / d), -half, half - 1)
+        d2 = f16((q * x).sum(-1, keepdim=True) / (q * q).sum(-1, keepdim=True).clamp_min(1e-30))
+        out = q * d2
+        err = (out - x).pow(2).sum(-1, keepdim=True)
+        if best_err is None:
+            best_err, best_out = err, out
+        else:
+            m = err < best_err
+            best_err, best_out = torch.where(m, err, best_err), torch.where(m, out, best_out)
+    return torch.where(mx != 0, best_out, torch.zeros_like(x))
 
 
 def q8_0(x: torch.Tensor) -> torch.Tensor:
@@ -213,7 +239,8 @@ def grouped(fn, x: torch.Tensor, g: int) -> torch.Tensor:
 
 
 ROW_BASE = {"q8_0": (8, q8_0), "q5_0": (5, lambda x: q_sym(x, 5)), "q4_0": (4, lambda x: q_sym(x, 4)),
-            "q3_0": (3, lambda x: q_sym(x, 3)), "iq4_nl": (4, iq4_nl), "iq4_nls": (4, iq4_nls), "lm4": (4, lambda x: lm(x, 4)),
+            "q3_0": (3, lambda x: q_sym(x, 3)), "iq4_nl": (4, iq4_nl), "iq4_nls": (4, iq4_nls),
+            "q4_0s": (4, lambda x: q_search(x, 4)), "q3_0s": (3, lambda x: q_search(x, 3)), "lm4": (4, lambda x: lm(x, 4)),
             "lm3": (3, lambda x: lm(x, 3)), "lm2": (2, lambda x: lm(x, 2))}
 
 
@@ -239,7 +266,8 @@ def block_mean(x: torch.Tensor, tokens: int) -> torch.Tensor:
 class Format:
     """One side's format: base and modifiers (module docstring)."""
 
-    MODS = {"rot", "center", "center64", "g256", "kn", "qk", "ks", "wo", "fq"}
+    MODS = {"rot", "center", "center64", "center128", "center256", "g64", "g128", "g256", "kn", "qk", "qkw", "ks",
+            "wo", "fq"}
 
     def __init__(self, spec: str, side: str):
         parts = spec.split("+")
@@ -249,11 +277,18 @@ class Format:
             raise ValueError(f"{spec}: unknown modifiers {sorted(bad)}")
         if self.base not in ROW_BASE and not self.base.startswith("chan") and self.base not in ("f32", "f16"):
             raise ValueError(f"{spec}: unknown base {self.base}")
-        if side == "v" and self.mods & {"center", "center64", "kn", "qk", "ks"}:
+        centers = [m for m in self.mods if m.startswith("center")]
+        if len(centers) > 1:
+            raise ValueError(f"{spec}: one centering at most")
+        self.center = (int(centers[0][6:]) if centers[0][6:] else BT) if centers else 0
+        groups = [int(m[1:]) for m in self.mods if m.startswith("g")]
+        if len(groups) > 1:
+            raise ValueError(f"{spec}: one group size at most")
+        if side == "v" and (self.center or self.mods & {"kn", "qk", "qkw", "ks"}):
             raise ValueError(f"{spec}: key modifiers on values")
         if side == "k" and "wo" in self.mods:
             raise ValueError(f"{spec}: +wo is a value modifier")
-        self.group = 256 if "g256" in self.mods else 32
+        self.group = groups[0] if groups else 32
 
     def bits(self) -> float:
         if self.base == "f32":
@@ -264,10 +299,8 @@ class Format:
             b = int(self.base[4:]) + 32 / BT
         else:
             b = ROW_BASE[self.base][0] + 16 / self.group
-        if "center" in self.mods:
-            b += 16 / BT
-        if "center64" in self.mods:
-            b += 16 / 64
+        if self.center:
+            b += 16 / self.center
         if "kn" in self.mods:
             b += 16 / BT
         return b
@@ -288,10 +321,11 @@ class Study:
 
     def __init__(self, d: int, seed: int = KVQ_SEED):
         self.R = rotation(d, seed)
-        self.kf: Format | None = None
-        self.vf: Format | None = None
+        self.kf: list[Format] = []  # per layer
+        self.vf: list[Format] = []
         self.calib: dict[int, dict] = {}  # layer -> {"q2", "k2", "kc2", "v2", "wo"}: per-channel statistics
         self.record = False  # calibration pass: attention in float, statistics recorded
+        self.weight_scale: dict[int, torch.Tensor] = {}  # layer -> +qkw's scales (kv heads, d)
 
 
 S: Study | None = None
@@ -305,20 +339,22 @@ def static_scale(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 def key_scores(layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """q (queries, heads, d), k (tokens, kv heads, d) -> scores (heads, queries, tokens) on the key format."""
-    f = S.kf
+    f = S.kf[layer]
     nh, kvh = q.shape[1], k.shape[1]
     g = nh // kvh
     if f.base == "f32":
         return torch.einsum("qhd,thd->hqt", q, k.repeat_interleave(g, 1))
     m = None
     r = k
-    if "center" in f.mods or "center64" in f.mods:
-        m = block_mean(k, BT if "center" in f.mods else 64)
+    if f.center:
+        m = block_mean(k, f.center)
         r = k - m
     s = None  # per-channel multiplier, (kv heads, d) static or (tokens, kv heads, d) per block
     if "qk" in f.mods:
         c = S.calib[layer]
         s = static_scale(c["q2"], c["kc2"] if m is not None else c["k2"])
+    elif "qkw" in f.mods:
+        s = S.weight_scale[layer]
     elif "ks" in f.mods:
         c = S.calib[layer]
         s = (c["kc2"] if m is not None else c["k2"]).clamp_min(1e-12).pow(-0.5)
@@ -351,7 +387,7 @@ def key_scores(layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def values(layer: int, v: torch.Tensor) -> torch.Tensor:
-    f = S.vf
+    f = S.vf[layer]
     if f.base == "f32":
         return v
     s = None
@@ -380,6 +416,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     t, kvh, _ = k.shape
     if t % BT:
         raise ValueError(f"the chunk's {t} tokens are not whole blocks of {BT}")
+    if layer not in S.weight_scale:
+        S.weight_scale[layer] = _weight_scale(module, kvh, d)
     if S.record:
         _record(module, layer, q, k, v)
         sc, vd = torch.einsum("qhd,thd->hqt", q, k.repeat_interleave(nh // kvh, 1)), v
@@ -411,6 +449,16 @@ def _record(module, layer: int, q, k, v):
     c["n"] = n + 1
     w = module.o_proj.weight.detach().float()  # (hidden, heads·d)
     c["wo"] = w.pow(2).sum(0).reshape(kvh, g, d).sum(1)
+
+
+def _weight_scale(module, kvh: int, d: int) -> torch.Tensor:
+    """+qkw: s_j = (g_q,j² / g_k,j²)^(1/4) from the weights alone, g = 1 + the q_norm / k_norm weight (Gemma's
+    RMSNorm gain per channel), the squared gains averaged over RoPE's channel pairs (j, j + d/2: rotate_half),
+    which RoPE mixes; geometric mean 1."""
+    gq = (1 + module.q_norm.weight.detach().float()).pow(2)
+    gk = (1 + module.k_norm.weight.detach().float()).pow(2)
+    pair = lambda x: ((x + x.roll(d // 2)) / 2)
+    return static_scale(pair(gq)[None].expand(kvh, d), pair(gk)[None].expand(kvh, d))
 
 
 def _register():
@@ -450,6 +498,100 @@ def self_check() -> bool:
 
 # --- the run -------------------------------------------------------------------------------------------------
 
+def layer_specs(spec: str, n: int) -> list[str]:
+    """'K/V' for every layer, or one pair per layer: 'P0;P1*3;...' (a run of n layers as PAIR*n), as kvq's."""
+    out = []
+    for part in spec.split(";"):
+        p, _, rep = part.partition("*")
+        out += [p] * (int(rep) if rep else 1)
+    if len(out) == 1:
+        out *= n
+    if len(out) != n:
+        raise ValueError(f"{spec}: {len(out)} layers, the model has {n}")
+    return out
+
+
+def compact(specs: list[str]) -> str:
+    out = []
+    for p in specs:
+        if out and out[-1][0] == p:
+            out[-1][1] += 1
+        else:
+            out.append([p, 1])
+    return ";".join(p if n == 1 else f"{p}*{n}" for p, n in out)
+
+
+class Run:
+    """One evaluation: per layer a key and a value Format; `layer` set for a sensitivity run (that layer alone)."""
+
+    def __init__(self, label: str, specs: list[str], layer: int | None = None):
+        self.label, self.specs, self.layer = label, specs, layer
+        self.kf = [Format(p.split("/")[0], "k") for p in specs]
+        self.vf = [Format(p.split("/")[1], "v") for p in specs]
+
+    def bits(self) -> tuple[float, float]:
+        """Mean key and value bits over the layers (a sensitivity run: its layer's)."""
+        idx = [self.layer] if self.layer is not None else range(len(self.specs))
+        return (float(np.mean([self.kf[l].bits() for l in idx])), float(np.mean([self.vf[l].bits() for l in idx])))
+
+
+def evaluate(model, tok, runs: list[Run], tokens, a, kl_stats) -> list[dict]:
+    from kvq import hf
+
+    bos, ctx = tok.bos_token_id, a.ctx
+    body, first = ctx - 1, ctx // 2
+    keep = ctx - first
+    cache_kw = hf.cache_keyword(model)
+    n_chunks = min(len(tokens) // body - a.first_chunk, a.max_chunks)
+    acc = {i: {"kl": [], "nll": [], "same": 0} for i in range(len(runs))}
+    base_nll = []
+    for c in range(n_chunks):
+        at = (a.first_chunk + c) * body
+        ids = torch.tensor([[bos] + tokens[at:at + body]])
+        targets = ids[0, first + 1:]
+        model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+        cache = hf.KVQCache(model.config, "f32", "f32", max_batch_size=1)
+        logits = model(ids, use_cache=True, logits_to_keep=keep, **{cache_kw: cache}).logits[0, :-1]
+        base = torch.log_softmax(logits.float(), dim=-1)
+        base_nll.append((-base.gather(1, targets[:, None])[:, 0]).numpy().astype(np.float64))
+        base_top = base.argmax(-1)
+        del cache, logits
+        model.set_attn_implementation(ATTN)
+        for i, run in enumerate(runs):
+            t1 = time.time()
+            S.kf, S.vf = run.kf, run.vf
+            logits = model(ids, use_cache=False, logits_to_keep=keep).logits[0, :-1]
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            kl = (base.exp() * (base - lp)).sum(-1).clamp_min(0).numpy().astype(np.float64)
+            acc[i]["kl"].append(kl)
+            acc[i]["nll"].append((-lp.gather(1, targets[:, None])[:, 0]).numpy().astype(np.float64))
+            acc[i]["same"] += int((lp.argmax(-1) == base_top).sum())
+            print(f"chunk {c + 1}/{n_chunks} {run.label}" + (f" layer {run.layer}" if run.layer is not None else "")
+                  + f": KL {kl.mean():.4g} ({time.time() - t1:.0f} s)", file=sys.stderr, flush=True)
+    base_ppl = math.exp(np.concatenate(base_nll).mean())
+    rows = []
+    for i, run in enumerate(runs):
+        kl = np.concatenate(acc[i]["kl"])
+        nll = np.concatenate(acc[i]["nll"])
+        kb, vb = run.bits()
+        rows.append({"pair": run.label, "layer": run.layer, "key_bits": kb, "value_bits": vb,
+                     "bits_per_value": (kb + vb) / 2, **kl_stats(kl),
+                     "kl_chunks": [float(x.mean()) for x in acc[i]["kl"]],
+                     "same_top": 100.0 * acc[i]["same"] / kl.size, "ppl_ratio": math.exp(nll.mean()) / base_ppl,
+                     "scored": int(kl.size), "chunks": [a.first_chunk + 1, a.first_chunk + n_chunks]})
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    print("| K/V | key bits | value bits | bits/value | KL mean ± se | per chunk | KL p99 | same top % | PPL ratio |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in rows:
+        ch = " / ".join(f"{x:.4g}" for x in r["kl_chunks"])
+        print(f"| {r['pair']} | {r['key_bits']:.4g} | {r['value_bits']:.4g} | {r['bits_per_value']:.4g} | "
+              f"{r['kl_mean']:.4g} ± {r['kl_mean_se']:.2g} | {ch} | {r['kl_p99']:.4g} | {r['same_top']:.2f} | "
+              f"{r['ppl_ratio']:.4f} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?")
@@ -461,92 +603,81 @@ def main(argv=None) -> int:
     ap.add_argument("--max-chunks", type=int, default=2)
     ap.add_argument("--first-chunk", type=int, default=0)
     ap.add_argument("--seed", type=lambda s: int(s, 0), default=KVQ_SEED)
-    ap.add_argument("--pairs", help="comma-separated KEY/VALUE pairs of this script's formats")
+    ap.add_argument("--pairs", default="", help="comma-separated KEY/VALUE pairs of this script's formats (or "
+                                                "per-layer lists 'P0;P1*3;...')")
+    ap.add_argument("--budget", help="comma-separated bits/value: allocate one key format of --budget-keys and "
+                                     "one value format of --budget-values per layer (kvq.model_eval."
+                                     "allocate_budget on per-layer KLs) and evaluate the allocation")
+    ap.add_argument("--budget-keys", help="comma-separated candidate key formats for --budget")
+    ap.add_argument("--budget-values", help="comma-separated candidate value formats for --budget")
+    ap.add_argument("--sensitivity-chunks", type=int, help="chunks of the per-layer runs (default --max-chunks)")
+    ap.add_argument("--sensitivity", help="JSON of an earlier --budget run: its per-layer rows, not measured again")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     if a.self_check:
         return 0 if self_check() else 1
     global S
-    from kvq import hf
     from kvq.cli import _model_path
-    from kvq.model_eval import kl_stats, load_model
+    from kvq.model_eval import allocate_budget, kl_stats, load_model
 
-    pairs = ["f32/f32"] + [p for p in a.pairs.split(",") if p]
-    fmts = []
-    for p in pairs:
-        kspec, vspec = p.split("/")
-        fmts.append((Format(kspec, "k"), Format(vspec, "v")))
     _register()
     t0 = time.time()
     model, tok = load_model(_model_path(a.model))
-    config = model.config
-    tc = config.get_text_config(decoder=True)
+    tc = model.config.get_text_config(decoder=True)
+    n = tc.num_hidden_layers
     S = Study(tc.head_dim, a.seed)
     print(f"model loaded in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    bos, ctx = tok.bos_token_id, a.ctx
-    body = ctx - 1
-    first = ctx // 2
-    keep = ctx - first
-    cache_kw = hf.cache_keyword(model)
     torch.set_grad_enabled(False)
     if a.calib:
+        body = a.ctx - 1
         ctoks = tok(open(a.calib, encoding="utf-8").read(), add_special_tokens=False)["input_ids"]
         model.set_attn_implementation(ATTN)
         S.record = True
         for c in range(a.calib_chunks):
-            model(torch.tensor([[bos] + ctoks[c * body:(c + 1) * body]]), use_cache=False, logits_to_keep=1)
+            model(torch.tensor([[tok.bos_token_id] + ctoks[c * body:(c + 1) * body]]), use_cache=False,
+                  logits_to_keep=1)
         S.record = False
     tokens = tok(open(a.text, encoding="utf-8").read(), add_special_tokens=False)["input_ids"]
-    n_chunks = min(len(tokens) // body - a.first_chunk, a.max_chunks)
-    acc = {i: {"kl": [], "nll": [], "same": 0} for i in range(len(pairs))}
-    base_nll = []
-    for c in range(n_chunks):
-        at = (a.first_chunk + c) * body
-        ids = torch.tensor([[bos] + tokens[at:at + body]])
-        targets = ids[0, first + 1:]
-        model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
-        cache = hf.KVQCache(config, "f32", "f32", max_batch_size=1)
-        logits = model(ids, use_cache=True, logits_to_keep=keep, **{cache_kw: cache}).logits[0, :-1]
-        base = torch.log_softmax(logits.float(), dim=-1)
-        base_nll.append((-base.gather(1, targets[:, None])[:, 0]).numpy().astype(np.float64))
-        base_top = base.argmax(-1)
-        del cache, logits
-        model.set_attn_implementation(ATTN)
-        for i, (kf, vf) in enumerate(fmts):
-            t1 = time.time()
-            S.kf, S.vf = kf, vf
-            logits = model(ids, use_cache=False, logits_to_keep=keep).logits[0, :-1]
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            kl = (base.exp() * (base - lp)).sum(-1).clamp_min(0).numpy().astype(np.float64)
-            acc[i]["kl"].append(kl)
-            acc[i]["nll"].append((-lp.gather(1, targets[:, None])[:, 0]).numpy().astype(np.float64))
-            acc[i]["same"] += int((lp.argmax(-1) == base_top).sum())
-            print(f"chunk {c + 1}/{n_chunks} {pairs[i]}: KL {kl.mean():.4g} ({time.time() - t1:.0f} s)",
-                  file=sys.stderr, flush=True)
-    base_ppl = math.exp(np.concatenate(base_nll).mean())
-    rows = []
-    for i, (kf, vf) in enumerate(fmts):
-        kl = np.concatenate(acc[i]["kl"])
-        nll = np.concatenate(acc[i]["nll"])
-        kb, vb = kf.bits(), vf.bits()
-        rows.append({"pair": ("fake " if i == 0 else "") + pairs[i], "key_bits": kb, "value_bits": vb,
-                     "bits_per_value": (kb + vb) / 2, **kl_stats(kl),
-                     "kl_chunks": [float(x.mean()) for x in acc[i]["kl"]],
-                     "same_top": 100.0 * acc[i]["same"] / kl.size, "ppl_ratio": math.exp(nll.mean()) / base_ppl,
-                     "scored": int(kl.size)})
-    print(f"ctx {ctx}, chunks {a.first_chunk + 1}..{a.first_chunk + n_chunks}, {rows[0]['scored']} scored tokens, "
-          f"seed {a.seed:#x}; KL against the kvq f32/f32 cache\n")
-    print("| K/V | key bits | value bits | bits/value | KL mean ± se | per chunk | KL p99 | same top % | PPL ratio |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
-    for r in rows:
-        ch = " / ".join(f"{x:.4g}" for x in r["kl_chunks"])
-        print(f"| {r['pair']} | {r['key_bits']:.3g} | {r['value_bits']:.3g} | {r['bits_per_value']:.4g} | "
-              f"{r['kl_mean']:.4g} ± {r['kl_mean_se']:.2g} | {ch} | {r['kl_p99']:.4g} | {r['same_top']:.2f} | "
-              f"{r['ppl_ratio']:.4f} |")
+    runs = [Run("fake f32/f32", ["f32/f32"] * n)] + [Run(p, layer_specs(p, n)) for p in a.pairs.split(",") if p]
+    sens, proposals = [], []
+    if a.budget:
+        keys = [p for p in a.budget_keys.split(",") if p]
+        vals = [p for p in a.budget_values.split(",") if p]
+        sides = [f"{k}/f32" for k in keys] + [f"f32/{v}" for v in vals]
+        if a.sensitivity:
+            sens = [r for r in json.load(open(a.sensitivity))["per_layer"] if r["pair"] in sides]
+        else:
+            srun = [Run(p, ["f32/f32"] * l + [p] + ["f32/f32"] * (n - l - 1), l) for p in sides for l in range(n)]
+            sa = argparse.Namespace(**vars(a))
+            sa.max_chunks = a.sensitivity_chunks or a.max_chunks
+            sens = evaluate(model, tok, srun, tokens, sa, kl_stats)
+        table = {(r["pair"], r["layer"]): r for r in sens}
+        # Candidates: every key format with every value format; the per-layer KL of a pair is its key's KL
+        # (values f32) plus its value's (keys f32) on that layer (the two add: docs/eval.md's table).
+        cands = [f"{k}/{v}" for k in keys for v in vals]
+        kl = [[table[f"{k}/f32", l]["kl_mean"] + table[f"f32/{v}", l]["kl_mean"] for k in keys for v in vals]
+              for l in range(n)]
+        bits = [[(Format(k, "k").bits() + Format(v, "v").bits()) / 2 for k in keys for v in vals] for _ in range(n)]
+        for b in (float(x) for x in a.budget.split(",")):
+            ch = allocate_budget(kl, bits, b)
+            spec = compact([cands[c] for c in ch])
+            proposals.append({"budget": b, "spec": spec, "kl_predicted": sum(kl[l][c] for l, c in enumerate(ch)),
+                              "bits_per_value": float(np.mean([bits[l][c] for l, c in enumerate(ch)]))})
+            print(f"budget {b}: {spec} (predicted KL {proposals[-1]['kl_predicted']:.4g})", file=sys.stderr)
+            runs.append(Run(spec, layer_specs(spec, n)))
+    rows = evaluate(model, tok, runs, tokens, a, kl_stats)
+    print(f"ctx {a.ctx}, chunks {rows[0]['chunks']}, {rows[0]['scored']} scored tokens, seed {a.seed:#x}, "
+          f"calibration {a.calib}; KL against the kvq f32/f32 cache\n")
+    print_rows(rows)
+    for p in proposals:
+        r = next(r for r in rows if r["pair"] == p["spec"])
+        p["kl_mean"], p["kl_mean_se"] = r["kl_mean"], r["kl_mean_se"]
+        print(f"\nbudget {p['budget']}: {p['spec']}\n  bits/value {p['bits_per_value']:.4g}, predicted KL "
+              f"{p['kl_predicted']:.4g}, measured {r['kl_mean']:.4g} ± {r['kl_mean_se']:.2g}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ctx": ctx, "first_chunk": a.first_chunk, "chunks": n_chunks, "seed": a.seed, "text": a.text,
-                       "calib": a.calib, "rows": rows}, f, indent=1)
+            json.dump({"ctx": a.ctx, "first_chunk": a.first_chunk, "seed": a.seed, "text": a.text, "calib": a.calib,
+                       "rows": rows, "per_layer": sens, "budget": proposals}, f, indent=1)
     return 0
 
 
