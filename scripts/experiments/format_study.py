@@ -30,7 +30,9 @@ A pair is 'KEY/VALUE', each a base format and modifiers joined by '+':
          fp16 minimum and step, B-bit codes; not with +rot/+center).
   +rot   kvq's seeded randomized Hadamard (its signs: SplitMix64 from kvq's default seed), before rounding
   +center (keys) kvq's centering: the fp16 mean per channel over the block's 32 tokens subtracted first, q·mean
-         added back exactly; +center64, +center128, +center256: the mean over 64, 128, 256 tokens
+         added back exactly; +center64, +center128, +center256: the mean over 64, 128, 256 tokens;
+         +ccenter64/128/256: the mean of the span's first 32 tokens, used for the whole span (causal: known when
+         the first block seals)
   +g64, +g128, +g256  one scale per 64, 128 or 256 values of a row instead of per 32
   +kn    (keys, KVarN-like) per block and channel, the fp16 RMS over the block's tokens (after centering)
          divides the channel before rotation and rounding, and multiplies it back (folded into the query)
@@ -266,7 +268,7 @@ def block_mean(x: torch.Tensor, tokens: int) -> torch.Tensor:
 class Format:
     """One side's format: base and modifiers (module docstring)."""
 
-    MODS = {"rot", "center", "center64", "center128", "center256", "g64", "g128", "g256", "kn", "qk", "qkw", "ks",
+    MODS = {"rot", "center", "center64", "center128", "center256", "ccenter64", "ccenter128", "ccenter256", "g64", "g128", "g256", "kn", "qk", "qkw", "ks",
             "wo", "fq"}
 
     def __init__(self, spec: str, side: str):
@@ -277,10 +279,11 @@ class Format:
             raise ValueError(f"{spec}: unknown modifiers {sorted(bad)}")
         if self.base not in ROW_BASE and not self.base.startswith("chan") and self.base not in ("f32", "f16"):
             raise ValueError(f"{spec}: unknown base {self.base}")
-        centers = [m for m in self.mods if m.startswith("center")]
+        centers = [m for m in self.mods if "center" in m]
         if len(centers) > 1:
             raise ValueError(f"{spec}: one centering at most")
-        self.center = (int(centers[0][6:]) if centers[0][6:] else BT) if centers else 0
+        self.causal = bool(centers) and centers[0].startswith("ccenter")  # +ccenterN: the span's first block's mean
+        self.center = (int(centers[0].split("center")[1] or BT)) if centers else 0
         groups = [int(m[1:]) for m in self.mods if m.startswith("g")]
         if len(groups) > 1:
             raise ValueError(f"{spec}: one group size at most")
@@ -346,7 +349,13 @@ def key_scores(layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return torch.einsum("qhd,thd->hqt", q, k.repeat_interleave(g, 1))
     m = None
     r = k
-    if f.center:
+    if f.center and f.causal:
+        # the mean of each span's first block of BT tokens, reused for the span's other blocks (what a cache
+        # sealing every BT tokens can know when it seals them)
+        t, h, d = k.shape
+        m = block_mean(k, BT).reshape(t // f.center, f.center, h, d)[:, :1].expand(t // f.center, f.center, h, d)
+        m = m.reshape(t, h, d)
+    elif f.center:
         m = block_mean(k, f.center)
         r = k - m
     s = None  # per-channel multiplier, (kv heads, d) static or (tokens, kv heads, d) per block
