@@ -9,6 +9,11 @@ emulates formats.
         --calib /usr/share/common-licenses/GPL-2 \
         --pairs 'q4_0+rot+center/q4_0,q4_0+rot+center+qk/lm4+rot+g256' --json build/eval/formats.json
     build/venv/bin/python scripts/experiments/format_study.py --self-check   # the quantizers, no model
+    # one key and one value format per layer within a budget (docs/eval.md has the candidates used):
+    build/venv/bin/python scripts/experiments/format_study.py gemma3-270m --text ... --calib ... \
+        --budget 3.5,4.5 --budget-keys K1,K2,... --budget-values V1,V2,... --sensitivity-chunks 1 --json out.json
+    # the same allocations on other chunks, another calibration text or another seed, without re-measuring:
+    ... --sensitivity out.json --first-chunk 2 --max-chunks 4
 
 It runs `kvq eval`'s prefill-mode evaluation (chunks of ctx tokens, BOS first, the second half scored, KL
 against the model on a kvq f32/f32 cache, as scripts/experiments/sink_tokens.py does) with its own attention
@@ -51,6 +56,11 @@ bits/value counts everything stored per value: base bits + 16/group (the fp16 sc
 and step), +center 16/32 (+center64 16/64), +kn 16/32. +qk, +ks and +wo are per-layer constants (256 fp16 per
 layer and kv head, 0.5 KiB a layer), counted as 0: they are calibrated once, not stored per token. Every
 layer counts alike (kvq's bits_per_value), so the mean bits/value is (key bits + value bits) / 2.
+
+--budget: the per-layer KL of each key format (values f32) and of each value format (keys f32) with only that
+layer quantized (--sensitivity-chunks chunks), a pair's per-layer KL taken as the sum of its key's and its
+value's, and kvq.model_eval.allocate_budget's exact choice of one pair per layer with mean bits/value <= the
+budget; the choice is then evaluated with the --pairs.
 
 Checks: --self-check tests the quantizers against kvq's own codecs on random rows (q8_0, q5_0, q4_0, iq4_nl,
 rotation), and the "fake f32/f32" row (no quantization through this attention function) is the plumbing's
@@ -357,6 +367,7 @@ def key_scores(layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         m = m.reshape(t, h, d)
     elif f.center:
         m = block_mean(k, f.center)
+    if m is not None:
         r = k - m
     s = None  # per-channel multiplier, (kv heads, d) static or (tokens, kv heads, d) per block
     if "qk" in f.mods:
