@@ -185,6 +185,17 @@ def load_model(spec: str | Path, dtype: str = "float32"):
     return model, tokenizer
 
 
+def _json_value(v):
+    """A cache keyword as the result's info records it: arrays (key_scales) as nested lists."""
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    return v
+
+
 def kl_stats(kl: np.ndarray) -> dict:
     """The statistics of per-token KL divergences that ``llama-perplexity --kl-divergence`` prints, computed as
     its tools/perplexity/perplexity.cpp does (llama.cpp as vendored in llama-cpp-python 0.3.36):
@@ -450,7 +461,7 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                           | {k: r[k] for k, _ in EvalResult.LAYER_COLUMNS[3:]})
     info = {"ctx": ctx, "chunks": n_chunks, "scored_tokens": int(base_row["scored"]), "tokens": n_chunks * ctx,
             "baseline": baseline, "model": getattr(config, "_name_or_path", "") or config.model_type,
-            "cache_config": {k: v for k, v in cache_config.items()}}
+            "cache_config": {k: _json_value(v) for k, v in cache_config.items()}}
     return EvalResult(rows, layer_rows, info)
 
 

@@ -275,6 +275,12 @@ def test_kvq_eval_command(tiny_dir, tmp_path, capsys):
     assert rc == 2 and "is a directory" in capsys.readouterr().err and list(plots.iterdir()) == []
     rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--output", str(tmp_path / "no" / "t.md")])
     assert rc == 1 and "no such directory" in capsys.readouterr().err
+    # key_scales (arrays) are recorded in the JSON as lists.
+    model, tok = model_eval.load_model(tiny_dir)
+    scales = {0: np.full((2, 32), 2.0, dtype=np.float32)}
+    r = kvq.eval_model(model, tok, text=(tiny_dir / "text.txt").read_text(), pairs=["q4_0/q4_0"], ctx=64, max_chunks=1,
+                       key_scales=scales)
+    assert json.loads(r.format("json"))["info"]["cache_config"]["key_scales"]["0"][1][5] == 2.0
     # --key-scales norms needs per-head query and key norms (Gemma 3, Qwen 3): a Llama has none.
     rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--key-scales", "norms", "--ctx", "64",
                    "--max-chunks", "1", "--no-progress"])
