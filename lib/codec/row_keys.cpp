@@ -58,7 +58,8 @@ void GroupedKeys::write_rows(const float* k, size_t row, size_t n, const KeyHead
 }
 
 void GroupedKeys::read_rows(const ConstKeyHead& head, size_t lo, size_t n, float* out) const {
-    std::vector<uint8_t> row(row_bytes());
+    thread_local std::vector<uint8_t> row;  // the read-back is called row by row (the double fallback)
+    row.resize(row_bytes());
     for (size_t r = lo; r < lo + n; ++r) {
         row_from_group(head.rows + r / kGroupRows * group_bytes(nb_), nb_, r % kGroupRows, row.data());
         impl_->dequantize_rows(row.data(), row_bytes(), 1, out + (r - lo) * head_dim());
