@@ -280,14 +280,34 @@ def _model_path(spec: str) -> str:
     return spec
 
 
+def _calibrated_scales(model, tokenizer, calib_text: str, args):
+    """--key-scales calib: the moments of one prefill of the calibration text's first --ctx tokens."""
+    import torch
+
+    from . import hf
+
+    ids = tokenizer(calib_text, add_special_tokens=False)["input_ids"]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    ids = ([bos] if bos is not None else []) + list(ids)
+    ids = ids[:args.ctx]
+    if len(ids) < args.block_tokens:
+        raise ValueError(f"--calib-text {args.calib_text}: {len(ids)} tokens, fewer than one block of {args.block_tokens}")
+    moments = hf.key_moments(model, torch.tensor(ids), block_tokens=args.block_tokens)
+    return hf.KeyScalesByFormat(moments, f"calibrated on {len(ids)} tokens of {args.calib_text}")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     try:
         from . import model_eval
     except ImportError as e:
         raise ValueError(f"kvq eval needs torch and transformers ({e}): pip install '.[hf]' (distribution kvq-cache)") from e
     budget_pairs = _pairs(args.budget_pairs)
-    if not args.budget and (budget_pairs or args.sensitivity or args.sensitivity_chunks):
-        raise ValueError("--budget-pairs, --sensitivity and --sensitivity-chunks go with --budget")
+    budget_keys, budget_values = _pairs(args.budget_keys), _pairs(args.budget_values)
+    if not args.budget and (budget_pairs or args.sensitivity or args.sensitivity_chunks or budget_keys or budget_values):
+        raise ValueError("--budget-pairs, --budget-keys, --budget-values, --sensitivity and --sensitivity-chunks go "
+                         "with --budget")
+    if (budget_keys is None) != (budget_values is None) or (budget_keys and budget_pairs):
+        raise ValueError("--budget-keys and --budget-values go together, instead of --budget-pairs")
     if args.sensitivity and args.sensitivity_chunks:
         raise ValueError("--sensitivity gives the per-layer KLs, --sensitivity-chunks measures them: not both")
     pairs = _pairs(args.pairs) or (None if args.budget else list(model_eval.DEFAULT_EVAL_PAIRS))
@@ -303,6 +323,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ValueError(f"--sensitivity {args.sensitivity}: no per-layer rows")
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
+    if (args.key_scales == "calib") != (args.calib_text is not None):
+        raise ValueError("--key-scales calib and --calib-text FILE go together (the prompt the scales are measured on)")
+    calib_text = None
+    if args.calib_text is not None:
+        with open(args.calib_text, encoding="utf-8") as f:
+            calib_text = f.read()
     if args.plot and not (args.per_layer or args.budget):
         raise ValueError("--plot draws the per-layer KL: give --per-layer (or --budget) too")
     if args.plot:  # before the model loads and the evaluation runs
@@ -327,10 +353,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from . import hf
 
         cache_config["key_scales"] = hf.key_scales_from_norms(model)
+    elif args.key_scales == "calib":
+        cache_config["key_scales"] = _calibrated_scales(model, tokenizer, calib_text, args)
     result = model_eval.eval_model(
         model, tokenizer, text=text, pairs=pairs, ctx=args.ctx, max_chunks=args.max_chunks, baseline=args.baseline,
         per_layer=args.per_layer, per_layer_pairs=_pairs(args.per_layer_pairs), budget=args.budget,
-        budget_pairs=budget_pairs, sensitivity=sensitivity, sensitivity_chunks=args.sensitivity_chunks,
+        budget_pairs=budget_pairs, budget_keys=budget_keys, budget_values=budget_values, sensitivity=sensitivity, sensitivity_chunks=args.sensitivity_chunks,
         progress=ProgressBar("kvq eval", "pass") if show_progress else None, **cache_config)
     result.info["model"] = args.model
     result.info["text"] = args.text
@@ -412,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "per-layer KL of --budget-pairs, and evaluate it; may be repeated")
     e.add_argument("--budget-pairs", action="append", metavar="K/V,...",
                    help="candidates of --budget (default: " + ",".join(_budget_pairs()) + ")")
+    e.add_argument("--budget-keys", action="append", metavar="K,...", help="--budget: candidate key codecs, each "
+                   "paired with every --budget-values codec; measured per layer as K/f32 and f32/V, a pair's KL "
+                   "the sum of its sides' (instead of --budget-pairs)")
+    e.add_argument("--budget-values", action="append", metavar="V,...", help="--budget: candidate value codecs "
+                   "(with --budget-keys)")
     e.add_argument("--sensitivity", metavar="FILE.json", help="--budget: the per-layer KLs from an earlier "
                    "kvq eval --per-layer (or --budget) --format json, instead of measuring them")
     e.add_argument("--sensitivity-chunks", type=_positive, metavar="N", help="--budget: measure the per-layer KLs on this "
@@ -426,10 +459,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--exact-tail", type=_bounded(0, _core.MAX_EXACT_TAIL_TOKENS, "a token count"), default=0, metavar="N",
                    help="keep the most recent N tokens of every layer exact in every cache (kvq.KVCache "
                    "exact_tail_tokens; counted in bits/value over --ctx; default 0)")
-    e.add_argument("--key-scales", choices=["none", "norms"], default="none",
-                   help="norms: store every layer's keys as k * s and attend with q / s, s from the model's q_norm "
-                   "and k_norm gains (kvq.hf.key_scales_from_norms: the keys' rounding error goes where the queries "
-                   "look less); every cache, the baseline's too (same scores); default none")
+    e.add_argument("--key-scales", choices=["none", "norms", "calib"], default="none",
+                   help="store every layer's keys as k * s and attend with q / s (the keys' rounding error goes where "
+                   "the queries look less; every cache, the baseline's too: same scores); s from the model's q_norm "
+                   "and k_norm gains (norms: kvq.hf.key_scales_from_norms) or s = (E[q^2] / E[k^2])^(1/4) measured on "
+                   "--calib-text (calib: kvq.hf.key_moments; per layer from centered keys where its key spec has "
+                   "+center); default none")
+    e.add_argument("--calib-text", metavar="FILE", help="the calibration prompt of --key-scales calib: its first "
+                   "--ctx tokens (BOS included), one prefill; use a text other than --text")
     e.add_argument("--format", choices=formats, default="markdown")
     e.add_argument("--output", metavar="FILE", help="write the table(s) to FILE instead of stdout")
     e.add_argument("--progress", dest="progress", action="store_true", default=None, help="progress bar on stderr (default: when a terminal)")

@@ -128,6 +128,27 @@ def propose_budget(per_layer: Sequence[dict], budget: float, pairs: Sequence[str
             "kl_predicted": sum(r["kl_predicted"] for r in out), "candidates": cands, "layers": out}
 
 
+def side_pair_rows(per_layer: Sequence[dict], keys: Sequence[str], values: Sequence[str]) -> list[dict]:
+    """Per-layer rows of every pair K/V from the per-layer rows of its sides, K/f32 (keys quantized, values
+    exact) and f32/V: KL the sum of the two sides' (the KLs of a pair's sides add up: docs/eval.md measured
+    pairs within ~7% of the sum), bits the mean of K's key bits and V's value bits (a side row's other half
+    is f32's 32 bits). What ``--budget-keys``/``--budget-values`` choose from: n + m per-layer runs for
+    n·m candidate pairs."""
+    table = {(r["pair"], int(r["layer"])): r for r in per_layer}
+    layers = sorted({l for _, l in table})
+    out = []
+    for k in keys:
+        for v in values:
+            for l in layers:
+                rk, rv = table.get((f"{k}/f32", l)), table.get((f"f32/{v}", l))
+                if rk is None or rv is None:
+                    raise ValueError(f"side_pair_rows: no per-layer row of {k}/f32 or f32/{v} for layer {l}")
+                kb, vb = 2 * float(rk["bits_per_value"]) - 32, 2 * float(rv["bits_per_value"]) - 32
+                out.append({"pair": f"{k}/{v}", "layer": l, "window": rk["window"], "bits_per_value": (kb + vb) / 2,
+                            "kl_mean": float(rk["kl_mean"]) + float(rv["kl_mean"])})
+    return out
+
+
 @contextlib.contextmanager
 def _one_gguf_parse():
     """Within the block, every gguf.GGUFReader of one file is the same object. transformers parses a GGUF
@@ -189,6 +210,8 @@ def _json_value(v):
     """A cache keyword as the result's info records it: arrays (key_scales) as nested lists."""
     if isinstance(v, np.ndarray):
         return v.tolist()
+    if callable(v):  # key_scales chosen per key format (kvq eval --key-scales calib): what it was made from
+        return getattr(v, "description", repr(v))
     if isinstance(v, dict):
         return {str(k): _json_value(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -340,6 +363,7 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
                pairs: Sequence[str] | None = None, ctx: int = 1024, max_chunks: int | None = None,
                baseline: str = "f32/f32", per_layer: bool = False, per_layer_pairs: Sequence[str] | None = None,
                budget: float | Sequence[float] | None = None, budget_pairs: Sequence[str] | None = None,
+               budget_keys: Sequence[str] | None = None, budget_values: Sequence[str] | None = None,
                sensitivity: Sequence[dict] | None = None, sensitivity_chunks: int | None = None,
                progress: Callable[[int, int], None] | None = None, **cache_config) -> EvalResult:
     """Perplexity, KL statistics against the baseline, same-top-token % and bits per value per K/V pair (see
@@ -351,13 +375,19 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
     DEFAULT_BUDGET_PAIRS) and evaluate them after ``pairs`` (default: the candidates, as uniform pairs). The
     sensitivity is measured first (per-layer runs of the candidates on ``sensitivity_chunks`` chunks, default
     ``max_chunks``; they become ``per_layer`` of the result, followed by those of ``per_layer_pairs`` if
-    given) unless ``sensitivity`` gives per-layer rows."""
+    given) unless ``sensitivity`` gives per-layer rows. ``budget_keys`` and ``budget_values`` (instead of
+    ``budget_pairs``): the candidates are every key codec with every value codec, measured per layer as
+    K/f32 and f32/V (n + m runs per layer for n·m pairs; ``side_pair_rows``); ``pairs`` then defaults to
+    none (only the proposals are evaluated)."""
     if (text is None) == (tokens is None):
         raise ValueError("eval_model: give text (with a tokenizer) or tokens")
+    if (budget_keys is None) != (budget_values is None) or (budget_keys is not None and budget is None):
+        raise ValueError("eval_model: budget_keys and budget_values go together, with a budget")
     if budget is not None:
+        sides = None if budget_keys is None else (list(budget_keys), list(budget_values))
         return _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baseline, per_layer,
                             per_layer_pairs, budget, budget_pairs, sensitivity, sensitivity_chunks, progress,
-                            cache_config)
+                            cache_config, budget_sides=sides)
     import torch
 
     from . import hf
@@ -401,7 +431,11 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
         per = on_layer[pair] if pair in on_layer else layer_pairs(pair, windows)
         layer_codecs = {l: p for l, p in enumerate(per) if p != per[0]} | (layer_codecs or {})
         k, v = hf._pair(per[0])
-        cache = hf.KVQCache(config, k, v, max_batch_size=1, layer_codecs=layer_codecs, **cache_config)
+        kw = dict(cache_config)
+        if callable(kw.get("key_scales")):  # scales chosen per layer by its key format (centered or not)
+            keys = [hf._pair(layer_codecs.get(l, per[0]))[0] for l in range(n_layers)]
+            kw["key_scales"] = kw["key_scales"](keys)
+        cache = hf.KVQCache(config, k, v, max_batch_size=1, layer_codecs=layer_codecs, **kw)
         t0 = time.perf_counter()
         logits = model(ids, use_cache=True, logits_to_keep=keep, **{cache_kw: cache}).logits[0, :-1]
         return logits, time.perf_counter() - t0, cache
@@ -476,13 +510,29 @@ class _Phase:
 
 
 def _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baseline, per_layer, per_layer_pairs,
-                 budget, budget_pairs, sensitivity, sensitivity_chunks, progress, cache_config) -> EvalResult:
+                 budget, budget_pairs, sensitivity, sensitivity_chunks, progress, cache_config,
+                 budget_sides=None) -> EvalResult:
     """eval_model with a budget: the sensitivity (measured, or given), a proposal per budget, and one
-    evaluation of the pairs and the proposals."""
+    evaluation of the pairs and the proposals. ``budget_sides`` = (keys, values): the candidates are every
+    K/V, measured as their sides K/f32 and f32/V (side_pair_rows)."""
     budgets = [float(budget)] if isinstance(budget, (int, float)) else [float(b) for b in budget]
     if not budgets or any(not math.isfinite(b) or b <= 0 for b in budgets):
         raise ValueError(f"eval_model: a budget is a positive number of bits per value, got {budget!r}")
     cands = list(budget_pairs) if budget_pairs is not None else None
+    sides = None
+    if budget_sides is not None:
+        if cands is not None:
+            raise ValueError("eval_model: budget_pairs or budget_keys/budget_values, not both")
+        keys, values = (list(dict.fromkeys(x)) for x in budget_sides)
+        if not keys or not values:
+            raise ValueError("eval_model: budget_keys and budget_values go together, each with at least one codec")
+        for x in keys + values:
+            if any(c in x for c in "/|;*"):
+                raise ValueError(f"eval_model: a budget key or value is one codec, not a pair: {x!r}")
+        sides = [f"{k}/f32" for k in keys] + [f"f32/{v}" for v in values]
+        cands = sides
+        if pairs is None:
+            pairs = []
     for p in cands or []:
         check_spec(p)
     tokens = _token_ids(tokenizer, text, tokens)
@@ -509,7 +559,12 @@ def _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baselin
                            per_layer=True, per_layer_pairs=cands,
                            progress=_Phase(progress, 0, n1 + n2) if progress else None, **kw)
         sens = first.per_layer
-    proposals = [propose_budget(sens, b, cands, n_layers) for b in budgets]
+    if sides is not None:  # the candidates are the pairs of the measured sides
+        cands = [f"{k}/{v}" for k in keys for v in values]
+        sens_pairs = side_pair_rows(sens, keys, values)
+    else:
+        sens_pairs = sens
+    proposals = [propose_budget(sens_pairs, b, cands, n_layers) for b in budgets]
     run_pairs = list(dict.fromkeys(pairs + [p["spec"] for p in proposals]))
     result = eval_model(model, tokenizer, tokens=tokens, pairs=run_pairs, max_chunks=max_chunks,
                         per_layer=more_layers, per_layer_pairs=per_layer_pairs,

@@ -130,3 +130,24 @@ def test_per_layer_spec_round_trip():
 def test_per_layer_spec_errors(spec, match):
     with pytest.raises(ValueError, match=match):
         _pairs.layer_pairs(spec, [0, 4, 4])
+
+
+def test_side_pair_rows_add_the_sides():
+    # Keys a (4.5 bits) and b (8.5), values x (4.5) and y (3.5), on 2 layers: a pair's KL the sum of its
+    # sides', its bits the mean of the key's and the value's (each side row counts the other half as f32).
+    side = {("a/f32", 0): (18.25, 0.2), ("a/f32", 1): (18.25, 0.3), ("b/f32", 0): (20.25, 0.01),
+            ("b/f32", 1): (20.25, 0.02), ("f32/x", 0): (18.25, 0.05), ("f32/x", 1): (18.25, 0.04),
+            ("f32/y", 0): (17.75, 0.1), ("f32/y", 1): (17.75, 0.3)}
+    per_layer = [{"pair": p, "layer": l, "window": "full", "bits_per_value": b, "kl_mean": k}
+                 for (p, l), (b, k) in side.items()]
+    got = {(r["pair"], r["layer"]): (r["bits_per_value"], r["kl_mean"])
+           for r in model_eval.side_pair_rows(per_layer, ["a", "b"], ["x", "y"])}
+    assert set(got) == {(p, l) for p in ("a/x", "a/y", "b/x", "b/y") for l in (0, 1)}
+    assert got["a/y", 1] == pytest.approx((4.0, 0.6)) and got["b/x", 0] == pytest.approx((6.5, 0.06))
+    p = model_eval.propose_budget(model_eval.side_pair_rows(per_layer, ["a", "b"], ["x", "y"]), 5.0)
+    # 10 bits over 2 layers: the least summed KL of the pairs within them (a/x on both, 0.59).
+    best = min(((c0, c1) for c0 in got for c1 in got if c0[1] == 0 and c1[1] == 1
+                and got[c0][0] + got[c1][0] <= 10), key=lambda c: got[c[0]][1] + got[c[1]][1])
+    assert p["spec"] == model_eval.format_layer_pairs([best[0][0], best[1][0]])
+    with pytest.raises(ValueError, match="no per-layer row of c/f32"):
+        model_eval.side_pair_rows(per_layer, ["c"], ["x"])

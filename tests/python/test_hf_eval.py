@@ -237,6 +237,37 @@ def test_eval_budget_proposes_and_evaluates_per_layer_pairs(loaded, tiny_dir):
         kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, pairs=["q8_0/q4_0;q4_0/q4_0"])
 
 
+def test_eval_budget_over_key_and_value_sides(loaded, tiny_dir, tmp_path):
+    model, tok = loaded
+    text = (tiny_dir / "text.txt").read_text()
+    keys, values = ["q4_0", "q8_0"], ["q4_0", "q8_0"]
+    r = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=6.5, budget_keys=keys, budget_values=values)
+    # Measured: the sides, one layer at a time; proposed: from the pairs the sides make.
+    assert [(x["pair"], x["layer"]) for x in r.per_layer] == [(p, l) for p in ["q4_0/f32", "q8_0/f32", "f32/q4_0",
+                                                                                "f32/q8_0"] for l in range(3)]
+    kl = {(x["pair"], x["layer"]): x["kl_mean"] for x in r.per_layer}
+    prop = r.budget[0]
+    assert prop["candidates"] == ["q4_0/q4_0", "q4_0/q8_0", "q8_0/q4_0", "q8_0/q8_0"]
+    bits = {"q4_0": 4.5, "q8_0": 8.5}
+    best = min(itertools.product(itertools.product(keys, values), repeat=3),
+               key=lambda c: (sum(kl[f"{k}/f32", l] + kl[f"f32/{v}", l] for l, (k, v) in enumerate(c))
+                              if sum(bits[k] + bits[v] for k, v in c) <= 6 * 6.5 else 1e9))
+    assert [x["pair"] for x in prop["layers"]] == [f"{k}/{v}" for k, v in best]
+    assert [x["pair"] for x in r.rows] == ["f32/f32 (baseline)", prop["spec"]]  # only the proposal is evaluated
+    assert r.rows[1]["bits_per_value"] <= 6.5
+    with pytest.raises(ValueError, match="go together"):
+        kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=6.5, budget_keys=keys)
+    with pytest.raises(ValueError, match="not both"):
+        kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=6.5, budget_keys=keys,
+                       budget_values=values, budget_pairs=["q8_0/q4_0"])
+    with pytest.raises(ValueError, match="one codec, not a pair"):
+        kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=6.5, budget_keys=["q8_0/q4_0"],
+                       budget_values=values)
+    rc = cli.main(["eval", str(tiny_dir), "--text", str(tiny_dir / "text.txt"), "--ctx", "64", "--budget", "6.5",
+                   "--budget-keys", "q4_0", "--no-progress"])
+    assert rc == 2
+
+
 def test_eval_rejects_bad_arguments(loaded):
     model, tok = loaded
     with pytest.raises(ValueError, match="KEY/VALUE"):

@@ -51,7 +51,9 @@ Layout: _config.py reads the model (layer shapes, windows, scale, the cache keyw
 per-layer bookkeeping, _tensors.py what crosses the torch boundary (device and dtype checks, the attention
 mask read as real tokens), _cache.py the Cache class, _attention.py the attention function and _generate.py
 generate()'s default cache, _scales.py key channel weights from the model's q_norm and k_norm
-(``KVQCache(key_scales=key_scales_from_norms(model))``: keys stored as k ⊙ s, queries attend as q ⊘ s).
+(``KVQCache(key_scales=key_scales_from_norms(model))``: keys stored as k ⊙ s, queries attend as q ⊘ s) and
+_calibrate.py the same weights from one prefill of a calibration prompt
+(``KVQCache(key_scales=calibrate_key_scales(model, ids, centered=True))``: s_j = (E[q_j²] / E[k_j²])^¼).
 """
 
 from __future__ import annotations
@@ -72,10 +74,12 @@ from ._attention import ATTN_IMPLEMENTATION, kvq_attention, register as _registe
 from ._cache import KVQCache
 from ._config import _layer_windows, _pair, cache_keyword, split_key_spec  # the first two for kvq.model_eval
 from ._generate import CACHE_IMPLEMENTATION, default_cache, install as _install_generate
+from ._calibrate import KeyMoments, KeyScalesByFormat, calibrate_key_scales, key_moments
 from ._scales import key_scales_from_norms
 
-__all__ = ["ATTN_IMPLEMENTATION", "CACHE_IMPLEMENTATION", "KVQCache", "cache_keyword", "default_cache",
-           "key_scales_from_norms", "kvq_attention", "split_key_spec"]
+__all__ = ["ATTN_IMPLEMENTATION", "CACHE_IMPLEMENTATION", "KVQCache", "KeyMoments", "KeyScalesByFormat",
+           "cache_keyword", "calibrate_key_scales", "default_cache", "key_moments", "key_scales_from_norms",
+           "kvq_attention", "split_key_spec"]
 
 _register()
 _install_generate()
