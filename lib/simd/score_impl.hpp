@@ -435,7 +435,7 @@ struct Q8_0Rows16 {
 
 // BlockKernels::score of layout L: rows in chunks, queries in groups of up to kScoreGroup; each pass tries
 // First (above), then the generic kernels: score_group4 for four queries (the block loop unrolled for
-// d = 128 where L is q8_0), score_group for fewer.
+// d = 128 where L is q8_0 or iq4_nl), score_group for fewer.
 template <class A, class L, class First = NoFirst>
 struct ScoreBlocks {
     template <int G>
@@ -450,7 +450,7 @@ struct ScoreBlocks {
             }
             if (First::template run<G>(p, rows, row_stride, n_rows, nb, out)) return;
             if constexpr (G == 4) {
-                if constexpr (std::is_same_v<L, LayoutQ8_0>) {  // an unrolled copy of the same kernel
+                if constexpr (std::is_same_v<L, LayoutQ8_0> || std::is_same_v<L, LayoutIQ4_NL>) {  // an unrolled copy of the same kernel
                     if (nb == 4) return score_group4<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
                 }
                 if (nb <= kMaxGroupBlocks) return score_group4<A, L>(p, rows, row_stride, n_rows, nb, out);
