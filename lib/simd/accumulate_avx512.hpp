@@ -39,10 +39,10 @@ template <class Block>
 __attribute__((always_inline)) inline void block_codes512(const uint8_t* qs, __m512* v) {
     if constexpr (kNibbleBlock<Block>) {
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+        static_assert(detail::kIQ4NLValues[0] == -127 && detail::kIQ4NLValues[15] == 113);  // the table below
         const __m512 table = std::is_same_v<Block, detail::BlockQ4_0>
                                  ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
-                                 : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::kIQ4NLValues))));
+                                 : _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
         v[0] = _mm512_permutexvar_ps(b, table);
         v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
     } else {

@@ -75,7 +75,7 @@ detail::LevelKernels make() {
     // specification (its least-squares scale sums 32 products in order; its bytes depend on that order).
     k.set<Op::dequantize>(C::iq4_nl, dequantize_blocks<A, LayoutIQ4_NL>, "dequantize_blocks<iq4_nl>");
     k.set<Op::prepare_query>(C::iq4_nl, prepare_query_q8<A>, "prepare_query_q8");
-    k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL>::score, "score_blocks<iq4_nl>");
+    k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL, Rows16<detail::BlockIQ4_NL>>::score, "score_blocks<iq4_nl,Rows16>");
     k.set<Op::accumulate>(C::iq4_nl, accumulate_sym_avx512<detail::BlockIQ4_NL>, "accumulate_sym_avx512<iq4_nl>");
     // polar and turbo: the 256-bit kernels (rotated_avx2.hpp)
     k.set<K::turbo_score>(avx2::turbo_score, "turbo_score_avx2");
