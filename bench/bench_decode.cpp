@@ -39,7 +39,9 @@ constexpr CodecPair kPairs[] = {{"f16", "f16"},   {"f32", "f32"},       {"q8_0",
                                 {"q8_0", "q4_0", "q4_0-i8w", true},
                                 // Block-level key formats (lib/codec/key_formats.hpp): side data per block.
                                 {"q4_0+rot", "q4_0", nullptr, false, true}, {"chan4", "q4_0"},
-                                {"q4_0+rot+sink1", "q4_0", nullptr, false, true}};
+                                {"q4_0+rot+sink1", "q4_0", nullptr, false, true},
+                                // iq4_nl (ggml's non-uniform 4-bit levels) as keys and as values.
+                                {"iq4_nl", "iq4_nl"}, {"q8_0", "iq4_nl"}};
 constexpr size_t kContexts[] = {size_t(128) << 10, size_t(32) << 10, size_t(4) << 10};  // longest first
 constexpr int kThreads[] = {1, 2};
 constexpr int kKvHeads = 8, kHeads = 32, kHeadDim = 128;

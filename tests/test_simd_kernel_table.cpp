@@ -87,8 +87,14 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
         const auto* k = find(table, l, codec, op);
         return k ? k->kernel : std::string("(none)");
     };
-    // iq4_nl has no SIMD kernels: the specification at every level.
-    for (SimdLevel level : kvq::available_simd_levels()) CHECK(kernel(level, "iq4_nl", "score") == "spec");
+    // iq4_nl: the int8 kernels through its layout at every SIMD level; its quantize is the specification's.
+    for (SimdLevel level : kvq::available_simd_levels()) {
+        CAPTURE(kvq::simd_level_name(level));
+        CHECK(kernel(level, "iq4_nl", "quantize") == "spec");
+        // (avx512's VNNI build: score_blocks<iq4_nl,Rows16>, 16 rows per register)
+        CHECK(kernel(level, "iq4_nl", "score").rfind(level == SimdLevel::scalar ? "spec" : "score_blocks<iq4_nl", 0) == 0);
+        CHECK(kernel(level, "iq4_nl", "dequantize") == (level == SimdLevel::scalar ? "spec" : "dequantize_blocks<iq4_nl>"));
+    }
     const auto levels = kvq::available_simd_levels();
     auto has = [&](SimdLevel l) { return std::find(levels.begin(), levels.end(), l) != levels.end(); };
     if (has(SimdLevel::avx2)) {
@@ -96,12 +102,17 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
         CHECK(kernel(SimdLevel::avx2, "q4_0", "accumulate_grid") == "accumulate_grid_q4_0_avx2");
         CHECK(kernel(SimdLevel::avx2, "q4_0", "score") == "score_blocks<q4_0,Q4_0Pairs>");
         CHECK(kernel(SimdLevel::avx2, "q8_0", "score_groups") == "(none)");
+        CHECK(kernel(SimdLevel::avx2, "iq4_nl", "accumulate") == "accumulate_sym_avx2<iq4_nl>");
     }
     if (has(SimdLevel::avx512)) {
         CHECK(kernel(SimdLevel::avx512, "q4_0", "accumulate") == "accumulate_sym_avx512<q4_0>");
         CHECK(kernel(SimdLevel::avx512, "chanB", "score") == "channel_score_avx512");
+        CHECK(kernel(SimdLevel::avx512, "iq4_nl", "accumulate") == "accumulate_sym_avx512<iq4_nl>");
     }
-    if (has(SimdLevel::sse2)) CHECK(kernel(SimdLevel::sse2, "q4_0", "accumulate") == "accumulate_scaled<q4_0>");
+    if (has(SimdLevel::sse2)) {
+        CHECK(kernel(SimdLevel::sse2, "q4_0", "accumulate") == "accumulate_scaled<q4_0>");
+        CHECK(kernel(SimdLevel::sse2, "iq4_nl", "accumulate") == "accumulate_scaled<iq4_nl>");
+    }
     const std::string text = kvq::format_simd_kernel_table(table);
     MESSAGE(text);
     CHECK(text.rfind("codec", 0) == 0);

@@ -122,7 +122,10 @@ TEST_CASE("every fp16 scale (all 65536 bit patterns) dequantizes to the same bit
 TEST_CASE("every SIMD level accumulates symmetric block codes as the scalar specification, every group and chunk") {
     for (auto level : simd_levels()) {
         for (const auto& c : block_codecs()) {
-            if (c.codec != BlockCodec::q8_0 && c.codec != BlockCodec::q4_0 && c.codec != BlockCodec::q5_0) continue;
+            if (c.codec != BlockCodec::q8_0 && c.codec != BlockCodec::q4_0 && c.codec != BlockCodec::q5_0 &&
+                c.codec != BlockCodec::iq4_nl) {
+                continue;
+            }
             const BlockKernels& ref = kvq::detail::scalar_kernels(c.codec);
             const BlockKernels& simd = *kvq::detail::level_kernels(c.codec, level);
             for (int n : {32, 96, 128, 160, 256}) {

@@ -1,5 +1,5 @@
-// AVX2 accumulate for the symmetric block codecs of values, q8_0 and q4_0: acc[i][:] += w[i][r]·row_r for
-// up to four queries. Included by kernels_impl.hpp in files compiled with AVX2 (level_avx2.cpp uses it).
+// AVX2 accumulate for the symmetric block codecs of values, q8_0, q4_0 and iq4_nl: acc[i][:] += w[i][r]·row_r
+// for up to four queries. Included by kernels_impl.hpp in files compiled with AVX2 (level_avx2.cpp uses it).
 //
 // Why its own kernel: with four queries, every value takes 4 FMAs (two ports), so whatever else the
 // loop issues per value competes with them. Here each value costs at most 4 more vector operations:
@@ -9,6 +9,8 @@
 //   - q4_0 codes: 8 code bytes zero-extended to 32-bit lanes in one instruction; a mask gives the low
 //     nibbles (columns c..c+7), a shift the high ones (c+16..c+23); converted, minus 8. Three integer
 //     operations per 16 values (an earlier per-lane variable-shift decode took eight).
+//   - iq4_nl codes: 8 code bytes, masked and shifted into nibbles, each looked up in the 16 levels by a
+//     pshufb, sign-extended and converted (q4_0's columns).
 // Results equal the scalar specification to float rounding (the product w·d is rounded once, where
 // the specification rounds d·q; the codes themselves are exact).
 #pragma once
@@ -119,6 +121,25 @@ struct CodesQ4_0 {
     }
 };
 
+// iq4_nl, tile T of a block: q4_0's columns (code bytes 8T..8T+7: low nibbles c..c+7, high c+16..c+23),
+// each nibble looked up in the 16 levels by one pshufb per 8 codes, then sign-extended. The levels
+// (-127..113) are exact as floats.
+struct CodesIQ4_NL : CodesQ4_0 {
+    static void load(const uint8_t* qs, __m256* v) {
+        const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::kIQ4NLValues));
+        const __m128i t = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs));
+        const __m128i m = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(t, m));
+        const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(t, 4), m));
+        v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    }
+};
+
+// Blocks of 16 nibble bytes (q4_0, iq4_nl): tiles of 8 bytes, columns c..c+7 and c+16..c+23.
+template <class Block>
+inline constexpr bool kNibbleBlock = std::is_same_v<Block, detail::BlockQ4_0> || std::is_same_v<Block, detail::BlockIQ4_NL>;
+
 template <class Block, class Codes, int G>
 void sym_pass(const float* w, size_t w_stride, const uint8_t* rows, size_t row_stride, size_t n_rows, int64_t nb,
               float* const* acc) {
@@ -131,7 +152,7 @@ void sym_pass(const float* w, size_t w_stride, const uint8_t* rows, size_t row_s
             const uint8_t* qs = rows + t * sizeof(Block) + offsetof(Block, qs);
             const float* wt = wd + tt * kSymRowChunk * 4;
             const int col = static_cast<int>(t * detail::kQK);
-            if constexpr (std::is_same_v<Block, detail::BlockQ4_0>) {
+            if constexpr (kNibbleBlock<Block>) {
                 sym_tile<Codes, G>(wt, qs, row_stride, n_rows, acc, col);
                 sym_tile<Codes, G>(wt, qs + 8, row_stride, n_rows, acc, col + 8);
             } else {

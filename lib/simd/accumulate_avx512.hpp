@@ -1,4 +1,4 @@
-// AVX-512 accumulate for the symmetric block codecs of values, q8_0 and q4_0: acc[i][:] += w[i][r]·row_r
+// AVX-512 accumulate for the symmetric block codecs of values, q8_0, q4_0 and iq4_nl: acc[i][:] += w[i][r]·row_r
 // for up to four queries, a whole 32-value block per pair of zmm registers. Included by kernels_impl.hpp
 // in files compiled with AVX-512 F (level_avx512.cpp), where it replaces accumulate_avx2.hpp's kernel.
 //
@@ -33,14 +33,18 @@ namespace {
 
 // The 32 codes of block t of a row as floats (lanes 0..15: columns 0..15, 16..31). q4_0: vpermps reads
 // only an index's low 4 bits, so one permute of the table c − 8 turns the zero-extended code bytes into
-// the low nibbles' values and one more, after a shift, the high ones' (exact, as cvt(c) − 8 is).
+// the low nibbles' values and one more, after a shift, the high ones' (exact, as cvt(c) − 8 is). iq4_nl:
+// the same with the table of its 16 levels as floats (exact).
 template <class Block>
 __attribute__((always_inline)) inline void block_codes512(const uint8_t* qs, __m512* v) {
-    if constexpr (std::is_same_v<Block, detail::BlockQ4_0>) {
+    if constexpr (kNibbleBlock<Block>) {
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-        const __m512 minus8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-        v[0] = _mm512_permutexvar_ps(b, minus8);
-        v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), minus8);
+        static_assert(detail::kIQ4NLValues[0] == -127 && detail::kIQ4NLValues[15] == 113);  // the table below
+        const __m512 table = std::is_same_v<Block, detail::BlockQ4_0>
+                                 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                                 : _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        v[0] = _mm512_permutexvar_ps(b, table);
+        v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
     } else {
         v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))));
         v[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16))));

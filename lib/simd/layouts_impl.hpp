@@ -71,6 +71,18 @@ struct LayoutQ5_1 {
     static float bias(const Block& b, float) { return O::f16_value(b.m); }
 };
 
+// iq4_nl: x = d·kIQ4NLValues[code]. Its bytes are the codes' levels (-127..113, looked up in registers:
+// load_iq4_nl), signed like q8_0's, so it takes q8_0's kernels: no offset, the sign trick or VNNI's
+// k ^ 0x80 in the dot products.
+struct LayoutIQ4_NL {
+    using Block = detail::BlockIQ4_NL;
+    static constexpr bool has_min = false, unsigned_raw = false;
+    template <class O>
+    static auto bytes(const Block& b) { return O::load_iq4_nl(b.qs); }
+    template <class O>
+    static auto raw(const Block& b) { return bytes<O>(b); }
+};
+
 template <class O, class L>
 float offset_of(const typename L::Block& b) {
     if constexpr (L::has_min) {

@@ -11,6 +11,7 @@
 //   pack_small(I[32/N])  the same, for values known to lie in -128..127 (cheaper where packs saturate)
 //   widen(Bytes, F[32/N]) the block's values as floats; widen_pair(Bytes, p, F[2]) values 2Np..2Np+2N-1
 //   load_q8, load_nibbles, add_high_bits, sub, min, store, store_nibbles, bit4_mask   block layouts
+//   load_iq4_nl(qs)      an iq4_nl block's nibbles (load_nibbles' order) looked up in its 16 levels
 //   key(Bytes), dot(Key, y)   int32 partial sums of an int8 block times 32 int8 query values
 //   dot4_signed, dot4_unsigned(key, y[4])   four queries' sums: lanes l with l mod 4 = i add up to query i's
 //   kBlockPairs: load_nibble_pair, dot4_pair, store_half_sums4, f16_pair   two q4 blocks per register

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../ref/blocks.hpp"
 #include "ops.hpp"
 
 namespace kvq::simd {
@@ -28,6 +29,12 @@ struct Avx2Blocks {
         const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
         const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
         return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+    }
+    // iq4_nl: the nibbles (load_nibbles' order) looked up in the 16 levels (kIQ4NLValues), one pshufb for
+    // the whole block (the table in both 128-bit halves), as ggml's iq4_nl kernels do.
+    static Bytes load_iq4_nl(const uint8_t* qs) {
+        const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::kIQ4NLValues)));
+        return _mm256_shuffle_epi8(levels, load_nibbles(qs));
     }
     // Sets 0x10 in byte j where bit j of qh is set (ggml's bytes_from_bits_32).
     static Bytes add_high_bits(Bytes b, const uint8_t* qh_bytes) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "../ref/blocks.hpp"
 #include "../ref/half.hpp"
 #include "ops.hpp"
 
@@ -141,6 +142,11 @@ void check_blocks(OpsCheck& c) {
     for (int j = 0; j < 32; ++j) {
         const int want = j < 16 ? j : 31 - j;
         c.expect(out[j] == want, "load_nibbles (low nibble = j, high = j+16)", j, out[j], want);
+    }
+    O::store(O::load_iq4_nl(qs), out);
+    for (int j = 0; j < 32; ++j) {
+        const int want = detail::kIQ4NLValues[j < 16 ? j : 31 - j];
+        c.expect(out[j] == want, "load_iq4_nl (value j = the level of nibble j)", j, out[j], want);
     }
     const uint8_t qh[4] = {0xA5, 0x3C, 0x0F, 0xF0};
     O::store(O::add_high_bits(nib, qh), out);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../ref/blocks.hpp"
 #include "../ref/half.hpp"
 #include "half_batch.hpp"
 #include "ops.hpp"
@@ -34,6 +35,12 @@ struct Ops<xsimd::neon64> {
     static Bytes load_nibbles(const uint8_t* qs) {
         const uint8x16_t t = vld1q_u8(qs);
         return {vreinterpretq_s8_u8(vandq_u8(t, vdupq_n_u8(0x0F))), vreinterpretq_s8_u8(vshrq_n_u8(t, 4))};
+    }
+    // iq4_nl: the nibbles looked up in the 16 levels (kIQ4NLValues), one tbl per 16 values.
+    static Bytes load_iq4_nl(const uint8_t* qs) {
+        const int8x16_t levels = vld1q_s8(detail::kIQ4NLValues);
+        const Bytes n = load_nibbles(qs);
+        return {vqtbl1q_s8(levels, vreinterpretq_u8_s8(n.lo)), vqtbl1q_s8(levels, vreinterpretq_u8_s8(n.hi))};
     }
     // 0x10 in byte j where bit j of qh is set.
     static int8x16_t bits16(uint32_t two_bytes) {

@@ -9,12 +9,28 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../ref/blocks.hpp"
 #include "../ref/half.hpp"
 #include "half_batch.hpp"
 #include "ops.hpp"
 
 namespace kvq::simd {
 namespace {
+
+// iq4_nl without pshufb: the levels of both nibbles of every code byte, as one int16 word each (low
+// byte: the low nibble's level, high byte: the high nibble's), so that a block is 16 table loads.
+struct IQ4NLPairs {
+    uint16_t w[256];
+};
+constexpr IQ4NLPairs make_iq4_nl_pairs() {
+    IQ4NLPairs t{};
+    for (int b = 0; b < 256; ++b) {
+        t.w[b] = static_cast<uint16_t>(static_cast<uint8_t>(detail::kIQ4NLValues[b & 0x0F]) |
+                                       static_cast<uint8_t>(detail::kIQ4NLValues[b >> 4]) << 8);
+    }
+    return t;
+}
+inline constexpr IQ4NLPairs kIQ4NLPairs = make_iq4_nl_pairs();
 
 template <>
 struct Ops<xsimd::sse2> {
@@ -41,6 +57,20 @@ struct Ops<xsimd::sse2> {
         const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
         const __m128i m = set_bytes(0x0F);
         return {_mm_and_si128(t, m), _mm_and_si128(_mm_srli_epi16(t, 4), m)};
+    }
+    // iq4_nl: code bytes j and j + 8 of the block (kIQ4NLPairs' words) into words j of two registers
+    // (pinsrw); their low bytes are values 0..15 and their high bytes values 16..31, each sign-extended
+    // to int16 and packed back to bytes (exact: they are levels, -127..113).
+    static Bytes load_iq4_nl(const uint8_t* qs) {
+        const uint16_t* w = kIQ4NLPairs.w;
+        auto words = [&](const uint8_t* q) {
+            return _mm_set_epi16(static_cast<short>(w[q[7]]), static_cast<short>(w[q[6]]), static_cast<short>(w[q[5]]),
+                                 static_cast<short>(w[q[4]]), static_cast<short>(w[q[3]]), static_cast<short>(w[q[2]]),
+                                 static_cast<short>(w[q[1]]), static_cast<short>(w[q[0]]));
+        };
+        const __m128i a = words(qs), b = words(qs + 8);
+        const __m128i lo = _mm_packs_epi16(_mm_srai_epi16(_mm_slli_epi16(a, 8), 8), _mm_srai_epi16(_mm_slli_epi16(b, 8), 8));
+        return {lo, _mm_packs_epi16(_mm_srai_epi16(a, 8), _mm_srai_epi16(b, 8))};
     }
     // 0x10 in byte j where bit j of qh is set: each byte of qh copied over 8 bytes, tested bit by bit.
     static __m128i bits16(uint32_t two_bytes) {

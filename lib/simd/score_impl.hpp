@@ -164,14 +164,35 @@ inline __attribute__((always_inline)) __m512 q8_0_block16(const __m512i (&kt)[8]
     return _mm512_fmadd_ps(sum, _mm512_mul_ps(dk, _mm512_set1_ps(qb.d)), acc);
 }
 
+// The codes of one block of two rows (the bytes after its scale at lo and hi) made unsigned, k + 128, one
+// row per 256-bit half: q8_0's bytes with their sign bit flipped; iq4_nl's nibbles (load_nibbles' order)
+// looked up in a table of its levels + 128 (one vpshufb for both rows).
+template <class Block>
+inline __attribute__((always_inline)) __m512i unsigned_codes2(const uint8_t* lo, const uint8_t* hi) {
+    if constexpr (std::is_same_v<Block, detail::BlockIQ4_NL>) {
+        const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
+        const __m256i m = _mm256_set1_epi8(0x0F);
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(t, m)),
+                                             _mm256_and_si256(_mm256_srli_epi16(t, 4), m), 1);  // lo nibbles of both, then hi
+        const __m128i levels = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::kIQ4NLValues)),
+                                             _mm_set1_epi8(static_cast<char>(0x80)));
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(levels), _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)));
+    } else {
+        static_assert(std::is_same_v<Block, detail::BlockQ8_0>);
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
+        return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
+    }
+}
+
 // score_q8_0_rows16's step (below): 16 rows at base, row_stride apart, against the G queries (neg:
 // −128·Σy of each query block), into out[i][at_out + 0..live).
-template <int NB, int G>
+template <int NB, int G, class Block>
 inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query* const* q, const int32_t (*neg)[4],
                                                               const uint8_t* base, size_t row_stride, int64_t nb,
                                                               size_t live, float* const* out, size_t at_out) {
-    constexpr size_t kBlock = sizeof(detail::BlockQ8_0);
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    constexpr size_t kBlock = sizeof(Block);
     const __m512i at_row = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(static_cast<int>(row_stride)));
     // the rows of register k: k < 4: rows k, k + 4; k ≥ 4: rows k + 4, k + 8 (so the transposed lanes are
@@ -184,10 +205,7 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
         __m512i k8[8];
         for (int k = 0; k < 8; ++k) {
             const uint8_t* lo = blocks + kLow[k] * row_stride + 2;
-            const uint8_t* hi = lo + 4 * row_stride;
-            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
-                                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
-            k8[k] = _mm512_xor_si512(v, flip);
+            k8[k] = unsigned_codes2<Block>(lo, lo + 4 * row_stride);
         }
         // 8 × 8 dword transpose in each 256-bit half
         __m512i t[8];
@@ -228,12 +246,13 @@ inline __attribute__((always_inline)) void score_q8_0_group16(const BlockQ8Query
 // score) over the blocks), so a score differs from the specification's by rounding only, and never
 // depends on the row's place in the chunk (a short last group is scored as 16 rows of a copy that
 // repeats its last row). Measured on 4096 rows in cache, d = 128: 10.6 → 7.1 ns a row. Its floor is the
-// 8 vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4).
-template <int NB, int G>
+// 8 vpdpbusd a row, which run on one port. NB > 0 fixes the block count (d = 128: 4). Block: q8_0, or
+// iq4_nl (its levels looked up as the rows are loaded: unsigned_codes2).
+template <int NB, int G, class Block = detail::BlockQ8_0>
 void score_q8_0_rows16(const uint8_t* const* prep, const uint8_t* rows, size_t row_stride, size_t n_rows,
                        int64_t nb_run, float* const* out) {
     const int64_t nb = NB > 0 ? NB : nb_run;
-    constexpr size_t kBlock = sizeof(detail::BlockQ8_0);
+    constexpr size_t kBlock = sizeof(Block);
     const size_t row_bytes = static_cast<size_t>(nb) * kBlock;
     assert(nb <= kMaxGroupBlocks && n_rows <= kRowChunk && 16 * row_stride < (size_t{1} << 31));
     const BlockQ8Query* q[G];
@@ -250,13 +269,13 @@ void score_q8_0_rows16(const uint8_t* const* prep, const uint8_t* rows, size_t r
                 for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(base + (16 + k) * row_stride + o);
             }
         }
-        score_q8_0_group16<NB, G>(q, neg, base, row_stride, nb, 16, out, r0);
+        score_q8_0_group16<NB, G, Block>(q, neg, base, row_stride, nb, 16, out, r0);
     }
     if (r0 < n_rows) {  // a short last group: its rows, then its last row again, as 16 rows of a copy
         alignas(64) uint8_t tail[16 * kMaxGroupBlocks * kBlock];
         const size_t live = n_rows - r0;
         for (size_t k = 0; k < 16; ++k) std::memcpy(tail + k * row_bytes, rows + (r0 + std::min(k, live - 1)) * row_stride, row_bytes);
-        score_q8_0_group16<NB, G>(q, neg, tail, row_bytes, nb, live, out, r0);
+        score_q8_0_group16<NB, G, Block>(q, neg, tail, row_bytes, nb, live, out, r0);
     }
 }
 
@@ -419,23 +438,26 @@ struct Q4_0Pairs {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // q8_0 keys with AVX512-VNNI: 16 rows per register for any number of queries, the arithmetic of the
-// kernel on keys in groups (score_q8_0_groups16), so both layouts give the same bits.
-struct Q8_0Rows16 {
+// kernel on keys in groups (score_q8_0_groups16), so both layouts give the same bits. Rows16<BlockIQ4_NL>:
+// the same kernel on iq4_nl keys.
+template <class Block>
+struct Rows16 {
     template <int G>
     static bool run(const uint8_t* const* p, const uint8_t* rows, size_t row_stride, size_t n_rows, int64_t nb,
                     float* const* out) {
         if (16 * row_stride >= (size_t{1} << 31)) return false;  // the scales' gather takes int32 offsets
-        if (nb == 4) score_q8_0_rows16<4, G>(p, rows, row_stride, n_rows, nb, out);
-        else if (nb <= kMaxGroupBlocks) score_q8_0_rows16<0, G>(p, rows, row_stride, n_rows, nb, out);
+        if (nb == 4) score_q8_0_rows16<4, G, Block>(p, rows, row_stride, n_rows, nb, out);
+        else if (nb <= kMaxGroupBlocks) score_q8_0_rows16<0, G, Block>(p, rows, row_stride, n_rows, nb, out);
         else return false;
         return true;
     }
 };
+using Q8_0Rows16 = Rows16<detail::BlockQ8_0>;
 #endif
 
 // BlockKernels::score of layout L: rows in chunks, queries in groups of up to kScoreGroup; each pass tries
 // First (above), then the generic kernels: score_group4 for four queries (the block loop unrolled for
-// d = 128 where L is q8_0), score_group for fewer.
+// d = 128 where L is q8_0 or iq4_nl), score_group for fewer.
 template <class A, class L, class First = NoFirst>
 struct ScoreBlocks {
     template <int G>
@@ -450,7 +472,7 @@ struct ScoreBlocks {
             }
             if (First::template run<G>(p, rows, row_stride, n_rows, nb, out)) return;
             if constexpr (G == 4) {
-                if constexpr (std::is_same_v<L, LayoutQ8_0>) {  // an unrolled copy of the same kernel
+                if constexpr (std::is_same_v<L, LayoutQ8_0> || std::is_same_v<L, LayoutIQ4_NL>) {  // an unrolled copy of the same kernel
                     if (nb == 4) return score_group4<A, L, 4>(p, rows, row_stride, n_rows, nb, out);
                 }
                 if (nb <= kMaxGroupBlocks) return score_group4<A, L>(p, rows, row_stride, n_rows, nb, out);

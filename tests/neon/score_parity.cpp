@@ -1,5 +1,5 @@
 // NEON block-codec scores (ScoreBlocks, as make_level<neon64> wires them) against the scalar specification,
-// without the rest of the library: built by scripts/neon_qemu.sh and run under qemu-aarch64. q8_0 and q4_0,
+// without the rest of the library: built by scripts/neon_qemu.sh and run under qemu-aarch64. q8_0, q4_0 and iq4_nl,
 // d = 32/96/128/256 (128: the unrolled q8_0 four-query kernel), 1-8 queries, 1-65 rows, to float rounding.
 #include "simd/dispatch.hpp"
 #include "simd/ops_neon.hpp"
@@ -14,7 +14,8 @@ int main() {
     std::mt19937 rng(3); std::normal_distribution<float> nd;
     int fails = 0, checks = 0;
     struct K { const detail::BlockKernels& ref; void (*score)(const uint8_t*, size_t, int, const uint8_t*, size_t, size_t, int64_t, float*, size_t); int bpb; };
-    K ks[] = {{detail::kScalarQ8_0, simd::ScoreBlocks<A, simd::LayoutQ8_0>::score, 34}, {detail::kScalarQ4_0, simd::ScoreBlocks<A, simd::LayoutQ4_0>::score, 18}};
+    K ks[] = {{detail::kScalarQ8_0, simd::ScoreBlocks<A, simd::LayoutQ8_0>::score, 34}, {detail::kScalarQ4_0, simd::ScoreBlocks<A, simd::LayoutQ4_0>::score, 18},
+              {detail::kScalarIQ4_NL, simd::ScoreBlocks<A, simd::LayoutIQ4_NL>::score, 18}};
     for (auto& k : ks) for (int n : {32, 96, 128, 256}) for (int n_q = 1; n_q <= 8; ++n_q) for (size_t rows : {1, 2, 3, 31, 32, 33, 65}) {
         size_t rb = n / 32 * k.bpb, qb = n / 32 * 40;
         std::vector<float> x(rows * n), q(n_q * n); for (auto& v : x) v = nd(rng); for (auto& v : q) v = nd(rng);
