@@ -202,4 +202,4 @@ def test_iq4_nls_in_a_cache_and_in_kv_format_specs(rng):
     assert cache.attend(0, rng.standard_normal((4, 64)).astype(np.float32), seq=seq).shape == (4, 64)
     result = kvq.sweep(["llm:layers=1,kv_heads=2,tokens=128,query_positions=2"],
                        ["iq4_nls+rot+center/q4_0", "iq4_nl+rot+center/q4_0"], timing=False)
-    assert "iq4_nls+rot+center/q4_0" in result.format("markdown")
+    assert "| iq4_nls+rot+center | q4_0 |" in result.format("markdown")
