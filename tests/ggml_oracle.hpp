@@ -191,6 +191,67 @@ inline void quantize_row_iq4_nl_ref(const float* x, uint8_t* out, int64_t k) {
     }
 }
 
+// ggml's whole-tensor iq4_nl quantizer without an importance matrix, quantize_iq4_nl(..., quant_weights =
+// NULL): quantize_row_iq4_nl_impl(32, 32, ..., ntry = 7) per block, transcribed from ggml 0.25.3
+// (ggml-quants.c) with the branches a 32-value block without weights takes. kvq's iq4_nls. Unlike the
+// reference quantizer above, every code is determined: the codes are picked again at the final scale
+// (all 8 for a block below the eps, whose scale is 0).
+inline void quantize_iq4_nl(const float* x, uint8_t* out, int64_t k) {
+    static const int8_t values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const int qk = 32, ntry = 7;
+    for (int ib = 0; ib < k / qk; ++ib) {
+        const float* xb = x + ib * qk;
+        uint8_t* y = out + ib * 18;
+        uint8_t L[32];
+        float weight[32];
+        for (int j = 0; j < qk; ++j) weight[j] = xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < qk; ++j) {
+            float ax = fabsf(xb[j]);
+            if (ax > amax) { amax = ax; max = xb[j]; }
+        }
+        float scale = 0;
+        if (!(amax < 1e-15f)) {
+            float d = ntry > 0 ? -max / values[0] : max / values[0];
+            float id = 1 / d;
+            float sumqx = 0, sumq2 = 0;
+            for (int j = 0; j < qk; ++j) {
+                float al = id * xb[j];
+                int l = best_index_int8(16, values, al);
+                L[j] = l;
+                float q = values[l];
+                float w = weight[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+            float best = d * sumqx;
+            for (int itry = -ntry; itry <= ntry; ++itry) {
+                id = (itry + values[0]) / max;
+                sumqx = sumq2 = 0;
+                for (int j = 0; j < qk; ++j) {
+                    float al = id * xb[j];
+                    int l = best_index_int8(16, values, al);
+                    float q = values[l];
+                    float w = weight[j];
+                    sumqx += w * q * xb[j];
+                    sumq2 += w * q * q;
+                }
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+            scale = d;
+        }
+        const uint16_t dh = fp16(scale);
+        memcpy(y, &dh, 2);
+        float id = scale ? 1 / scale : 0;
+        for (int j = 0; j < qk; ++j) L[j] = best_index_int8(16, values, id * xb[j]);
+        for (int j = 0; j < 16; ++j) y[2 + j] = L[j] | (L[16 + j] << 4);
+    }
+}
+
 #undef GGML_MIN
 #undef GGML_MAX
 

@@ -1,4 +1,5 @@
-// The ggml-layout codecs give ggml's bytes: on ggml's own output (tests/data, made by ggml d99724f),
+// The ggml-layout codecs give ggml's bytes: on ggml's own output (tests/data, made by ggml d99724f; for
+// iq4_nls, ggml's iq4_nl tensor quantizer in ggml 0.25.3),
 // on hand-computed blocks with ties, zeros and extremes, and on 10^5 random rows against the oracle.
 #include <doctest/doctest.h>
 
@@ -42,6 +43,7 @@ OracleFn oracle_for(kvq::detail::BlockCodec c) {
         case BlockCodec::q5_0: return g::quantize_row_q5_0_ref;
         case BlockCodec::q5_1: return g::quantize_row_q5_1_ref;
         case BlockCodec::iq4_nl: return g::quantize_row_iq4_nl_ref;
+        case BlockCodec::iq4_nls: return g::quantize_iq4_nl;  // ggml's tensor quantizer (its scale search)
         default: return nullptr;
     }
 }

@@ -28,7 +28,9 @@ std::unique_ptr<CodecImpl> make_block(std::string_view params, int head_dim, uin
 
 template <int... I>
 constexpr std::array<CodecTableRow, sizeof...(I)> block_rows(std::integer_sequence<int, I...>) {
-    return {CodecTableRow{kBlockCodecs[I].name, kBlockCodecs[I].block, kBlockCodecs[I].bytes_per_block, true,
+    // ggml_layout: ggml's blocks of the type of the same name; iq4_nls writes iq4_nl's (its layout line says so).
+    return {CodecTableRow{kBlockCodecs[I].name, kBlockCodecs[I].block, kBlockCodecs[I].bytes_per_block,
+                          kBlockCodecs[I].blocks_of == BlockCodec::count,
                           kBlockCodecs[I].layout, make_block<static_cast<BlockCodec>(I)>, false,
                           kBlockCodecs[I].plain}...};
 }

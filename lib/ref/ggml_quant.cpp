@@ -1,4 +1,5 @@
-// Scalar specification of the ggml-layout codecs q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl. The quantizers
+// Scalar specification of the ggml-layout codecs q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, and iq4_nls (iq4_nl's
+// blocks from ggml's scale-searching tensor quantizer). The quantizers
 // follow ggml's reference quantizers (quantize_row_*_ref) operation for operation, so the bytes are
 // identical: q8_0 rounds with roundf; q4_0/q5_0 take d = max/−8 (−16) of the signed extreme and truncate
 // x/d + 8.5 (16.5); q4_1/q5_1 take d = (max−min)/15 (31) and truncate (x−min)/d + 0.5; iq4_nl picks the
@@ -200,6 +201,77 @@ void quantize_iq4_nl(const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
+// ---- iq4_nls: ggml's whole-tensor iq4_nl quantizer (quantize_iq4_nl without importance weights:
+// quantize_row_iq4_nl_impl with one 32-value block and the scale search, ntry = 7) ----
+//
+// Same weights w_j = x_j², same levels, same block layout; what differs from quantize_iq4_nl above:
+//   1. the first candidate is d = max/127 (ggml's -max/values[0] when ntry > 0: max maps to +127, past
+//      the top level 113), its codes the nearest levels and its d the weighted least-squares scale;
+//   2. then 15 more candidates, inverse scales id = (itry − 127)/max for itry = −7..7 (max maps to
+//      itry − 127): each picks the nearest levels and keeps its least-squares d if sumqx²/sumq2 beats
+//      the best so far (in ggml's float form: sumqx·sumqx > best·sumq2 with best = d·sumqx);
+//   3. the stored codes are then picked again as the nearest levels at 1/d of the chosen float d (not
+//      the codes the candidate was scored with, and not at the fp16-rounded d the decoder uses).
+// ggml's float details are kept: every sum runs j = 0..31 in float, w·q·x is (w·q)·x, best is d·sumqx
+// (rounded) not the ratio, the comparisons overflow to Inf as ggml's do for blocks beyond about 1e5
+// (Inf > Inf is false: such a block keeps the candidates before the overflow); the build has no FMA
+// contraction (-ffp-contract=off). A block below ggml's eps stores d = 0 with every code 8 (the nearest
+// level to 0·x, as ggml writes it). So the bytes are ggml_quantize_chunk(GGML_TYPE_IQ4_NL, ..., NULL)'s
+// (tests/data/iq4_nls.bin, made by ggml itself).
+
+// ggml's best_index_int8 including its NaN case (NaN compares false everywhere: the top level). Only a
+// block whose d is NaN (x² overflowed, which kvq's input limit excludes) reaches it with NaN.
+inline int ggml_best_index(float x) { return std::isnan(x) ? 15 : nearest_iq4nl_level(x); }
+
+// The weighted least-squares fit of the nearest levels at inverse scale id: sumqx = Σ w·q·x, sumq2 = Σ w·q².
+inline void fit_levels(const float* xb, const float* w, float id, float& sumqx, float& sumq2) {
+    sumqx = sumq2 = 0.0f;
+    for (int j = 0; j < kQK; ++j) {
+        const float q = kIQ4NLValues[nearest_iq4nl_level(id * xb[j])];
+        sumqx += w[j] * q * xb[j];
+        sumq2 += w[j] * q * q;
+    }
+}
+
+void quantize_iq4_nls(const float* x, uint8_t* dst, int64_t n) {
+    constexpr float kGroupMaxEps = 1e-15f;  // ggml's GROUP_MAX_EPS
+    constexpr int kTry = 7;                 // ggml's ntry in quantize_iq4_nl
+    for (int64_t i = 0; i < n / kQK; ++i) {
+        const float* xb = x + i * kQK;
+        BlockIQ4_NL b{};
+        if (!all_finite(xb)) {
+            b.d = kF16NaN;
+            store_block(dst + i * sizeof b, b);
+            continue;
+        }
+        float w[kQK];
+        for (int j = 0; j < kQK; ++j) w[j] = xb[j] * xb[j];
+        const float max = signed_extreme(xb);
+        float d = 0.0f;
+        if (std::fabs(max) >= kGroupMaxEps) {
+            float sumqx, sumq2;
+            fit_levels(xb, w, 1.0f / (-max / kIQ4NLValues[0]), sumqx, sumq2);
+            d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+            float best = d * sumqx;
+            for (int itry = -kTry; itry <= kTry; ++itry) {
+                fit_levels(xb, w, static_cast<float>(itry + kIQ4NLValues[0]) / max, sumqx, sumq2);
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+        }
+        // ggml: id = scales[0] ? 1/scales[0] : 0, so a tiny block's codes are all 8. (1/d is finite: d is
+        // a weighted mean of x/q over levels |q| ≥ 1 at scales near amax/127, far from float's subnormals.)
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t codes[kQK];
+        for (int j = 0; j < kQK; ++j) codes[j] = static_cast<uint8_t>(ggml_best_index(id * xb[j]));
+        b.d = f32_to_f16(d);
+        for (int j = 0; j < kQK / 2; ++j) b.qs[j] = static_cast<uint8_t>(codes[j] | (codes[kQK / 2 + j] << 4));
+        store_block(dst + i * sizeof b, b);
+    }
+}
+
 inline void unpack_nibbles(const uint8_t* qs, int8_t q[kQK], int offset) {
     for (int j = 0; j < kQK / 2; ++j) {
         q[j] = static_cast<int8_t>((qs[j] & 0x0F) - offset);
@@ -298,5 +370,7 @@ const BlockKernels kScalarQ4_1 = make_kernels<LayoutQ4_1>(quantize_asym<4>);
 const BlockKernels kScalarQ5_0 = make_kernels<LayoutQ5_0>(quantize_sym<5>);
 const BlockKernels kScalarQ5_1 = make_kernels<LayoutQ5_1>(quantize_asym<5>);
 const BlockKernels kScalarIQ4_NL = make_kernels<LayoutIQ4_NL>(quantize_iq4_nl);
+// iq4_nl's decode kernels (the same functions), its own encoder.
+const BlockKernels kScalarIQ4_NLS = make_kernels<LayoutIQ4_NL>(quantize_iq4_nls);
 
 }  // namespace kvq::detail

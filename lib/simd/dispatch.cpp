@@ -86,9 +86,27 @@ void name_gaps(LevelKernels& k) {
     }
 }
 
+// A codec writing another's blocks (blocks_of, iq4_nls) decodes with that codec's kernels at this level,
+// whatever they are (the level's own or, filled later, the specification's), named as that codec's: so a
+// level file never names them, and a SIMD kernel added for iq4_nl serves iq4_nls too. Its quantize
+// stays its own (the level's, if the level file sets one, else the specification's).
+void share_decoders(LevelKernels& k) {
+    for (int c = 0; c < kBlockCodecCount; ++c) {
+        const int o = static_cast<int>(blocks_codec(static_cast<BlockCodec>(c)));
+        if (o == c) continue;
+        const BlockKernels own = k.codec[c];
+        k.codec[c] = k.codec[o];
+        k.codec[c].quantize = own.quantize;
+        for (int op = 0; op < static_cast<int>(KernelOp::count); ++op) {
+            if (op != static_cast<int>(KernelOp::quantize)) k.codec_names[c][op] = k.codec_names[o][op];
+        }
+    }
+}
+
 LevelKernels scalar_level() {
     LevelKernels k{};
     for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) k.codec[c] = scalar_kernels(static_cast<BlockCodec>(c));
+    share_decoders(k);  // (the specification already shares them: the same functions)
     k.all_finite = scalar_all_finite;
     k.finite_max_abs = scalar_finite_max_abs;
     k.rotated = scalar_rotated_kernels();
@@ -156,6 +174,7 @@ struct Dispatch {
             if (!k) continue;
             s.present = true;
             s.kernels = *k;
+            share_decoders(s.kernels);
             s.own_rotated = l != SimdLevel::scalar && k->rotated.turbo.score != nullptr;
             s.own_rotated_quantize = l != SimdLevel::scalar && k->rotated_quantize.turbo != nullptr;
             fill_missing(s.kernels, ref);
@@ -364,7 +383,13 @@ void inject_kernel_fault_for_testing(SimdLevel level, BlockCodec c, bool fault) 
     LevelState& s = d.levels[static_cast<int>(level)];
     if (!s.present) return;
     static constexpr auto faulty = faulty_table(std::make_integer_sequence<int, static_cast<int>(BlockCodec::count)>{});
-    const LevelKernels* real = level == SimdLevel::scalar ? nullptr : compiled_level(level);
+    const LevelKernels* compiled = level == SimdLevel::scalar ? nullptr : compiled_level(level);
+    LevelKernels shared;  // the level's own kernels, decoders shared as the table has them
+    if (compiled) {
+        shared = *compiled;
+        share_decoders(shared);
+    }
+    const LevelKernels* real = compiled ? &shared : nullptr;
     const int ci = static_cast<int>(c), op = static_cast<int>(KernelOp::score);
     const bool own = real && real->codec[ci].score;
     s.kernels.codec[ci].score = fault ? faulty[ci] : own ? real->codec[ci].score : scalar_kernels(c).score;

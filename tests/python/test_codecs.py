@@ -55,7 +55,7 @@ def test_round_trip_error_is_within_the_codec_bound(spec, rng):
     np.testing.assert_array_equal(kvq.quantize(x[1, 7], spec), codes[1, 7])
 
 
-@pytest.mark.parametrize("name", ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
+@pytest.mark.parametrize("name", ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_nls"])
 def test_bytes_and_values_equal_ggml_on_its_oracle_rows(name, ggml_data):
     manifest, x = ggml_data
     if name not in kvq.codecs():
@@ -178,3 +178,28 @@ def test_dequantize_checks_dtype_and_row_bytes():
         kvq.dequantize(codes.view(np.int8), "q8_0", 64)
     with pytest.raises(ValueError, match="head_dim must be in"):
         kvq.dequantize(codes, "q8_0", 0)
+
+
+def test_iq4_nls_writes_iq4_nl_blocks_with_ggml_scale_search(rng):
+    """iq4_nls: ggml's iq4_nl blocks from its scale-searching encoder; iq4_nl reads them back unchanged."""
+    info = kvq.codec_info("iq4_nls")
+    assert info["bytes_per_block"] == 18 and "iq4_nl" in info["layout"]
+    assert not info["ggml_layout"] and kvq.codec_info("iq4_nl")["ggml_layout"]  # no ggml type is named iq4_nls
+    x = rng.standard_normal((256, 128)).astype(np.float32)
+    codes = kvq.quantize(x, "iq4_nls")
+    assert codes.shape == (256, 72) and not np.array_equal(codes, kvq.quantize(x, "iq4_nl"))
+    y = kvq.dequantize(codes, "iq4_nls", 128)
+    np.testing.assert_array_equal(y, kvq.dequantize(codes, "iq4_nl", 128))
+    err = lambda c: float(np.sum((kvq.dequantize(kvq.quantize(x, c), c, 128) - x) ** 2))
+    assert err("iq4_nls") < err("iq4_nl")
+
+
+def test_iq4_nls_in_a_cache_and_in_kv_format_specs(rng):
+    cache = kvq.KVCache(1, 2, 64, n_heads=4, key_codec="iq4_nls+rot", value_codec="iq4_nls", center_keys=True)
+    seq = cache.add_sequence()
+    cache.append(0, rng.standard_normal((40, 2, 64)).astype(np.float32),
+                 rng.standard_normal((40, 2, 64)).astype(np.float32), seq=seq)
+    assert cache.attend(0, rng.standard_normal((4, 64)).astype(np.float32), seq=seq).shape == (4, 64)
+    result = kvq.sweep(["llm:layers=1,kv_heads=2,tokens=128,query_positions=2"],
+                       ["iq4_nls+rot+center/q4_0", "iq4_nl+rot+center/q4_0"], timing=False)
+    assert "| iq4_nls+rot+center | q4_0 |" in result.format("markdown")
