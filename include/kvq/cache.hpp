@@ -176,6 +176,15 @@ struct CacheConfig {
     // as quantized as they were (their exact values are gone); the tokens appended after it are exact again.
     // Saved in cache files (format version 4; older files load as 0).
     int exact_tail_tokens = 0;
+    // Static key channel scales s (docs/eval.md, "+qk"): empty (none), or n_layers × n_kv_heads × head_dim
+    // floats (index (layer·n_kv_heads + kv head)·head_dim + channel), each positive and finite with a finite
+    // reciprocal; a layer of all ones is stored as given. The cache stores k ⊙ s and attends with q ⊘ s (s of
+    // the query head's kv head), so scores are unchanged while the keys' rounding error moves to the
+    // channels where s is small. append applies them (input checks and codec ranges see k ⊙ s; a per-call
+    // copy), attend/attend_prefill/attend_batch divide the queries (a buffer the cache keeps, not counted);
+    // values are untouched. Cache files store them (format version 5) and their blocks and staged rows
+    // hold k ⊙ s. center_keys and chanB keys work on k ⊙ s.
+    std::vector<float> key_scales;
     bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
     // Attention multiplies q4_0 values (also q4_0+rot) by int8 weights: each softmax weight times block
@@ -298,7 +307,7 @@ public:
     static KVCache load(const std::string& path, const LoadOptions& options);
     // Adds the file's sequences to this cache and returns their new ids, in the file's order. Throws
     // FileIOError, BadCacheFile, ConfigMismatch (codecs, seed, shapes, block_tokens, seal, centering,
-    // scale, softcap or windows differ) or PoolExhausted, and then has changed nothing: the whole file is
+    // scale, softcap, windows or key_scales differ) or PoolExhausted, and then has changed nothing: the whole file is
     // checked before any block is taken from the pool.
     std::vector<SequenceId> load_into(const std::string& path);
 

@@ -206,6 +206,10 @@ std::vector<uint8_t> encode_header(const Header& h) {
         for (uint64_t x : {k.n_blocks, k.block_bytes, k.key_row_bytes, k.value_row_bytes}) e.u64(x);
     }
     if (h.version >= kExactTailFormatVersion) e.u32(static_cast<uint32_t>(c.exact_tail_tokens));
+    if (h.version >= kKeyScalesFormatVersion) {
+        e.u32(static_cast<uint32_t>(c.key_scales.size()));
+        for (float x : c.key_scales) e.f32(x);
+    }
     const uint32_t size = static_cast<uint32_t>(e.bytes.size() + 4);
     for (int i = 0; i < 4; ++i) e.bytes[12 + i] = static_cast<uint8_t>(size >> (8 * i));
     e.crc();
@@ -303,6 +307,26 @@ Header decode_header(std::span<const uint8_t> bytes) {
                 ", and only with seal = on_block_full)");
         }
         c.exact_tail_tokens = static_cast<int>(tail);
+    }
+    if (h.version >= kKeyScalesFormatVersion) {
+        // 0 entries, or one per layer, kv head and channel: each positive and finite, and so its reciprocal
+        // (CacheConfig::key_scales; the cache's own rule, checked here so a hostile file is a BadCacheFile).
+        const uint32_t n = d.u32("key scale count");
+        const uint64_t want = uint64_t(c.n_layers) * uint64_t(c.n_kv_heads) * uint64_t(c.head_dim);
+        if (n != 0 && n != want) {
+            bad("header: " + std::to_string(n) + " key scales for " + std::to_string(want) +
+                " (n_layers x n_kv_heads x head_dim)");
+        }
+        d.need(uint64_t(n) * 4, "the key scales");
+        c.key_scales.resize(n);
+        for (uint32_t i = 0; i < n; ++i) {
+            const float x = c.key_scales[i] = d.f32("key scale");
+            const float inv = static_cast<float>(1.0 / static_cast<double>(x));
+            if (!(x > 0) || !std::isfinite(x) || !std::isfinite(inv) || !(inv > 0)) {
+                bad("header: key scale " + std::to_string(i) + " is " + std::to_string(x) +
+                    " (key scales must be positive and finite, and so their reciprocals)");
+            }
+        }
     }
     if (d.left() != 0) bad("header: " + std::to_string(d.left()) + " bytes after the last field");
     check_layout(h);

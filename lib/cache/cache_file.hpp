@@ -18,9 +18,11 @@ namespace kvq::detail::file {
 
 inline constexpr char kMagic[8] = {'K', 'V', 'Q', 'C', 'A', 'C', 'H', 'E'};
 // 2 added the staging type, 3 per-layer codecs (blocks of several sizes), 4 the exact tail (written only
-// by a cache with one: others write version 3, which older kvq reads); versions 1 to 3 load with no tail.
-inline constexpr uint32_t kFormatVersion = 4;
+// by a cache with one: others write version 3, which older kvq reads), 5 the key channel scales (written
+// only by a cache with them); versions 1 to 3 load with no tail, 1 to 4 with no key scales.
+inline constexpr uint32_t kFormatVersion = 5;
 inline constexpr uint32_t kExactTailFormatVersion = 4;
+inline constexpr uint32_t kKeyScalesFormatVersion = 5;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr size_t kPrefixBytes = 16;           // magic, version, header size: read before the rest
 inline constexpr uint64_t kPayloadAlignment = 4096;  // the payload section starts on a page (mmap)
@@ -28,7 +30,7 @@ inline constexpr uint64_t kPayloadStride = 64;       // each payload starts on a
 inline constexpr uint32_t kNoStaging = 0xFFFFFFFFu;
 // Reader limits: far beyond any model, they keep a corrupt (or hostile) file from making the reader
 // allocate or loop without bound before a CRC or a size check has caught it.
-inline constexpr uint32_t kMaxHeaderBytes = 1u << 20;
+inline constexpr uint32_t kMaxHeaderBytes = 1u << 26;  // key scales: 4 bytes per layer, kv head and channel
 inline constexpr int kMaxDim = kMaxCacheDim;  // n_layers, n_kv_heads, n_heads, head_dim (as CacheConfig)
 inline constexpr uint32_t kMaxSpecBytes = 1024;
 inline constexpr uint64_t kMaxTokens = kMaxSequenceTokens;

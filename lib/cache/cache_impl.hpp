@@ -169,6 +169,18 @@ struct CacheImpl {
     mutable detail::ScratchPool<BatchScratch> batch_scratch;
     mutable detail::ScratchPool<detail::DecodeScratch> decode_scratch;
 
+    // Key channel scales (CacheConfig::key_scales): per layer whether it has any but 1 (empty: no scales),
+    // and the reciprocals (as key_scales) the queries are multiplied by; query_scratch holds a call's q ⊘ s.
+    std::vector<char> scaled_layer;
+    std::vector<float> key_scale_inv;
+    mutable detail::ScratchPool<std::vector<float>> query_scratch;
+    bool scales_keys(int layer) const { return !scaled_layer.empty() && scaled_layer[layer]; }
+    // k ⊙ s of n tokens (n × n_kv_heads × head_dim) into buf; k itself for a layer without scales.
+    const float* scale_keys(int layer, const float* k, size_t n, std::vector<float>& buf) const;
+    // q ⊘ s of n query sets (n × n_heads × head_dim; query head i reads kv head i / g()) into buf; q itself
+    // for a layer without scales.
+    const float* scale_queries(int layer, const float* q, size_t n, std::vector<float>& buf) const;
+
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
     size_t sequence_metadata_bytes() const;  // the bookkeeping of one sequence (bytes_used counts it)

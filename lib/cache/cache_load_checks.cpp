@@ -134,6 +134,16 @@ void check_matches(const detail::CacheImpl& c, const Header& h) {
     if (std::memcmp(&f.softcap, &c.cfg.softcap, sizeof(float)) != 0) {
         differ("softcap", float_text(f.softcap), float_text(c.cfg.softcap));
     }
+    // Bitwise, as the scale: the stored keys are k ⊙ s of the file's s.
+    if (f.key_scales.size() != c.cfg.key_scales.size()) {
+        differ("key_scales", f.key_scales.empty() ? "none" : std::to_string(f.key_scales.size()) + " values",
+               c.cfg.key_scales.empty() ? "none" : std::to_string(c.cfg.key_scales.size()) + " values");
+    }
+    for (size_t i = 0; i < f.key_scales.size(); ++i) {
+        if (std::memcmp(&f.key_scales[i], &c.cfg.key_scales[i], sizeof(float)) != 0) {
+            differ("key_scales[" + std::to_string(i) + "]", float_text(f.key_scales[i]), float_text(c.cfg.key_scales[i]));
+        }
+    }
     for (int l = 0; l < c.cfg.n_layers; ++l) {
         const long long w = f.sliding_window.empty() ? 0 : f.sliding_window[l];
         if (w != static_cast<long long>(c.window(l))) {

@@ -125,8 +125,15 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     const std::vector<uint8_t> tables = detail::file::encode_tables(t);
 
     detail::file::Header h;
-    // A cache without an exact tail writes the version before it, so an older kvq reads its files.
-    h.version = cfg.exact_tail_tokens ? detail::file::kExactTailFormatVersion : detail::file::kExactTailFormatVersion - 1;
+    // The oldest version that holds the cache (3 without an exact tail or key scales), so an older kvq
+    // reads its files.
+    h.version = !cfg.key_scales.empty() ? detail::file::kKeyScalesFormatVersion
+                : cfg.exact_tail_tokens  ? detail::file::kExactTailFormatVersion
+                                         : detail::file::kExactTailFormatVersion - 1;
+    if (cfg.key_scales.size() > detail::file::kMaxHeaderBytes / 4 - 4096) {
+        throw std::invalid_argument("KVCache::save: " + std::to_string(cfg.key_scales.size()) +
+                                    " key scales are more than a cache file's header holds");
+    }
     h.config = cfg;
     // The keys by their format's name (its row codec's, with the wrappers' suffixes), the values by codec.
     h.config.key_codec = key_format->name();

@@ -72,6 +72,20 @@ CacheConfig checked_fields(CacheConfig c) {
         bad_config("layer_codecs has " + std::to_string(c.layer_codecs.size()) +
                    " entries; it must be empty or have one per layer (" + std::to_string(c.n_layers) + ")");
     }
+    if (!c.key_scales.empty()) {
+        const size_t n = size_t(c.n_layers) * size_t(c.n_kv_heads) * size_t(c.head_dim);
+        if (c.key_scales.size() != n) {
+            bad_config("key_scales has " + std::to_string(c.key_scales.size()) + " entries; it must be empty or have "
+                       "n_layers x n_kv_heads x head_dim (" + std::to_string(n) + ")");
+        }
+        for (size_t i = 0; i < n; ++i) {
+            const float s = c.key_scales[i], inv = static_cast<float>(1.0 / static_cast<double>(s));
+            if (!(s > 0) || !std::isfinite(s) || !std::isfinite(inv) || !(inv > 0)) {
+                bad_config("key_scales[" + std::to_string(i) + "] (layer " + std::to_string(i / (n / c.n_layers)) + ") is " +
+                           std::to_string(s) + "; every key scale must be positive and finite, and so its reciprocal");
+            }
+        }
+    }
     if (c.threads < 1 || c.threads > 256) bad_config("threads must be in 1..256, got " + std::to_string(c.threads));
     if (c.exact_tail_tokens < 0 || c.exact_tail_tokens > kMaxExactTailTokens) {
         bad_config("exact_tail_tokens must be in 0.." + std::to_string(kMaxExactTailTokens) + ", got " +
@@ -201,6 +215,16 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     }
     if (!allocate) std::fill(initial.begin(), initial.end(), 0);
     pool = std::make_unique<detail::BlockPool>(class_bytes, cfg.max_blocks, cfg.max_bytes, initial, cfg.grow_blocks);
+    // Key channel scales: which layers have any but 1, and the reciprocals the queries are multiplied by.
+    if (!cfg.key_scales.empty()) {
+        const size_t per_layer = static_cast<size_t>(cfg.n_kv_heads) * cfg.head_dim;
+        scaled_layer.assign(cfg.n_layers, 0);
+        key_scale_inv.resize(cfg.key_scales.size());
+        for (size_t i = 0; i < cfg.key_scales.size(); ++i) {
+            key_scale_inv[i] = static_cast<float>(1.0 / static_cast<double>(cfg.key_scales[i]));
+            scaled_layer[i / per_layer] |= cfg.key_scales[i] != 1.0f;
+        }
+    }
     if (cfg.executor) {
         runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { detail::run_checked(ex, n, task); };
     } else if (cfg.threads > 1) {

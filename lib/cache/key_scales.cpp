@@ -1,0 +1,33 @@
+// Key channel scales at the cache's boundary (CacheConfig::key_scales): keys are stored as k ⊙ s and
+// queries attend as q ⊘ s, so q·k is unchanged up to float rounding.
+#include <cstddef>
+#include <vector>
+
+#include "cache_impl.hpp"
+
+namespace kvq {
+
+const float* detail::CacheImpl::scale_keys(int layer, const float* k, size_t n, std::vector<float>& buf) const {
+    if (!scales_keys(layer)) return k;
+    const size_t row = static_cast<size_t>(cfg.n_kv_heads) * cfg.head_dim;
+    const float* s = cfg.key_scales.data() + static_cast<size_t>(layer) * row;
+    buf.resize(n * row);
+    for (size_t t = 0; t < n; ++t) {
+        for (size_t j = 0; j < row; ++j) buf[t * row + j] = k[t * row + j] * s[j];
+    }
+    return buf.data();
+}
+
+const float* detail::CacheImpl::scale_queries(int layer, const float* q, size_t n, std::vector<float>& buf) const {
+    if (!scales_keys(layer)) return q;
+    const size_t d = static_cast<size_t>(cfg.head_dim), heads = static_cast<size_t>(cfg.n_heads), g = static_cast<size_t>(this->g());
+    const float* inv = key_scale_inv.data() + static_cast<size_t>(layer) * cfg.n_kv_heads * d;
+    buf.resize(n * heads * d);
+    for (size_t i = 0; i < n * heads; ++i) {
+        const float* r = inv + (i % heads) / g * d;  // query head i % heads reads kv head (i % heads) / g
+        for (size_t j = 0; j < d; ++j) buf[i * d + j] = q[i * d + j] * r[j];
+    }
+    return buf.data();
+}
+
+}  // namespace kvq
