@@ -370,6 +370,12 @@ typedef struct kvq_cache_params {
      * staging counts against max_blocks and max_bytes; saved in cache files. */
     int32_t exact_tail_tokens;
     int32_t reserved3;             /* 0 */
+    /* Since 0.x (appended): static key channel scales (kvq::CacheConfig::key_scales): n_key_scales = 0, or
+     * n_layers * n_kv_heads * head_dim floats, [layer][kv head][channel], positive and finite with finite
+     * reciprocals (KVQ_ERR_BAD_PARAMS otherwise). Keys are stored as k * s and queries attend as q / s, so
+     * scores are unchanged; saved in cache files. Copied by kvq_cache_create. */
+    const float* key_scales;
+    size_t n_key_scales;
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {
@@ -420,7 +426,7 @@ static inline kvq_pool_stats kvq_pool_stats_init(void) {
  * n_layers 0 or beyond KVQ_MAX_CACHE_DIM, n_heads not a multiple of n_kv_heads, initial_blocks >
  * max_blocks, ...), KVQ_ERR_UNKNOWN_CODEC, KVQ_ERR_BAD_HEAD_DIM (the codec cannot take head_dim) or
  * KVQ_ERR_INVALID_ARGUMENT (a NULL pointer: params, cache, key_codec, value_codec, sliding_window with
- * n_sliding_window > 0; a bad size field). */
+ * n_sliding_window > 0, key_scales with n_key_scales > 0; a bad size field). */
 KVQ_API kvq_status kvq_cache_create(const kvq_cache_params* params, kvq_cache** cache);
 KVQ_API void kvq_cache_destroy(kvq_cache* cache); /* NULL is a no-op */
 

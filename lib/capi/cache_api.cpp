@@ -40,13 +40,14 @@ constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 constexpr size_t kLoadParamsSizeV1 = sizeof(kvq_load_params);  // added whole, after the first release
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 192 && offsetof(kvq_cache_params, seed) == 112 &&
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 208 && offsetof(kvq_cache_params, seed) == 112 &&
                                      offsetof(kvq_cache_params, executor) == 120 &&
                                      offsetof(kvq_cache_params, staging) == 136 &&
                                      offsetof(kvq_cache_params, layer_key_codecs) == 144 &&
                                      offsetof(kvq_cache_params, max_bytes) == 168 &&
                                      offsetof(kvq_cache_params, int8_value_weights) == 176 &&
-                                     offsetof(kvq_cache_params, exact_tail_tokens) == 184),
+                                     offsetof(kvq_cache_params, exact_tail_tokens) == 184 &&
+                                     offsetof(kvq_cache_params, key_scales) == 192),
               "kvq_cache_params has implicit padding");
 static_assert(KVQ_MAX_POOL_BLOCKS == kMaxPoolBlocks && KVQ_MAX_CACHE_DIM == kMaxCacheDim &&
               KVQ_MAX_SEQUENCE_TOKENS == kMaxSequenceTokens && KVQ_MAX_EXACT_TAIL_TOKENS == kMaxExactTailTokens,
@@ -115,6 +116,10 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
         return bad_params("n_sliding_window must be 0 or n_layers (" + std::to_string(p.n_layers) + "), got " +
                           std::to_string(p.n_sliding_window));
     }
+    if (p.n_key_scales > 0 && !p.key_scales) {
+        return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: key_scales is NULL but n_key_scales is " +
+                                                  std::to_string(p.n_key_scales));
+    }
     if (!p.key_codec || !p.value_codec) {
         return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_cache_create: key_codec or value_codec is NULL");
     }
@@ -148,6 +153,15 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
     cfg.staging = p.staging == KVQ_STAGING_F16 ? StagingType::f16 : StagingType::f32;
     cfg.exact_tail_tokens = p.exact_tail_tokens;
+    // Its length is validate_config's to check (n_layers x n_kv_heads x head_dim); copied first only up
+    // to that bound, so a wrong count fails as BAD_PARAMS without reading far past the caller's array.
+    const size_t n_scales = static_cast<size_t>(std::max(p.n_layers, 0)) * static_cast<size_t>(std::max(p.n_kv_heads, 0)) *
+                            static_cast<size_t>(std::max(p.head_dim, 0));
+    if (p.n_key_scales != 0 && p.n_key_scales != n_scales) {
+        return bad_params("n_key_scales must be 0 or n_layers x n_kv_heads x head_dim (" + std::to_string(n_scales) +
+                          "), got " + std::to_string(p.n_key_scales));
+    }
+    cfg.key_scales.assign(p.key_scales, p.key_scales + p.n_key_scales);
     if (!p.executor && p.executor_ctx) return bad_params("executor_ctx is set but executor is NULL");
     cfg.executor = c_executor(p.executor, p.executor_ctx);
     cfg.threads = p.threads;
