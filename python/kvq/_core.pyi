@@ -135,6 +135,7 @@ class KVCache:
         max_bytes: int = 0,
         int8_value_weights: bool = False,
         exact_tail_tokens: int = 0,
+        key_scales: npt.ArrayLike | None = None,
     ) -> None: ...
     @property
     def config(self) -> dict[str, object]: ...

@@ -52,6 +52,15 @@ std::vector<int> parse_sliding_window(const py::object& w, int n_layers) {
     }
 }
 
+// None, or an array of shape (n_layers, n_kv_heads, head_dim) (CacheConfig::key_scales; validate_config
+// checks the values).
+std::vector<float> parse_key_scales(const py::object& o, int n_layers, int n_kv_heads, int head_dim) {
+    if (o.is_none()) return {};
+    const CheckedArray a = float_array(o, "KVCache: key_scales",
+                                       {{"n_layers", n_layers}, {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}});
+    return std::vector<float>(a.floats(), a.floats() + a.size);
+}
+
 // A path as Python gives it (str, bytes or os.PathLike) in the file system's encoding. A NUL byte would
 // end the C path early (a file other than the one named): ValueError, as open() raises.
 std::string fs_path(const py::object& path) {
@@ -233,7 +242,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
                                       const std::string& seal, bool center_keys, const std::string& nan_policy,
                                       int threads, uint64_t seed, const std::string& staging,
                                       const py::object& layer_codecs, int64_t max_bytes, bool int8_value_weights,
-                                      int exact_tail_tokens) {
+                                      int exact_tail_tokens, const py::object& key_scales) {
     CacheConfig c;
     c.n_layers = n_layers;
     c.n_kv_heads = n_kv_heads;
@@ -256,6 +265,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
     c.nan_policy = parse_nan_policy(nan_policy);
     c.int8_value_weights = int8_value_weights;
     c.exact_tail_tokens = exact_tail_tokens;
+    c.key_scales = parse_key_scales(key_scales, n_layers, n_kv_heads, head_dim);
     c.threads = threads;
     c.seed = seed;
     return std::make_unique<PyKVCache>(c);
@@ -293,6 +303,13 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
     d["nan_policy"] = c.nan_policy == NanPolicy::reject ? "reject" : "propagate";
     d["int8_value_weights"] = c.int8_value_weights;
     d["exact_tail_tokens"] = c.exact_tail_tokens;
+    py::object scales = py::none();
+    if (!c.key_scales.empty()) {
+        py::array_t<float> a = new_float_array({c.n_layers, c.n_kv_heads, c.head_dim});
+        std::copy(c.key_scales.begin(), c.key_scales.end(), a.mutable_data());
+        scales = a;
+    }
+    d["key_scales"] = scales;
     d["threads"] = c.threads;
     d["seed"] = c.seed;
     return d;
@@ -339,14 +356,17 @@ multiplies q4_0 values by int8 weights (CacheConfig::int8_value_weights: each so
 scale rounded to an int8 step per group of 16 rows of a block; faster at the avx2 and avx512 levels).
 exact_tail_tokens=T keeps the most recent T tokens of each sequence and layer in the staging precision
 (CacheConfig::exact_tail_tokens): a block is quantized only once all its tokens are more than T tokens old;
-needs seal="on_block_full"; its staging counts in bytes_used, max_blocks and max_bytes.)doc")
+needs seal="on_block_full"; its staging counts in bytes_used, max_blocks and max_bytes. key_scales=s, an
+array of shape (n_layers, n_kv_heads, head_dim) of positive finite floats (CacheConfig::key_scales), stores
+keys as k * s and attends with q / s (s of the query head's kv head): the same scores, the keys' rounding
+error moved to the channels where s is small; values untouched; saved in cache files.)doc")
         .def(py::init(&make_cache), "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "n_heads"_a = py::none(),
              "key_codec"_a = "q8_0", "value_codec"_a = "q4_0", py::kw_only(), "block_tokens"_a = 32,
              "max_blocks"_a = 0, "initial_blocks"_a = 0, "grow_blocks"_a = 64, "scale"_a = py::none(),
              "softcap"_a = 0.0f, "sliding_window"_a = py::none(), "seal"_a = "on_block_full",
              "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed,
              "staging"_a = "f32", "layer_codecs"_a = py::none(), "max_bytes"_a = 0, "int8_value_weights"_a = false,
-             "exact_tail_tokens"_a = 0)
+             "exact_tail_tokens"_a = 0, "key_scales"_a = py::none())
         .def_property_readonly("config", [](const PyKVCache& c) { return config_dict(c.config(), c.n_heads()); },
                                "The configuration as a dict (the constructor's keyword arguments).")
         .def_property_readonly("n_layers", [](const PyKVCache& c) { return c.config().n_layers; })

@@ -20,8 +20,8 @@ from ._tensors import _check_cpu, _to_numpy, _valid_new
 
 
 def _key_scales(scales, n_layers: int, n_kv: int, d: int, g: int) -> list:
-    """Per layer None, or (s, 1/s repeated per query head) as float32 arrays of the shapes the keys and
-    queries have; ValueError on a bad entry."""
+    """Per layer None, or s as a float32 array (n_kv, d) whose inverse is finite too (kvq.KVCache's rule for
+    key_scales); ValueError on a bad entry."""
     out: list = [None] * n_layers
     if scales is None:
         return out
@@ -41,7 +41,7 @@ def _key_scales(scales, n_layers: int, n_kv: int, d: int, g: int) -> list:
                 and np.all(np.isfinite(inv32)) and np.all(inv32 > 0)):
             raise ValueError(f"kvq.hf.KVQCache: key_scales[{layer}] must be positive and finite in float32 (and so "
                              "its inverse)")
-        out[layer] = (s32, inv32)
+        out[layer] = s32
     return out
 
 
@@ -89,6 +89,16 @@ class KVQCache(Cache):
         pairs = _layer_pairs(key_codec, value_codec, layer_codecs, shape.n_layers)
         # One kvq.KVCache holds every layer (each with its own codecs: its layer_codecs) whose keys are
         # centered alike; a second one only when some layers center their keys and others do not.
+        # Key scales go down to kvq (KVCache(key_scales=...): k ⊙ s stored, q ⊘ s attending), ones on layers
+        # without any.
+        self._key_scales = _key_scales(key_scales, shape.n_layers, shape.n_kv_heads, shape.head_dim,
+                                       shape.n_heads // shape.n_kv_heads)
+        all_scales = None
+        if any(s is not None for s in self._key_scales):
+            all_scales = np.ones((shape.n_layers, shape.n_kv_heads, shape.head_dim), dtype=np.float32)
+            for layer, s in enumerate(self._key_scales):
+                if s is not None:
+                    all_scales[layer] = s
         groups: dict[bool, _Group] = {}
         centered = []
         for k, v in pairs:
@@ -100,7 +110,7 @@ class KVQCache(Cache):
             groups[center] = _Group(_core.KVCache(
                 shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.n_heads, key_codec=next(p for p in own if p)[0],
                 value_codec=next(p for p in own if p)[1], layer_codecs=own, scale=scale, softcap=softcap,
-                sliding_window=shape.windows, center_keys=center, **cache_config))
+                sliding_window=shape.windows, center_keys=center, key_scales=all_scales, **cache_config))
         self._config = config
         self._groups = list(groups.values())
         self._layer_group = [groups[c] for c in centered]
@@ -109,8 +119,6 @@ class KVQCache(Cache):
         self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
         self.scale, self.softcap, self.windows = float(scale), float(softcap), shape.windows
         self.block_tokens = int(self._groups[0].cache.config["block_tokens"])
-        self._key_scales = _key_scales(key_scales, shape.n_layers, shape.n_kv_heads, shape.head_dim,
-                                       shape.n_heads // shape.n_kv_heads)
         self._failed = ""
         super().__init__(layers=[_KVQLayer(i, w) for i, w in enumerate(shape.windows)])
 
@@ -258,9 +266,6 @@ class KVQCache(Cache):
                            valid_new: np.ndarray) -> np.ndarray:
         layer_idx = layer.index
         b, q, h, d = qn.shape
-        if self._key_scales[layer_idx] is not None:  # k ⊙ s stored, q ⊘ s attends: the same scores
-            s, inv = self._key_scales[layer_idx]
-            kn, qn = kn * s, qn * inv
         out = np.zeros((b, q, h, d), dtype=np.float32)
         for row in range(b):
             idx = np.flatnonzero(valid_new[row])
