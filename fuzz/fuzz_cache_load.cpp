@@ -31,7 +31,8 @@ constexpr int kD = 32;
 // Configurations 0-2: 4-token blocks; 3: 16-token blocks and 4 queries per kv head, whose sealed q8_0 key
 // blocks the cache keeps in groups of 16 rows where the SIMD level has a kernel for them
 // (lib/ref/key_groups.hpp): files hold rows, which loading groups again; 4: sink keys over centered
-// rotated q4_0 (lib/codec/sink_keys.hpp: a hostile file's sink count and fp16 rows).
+// rotated q4_0 (lib/codec/sink_keys.hpp: a hostile file's sink count and fp16 rows). 3 also has key channel
+// scales (format version 5: a hostile file's scale count and values).
 constexpr int kConfigs = 5;
 
 CacheConfig base_config(int which) {
@@ -47,6 +48,10 @@ CacheConfig base_config(int which) {
     c.center_keys = which == 2 || which == 4;
     if (which == 1) c.sliding_window = {6, 0};
     if (which == 0) c.layer_codecs = {{}, {"q4_0", "q8_0"}};  // blocks of two sizes (file format 3)
+    if (which == 3) {
+        c.key_scales.resize(size_t(c.n_layers) * c.n_kv_heads * kD);
+        for (size_t i = 0; i < c.key_scales.size(); ++i) c.key_scales[i] = 0.5f + static_cast<float>(i % 7) / 4.0f;
+    }
     c.nan_policy = NanPolicy::propagate;
     return c;
 }

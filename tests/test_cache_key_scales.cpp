@@ -301,3 +301,20 @@ TEST_CASE("key scales: a file of bad scales (NaN, zero, a wrong count) is BadCac
     refused(b, "1 key scales for 256");
     CHECK(live.load_into(path).size() == 3);  // the good file, after all that
 }
+
+TEST_CASE("key scales: append checks k ⊙ s against the key codec's range and stores nothing when it fails") {
+    CacheConfig cfg = scales_config("q8_0", "q4_0");
+    cfg.key_scales.assign(size_t(kLayers) * kRow, 1000.0f);
+    KVCache cache(cfg);
+    const SequenceId id = cache.add_sequence();
+    std::vector<float> k(kRow, 1.0f), v(kRow, 1.0f);
+    cache.append(0, id, k.data(), v.data(), 1);
+    k[3] = 1e4f;  // within q8_0's range, 1e7 once scaled is not
+    const std::string what = error_of<std::invalid_argument>([&] { cache.append(0, id, k.data(), v.data(), 1); });
+    CHECK(what.find("k (times key_scales) of token 0, kv head 0 is beyond the key codec's range") != std::string::npos);
+    CHECK(cache.n_tokens(id, 0) == 1);
+    KVCache plain(scales_config("q8_0", "q4_0"));
+    const SequenceId p = plain.add_sequence();
+    plain.append(0, p, k.data(), v.data(), 1);
+    CHECK(cache.dump().find("key channel scales") != std::string::npos);
+}

@@ -91,7 +91,8 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::f
 
 TEST_CASE("decode: attend and attend_batch allocate nothing once warm, on one thread and on the pool") {
     for (int threads : {1, 2}) {
-        for (const std::string codecs : {"q8_0/q4_0", "f16/f16", "q4_0+rot/q4_0+rot", "turbo4/q4_0", "turbo4_qjl/turbo4", "polar/polar", "chan3/q4_0"}) {
+        for (const std::string codecs : {"q8_0/q4_0", "f16/f16", "q4_0+rot/q4_0+rot", "turbo4/q4_0", "turbo4_qjl/turbo4", "polar/polar", "chan3/q4_0",
+                                         "q8_0/q4_0 key_scales"}) {
             CAPTURE(threads);
             CAPTURE(codecs);
             kvq::CacheConfig cfg;
@@ -99,8 +100,10 @@ TEST_CASE("decode: attend and attend_batch allocate nothing once warm, on one th
             cfg.n_kv_heads = 2;
             cfg.n_heads = 8;
             cfg.head_dim = 128;
-            cfg.key_codec = codecs.substr(0, codecs.find('/'));
-            cfg.value_codec = codecs.substr(codecs.find('/') + 1);
+            const std::string pair = codecs.substr(0, codecs.find(' '));
+            cfg.key_codec = pair.substr(0, pair.find('/'));
+            cfg.value_codec = pair.substr(pair.find('/') + 1);
+            if (pair != codecs) cfg.key_scales.assign(2 * 128, 1.5f);  // q ⊘ s in a buffer the cache keeps
             cfg.threads = threads;
             kvq::KVCache cache(cfg);
             const size_t n = 1100;  // 34 sealed blocks and an open one: two parts with two threads

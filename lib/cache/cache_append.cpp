@@ -246,7 +246,7 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     std::vector<std::pair<size_t, int>> poisoned;
     const LayerKind& kd = kind(layer);
     k = scale_keys(layer, k, n, k_scaled);  // the keys as stored: every check below is of k ⊙ s
-    k = check_rows(k, "k", n, n_kv, d, cfg.nan_policy, kd.key_limit, kd.store_nonfinite_k, k_clean, poisoned);
+    k = check_rows(k, scales_keys(layer) ? "k (times key_scales)" : "k", n, n_kv, d, cfg.nan_policy, kd.key_limit, kd.store_nonfinite_k, k_clean, poisoned);
     v = check_rows(v, "v", n, n_kv, d, cfg.nan_policy, kd.value_limit, kd.store_nonfinite_v, v_clean, poisoned);
 
     detail::LayerState& st = seq.layers[layer];

@@ -295,6 +295,7 @@ std::string detail::CacheImpl::dump() const {
        << cfg.block_tokens << " tokens/block, seal "
        << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
        << (cfg.exact_tail_tokens ? ", exact tail of " + std::to_string(cfg.exact_tail_tokens) + " tokens" : std::string())
+       << (cfg.key_scales.empty() ? "" : ", key channel scales")
        << "\npool: " << ps.blocks_used << " of " << ps.blocks_total << " blocks used (" << ps.blocks_shared
        << " shared), max " << (ps.max_blocks ? std::to_string(ps.max_blocks) : std::string("unlimited")) << ", "
        << ps.block_bytes << " bytes/block\n";
