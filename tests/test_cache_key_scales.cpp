@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,34 @@ TEST_CASE("key scales: scores that overflow float are recomputed in double on th
     for (float f : y) REQUIRE(std::isfinite(f));
     // Both softmaxes are one-hot at the same key.
     CHECK(max_abs_diff(x, y) < 1e-5);
+}
+
+TEST_CASE("key scales: a finite query that overflows once divided by the scales is refused, under every policy") {
+    for (kvq::NanPolicy policy : {kvq::NanPolicy::reject, kvq::NanPolicy::propagate}) {
+        CacheConfig cfg = scales_config("q8_0", "q8_0");
+        cfg.nan_policy = policy;
+        cfg.key_scales = some_scales(1e-3f, 1e-2f);  // 1/s up to 1000
+        KVCache cache(cfg);
+        std::vector<float> k, v;
+        random_tokens(9, kKv, kDim, 3, k, v);
+        const SequenceId id = cache.add_sequence();
+        const SequenceId id2 = cache.add_sequence();
+        cache.append(0, id, k.data(), v.data(), 9);
+        cache.append(0, id2, k.data(), v.data(), 9);
+        auto q = kvq::test::gaussian(2 * kQuery, 5);
+        q[kQuery + 3] = 1e37f;  // finite, but 1e37 × 1/s is not; query vector 4 + 0 (the second token's head 0)
+        std::vector<float> out(2 * kQuery, 7.0f);
+        CHECK_THROWS_AS(cache.attend(0, id, q.data() + kQuery, out.data()), kvq::NonFiniteInput);
+        CHECK_THROWS_WITH_AS(cache.attend_prefill(0, id, q.data(), 2, out.data()),
+                             doctest::Contains("query vector 4 divided by layer 0's key_scales overflows"),
+                             kvq::NonFiniteInput);
+        const SequenceId ids[] = {id, id2};
+        CHECK_THROWS_AS(cache.attend_batch(0, std::span<const SequenceId>(ids), q.data(), out.data()), kvq::NonFiniteInput);
+        for (float f : out) CHECK(f == 7.0f);  // nothing written
+        q[kQuery + 3] = 1.0f;
+        cache.attend(0, id, q.data() + kQuery, out.data());  // and the cache still attends
+        for (size_t i = 0; i < kQuery; ++i) REQUIRE(std::isfinite(out[i]));
+    }
 }
 
 TEST_CASE("key scales: bad scales are refused by validate_config and the constructor") {

@@ -112,7 +112,6 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
                                       int h) const {
     const size_t d = static_cast<size_t>(cfg.head_dim), g = static_cast<size_t>(this->g()), bt = this->bt();
     const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
-    const detail::BlockLayout& lay = kind.layout;
     std::vector<float> row(d);
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
@@ -172,7 +171,7 @@ void detail::CacheImpl::attend(int layer, SequenceId id, const float* q, float* 
     std::vector<char> nan_head;
     q = check_query("attend", q, cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
     std::optional<detail::ScratchPool<std::vector<float>>::Lease> scaled;  // q ⊘ s (CacheConfig::key_scales)
-    if (scales_keys(layer)) q = scale_queries(layer, q, 1, *scaled.emplace(query_scratch));
+    if (scales_keys(layer)) q = scale_queries("attend", layer, q, 1, *scaled.emplace(query_scratch));
     const size_t n = st.n_tokens, w = window(layer);
     attend_range(kind(layer), st, w && n > w ? n - w : 0, n, q, out, cfg.threads);
     for (size_t h = 0; h < nan_head.size(); ++h) {
@@ -210,7 +209,7 @@ void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q,
     std::vector<char> nan_head;
     q = check_query("attend_prefill", q, n_queries * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
     std::optional<detail::ScratchPool<std::vector<float>>::Lease> scaled;  // q ⊘ s (CacheConfig::key_scales)
-    if (scales_keys(layer)) q = scale_queries(layer, q, n_queries, *scaled.emplace(query_scratch));
+    if (scales_keys(layer)) q = scale_queries("attend_prefill", layer, q, n_queries, *scaled.emplace(query_scratch));
     auto one_query = [&](int i) {
         const size_t p = n - n_queries + i;
         attend_range(kind(layer), st, window_start(p), p + 1, q + i * vec, out + i * vec, 1);
@@ -282,7 +281,7 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     std::vector<char> nan_head;
     q = check_query("attend_batch", q, ids.size() * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
     std::optional<detail::ScratchPool<std::vector<float>>::Lease> scaled;  // q ⊘ s (CacheConfig::key_scales)
-    if (scales_keys(layer)) q = scale_queries(layer, q, ids.size(), *scaled.emplace(query_scratch));
+    if (scales_keys(layer)) q = scale_queries("attend_batch", layer, q, ids.size(), *scaled.emplace(query_scratch));
     const size_t w = window(layer);
     for (size_t i = 0; i < ids.size(); ++i) {
         const size_t n = layers[i]->n_tokens;

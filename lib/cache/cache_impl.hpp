@@ -179,7 +179,7 @@ struct CacheImpl {
     const float* scale_keys(int layer, const float* k, size_t n, std::vector<float>& buf) const;
     // q ⊘ s of n query sets (n × n_heads × head_dim; query head i reads kv head i / g()) into buf; q itself
     // for a layer without scales.
-    const float* scale_queries(int layer, const float* q, size_t n, std::vector<float>& buf) const;
+    const float* scale_queries(const char* what, int layer, const float* q, size_t n, std::vector<float>& buf) const;
 
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }

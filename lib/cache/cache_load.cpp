@@ -83,7 +83,6 @@ bool all_finite(const float* x, size_t n) {
 // non-finite under propagate.
 BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file_block, uint32_t live) {
     const detail::LayerKind& kind = c.kinds[k];
-    const detail::BlockLayout& lay = kind.layout;
     BadRows bad;
     const size_t d = static_cast<size_t>(c.cfg.head_dim);
     std::vector<float> rows(static_cast<size_t>(live) * d);
