@@ -32,6 +32,7 @@ struct CodecPair {
     const char* name = nullptr;  // the value's part of the benchmark name, if not `value`
     bool int8_value_weights = false;  // CacheConfig::int8_value_weights
     bool center_keys = false;         // CacheConfig::center_keys (the key's name gets "+center")
+    bool key_scales = false;          // CacheConfig::key_scales, channel weights in [0.5, 2] (name: "+ks")
 };
 // f16 first: every other pair is compared with it. q4_0-i8w: q4_0 values on int8 weights.
 constexpr CodecPair kPairs[] = {{"f16", "f16"},   {"f32", "f32"},       {"q8_0", "q4_0"},
@@ -41,7 +42,12 @@ constexpr CodecPair kPairs[] = {{"f16", "f16"},   {"f32", "f32"},       {"q8_0",
                                 {"q4_0+rot", "q4_0", nullptr, false, true}, {"chan4", "q4_0"},
                                 {"q4_0+rot+sink1", "q4_0", nullptr, false, true},
                                 // iq4_nl (ggml's non-uniform 4-bit levels) as keys and as values.
-                                {"iq4_nl", "iq4_nl"}, {"q8_0", "iq4_nl"}};
+                                {"iq4_nl", "iq4_nl"}, {"q8_0", "iq4_nl"},
+                                // The rungs of docs/eval.md's --budget allocations (issue 39), with key scales.
+                                {"q4_0+rot", "q4_0+rot", nullptr, false, true, true},
+                                {"iq4_nls+rot", "turbo4", nullptr, false, true, true},
+                                {"turbo4", "turbo4", nullptr, false, true, true},
+                                {"turbo3", "turbo3", nullptr, false, true, true}};
 constexpr size_t kContexts[] = {size_t(128) << 10, size_t(32) << 10, size_t(4) << 10};  // longest first
 constexpr int kThreads[] = {1, 2};
 constexpr int kKvHeads = 8, kHeads = 32, kHeadDim = 128;
@@ -57,6 +63,10 @@ kvq::CacheConfig llama3_layer(const CodecPair& pair, int threads) {
     cfg.threads = threads;
     cfg.int8_value_weights = pair.int8_value_weights;
     cfg.center_keys = pair.center_keys;
+    if (pair.key_scales) {
+        cfg.key_scales.resize(size_t(kKvHeads) * kHeadDim);
+        for (size_t i = 0; i < cfg.key_scales.size(); ++i) cfg.key_scales[i] = 0.5f + 1.5f * float((i * 37) % 101) / 100.0f;
+    }
     return cfg;
 }
 
@@ -165,7 +175,9 @@ void BM_DecodeLevel(benchmark::State& state, kvq::SimdLevel level, int pair, siz
 }
 
 std::string value_name(const CodecPair& p) { return p.name ? p.name : p.value; }
-std::string key_name(const CodecPair& p) { return std::string(p.key) + (p.center_keys ? "+center" : ""); }
+std::string key_name(const CodecPair& p) {
+    return std::string(p.key) + (p.center_keys ? "+center" : "") + (p.key_scales ? "+ks" : "");
+}
 
 const bool registered_levels = [] {
     const kvq::SimdLevel def = kvq::simd_level();
