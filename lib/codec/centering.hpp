@@ -40,6 +40,7 @@ private:
         return {head.rows, inner_->side_bytes() ? head.side + means_bytes() : nullptr, head.row_stride};
     }
     std::unique_ptr<const KeyFormat> inner_;
+    Codec means_;  // f16 rows of head_dim: the means read back at the level's speed (F16C where it has it)
 };
 
 // One block of n key rows of d floats (row r at k + r·k_stride): mean16 (d values) = the per-channel mean,
