@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "crc32c.hpp"
+#include "key_scales.hpp"
 
 namespace kvq::detail::file {
 namespace {
@@ -321,8 +322,7 @@ Header decode_header(std::span<const uint8_t> bytes) {
         c.key_scales.resize(n);
         for (uint32_t i = 0; i < n; ++i) {
             const float x = c.key_scales[i] = d.f32("key scale");
-            const float inv = static_cast<float>(1.0 / static_cast<double>(x));
-            if (!(x > 0) || !std::isfinite(x) || !std::isfinite(inv) || !(inv > 0)) {
+            if (!valid_key_scale(x)) {
                 bad("header: key scale " + std::to_string(i) + " is " + std::to_string(x) +
                     " (key scales must be positive and finite, and so their reciprocals)");
             }

@@ -13,6 +13,7 @@
 #include "../ref/half.hpp"
 #include "../util/checked_size.hpp"
 #include "cache_impl.hpp"
+#include "key_scales.hpp"
 
 namespace kvq {
 namespace {
@@ -79,8 +80,8 @@ CacheConfig checked_fields(CacheConfig c) {
                        "n_layers x n_kv_heads x head_dim (" + std::to_string(n) + ")");
         }
         for (size_t i = 0; i < n; ++i) {
-            const float s = c.key_scales[i], inv = static_cast<float>(1.0 / static_cast<double>(s));
-            if (!(s > 0) || !std::isfinite(s) || !std::isfinite(inv) || !(inv > 0)) {
+            const float s = c.key_scales[i];
+            if (!detail::valid_key_scale(s)) {
                 bad_config("key_scales[" + std::to_string(i) + "] (layer " + std::to_string(i / (n / c.n_layers)) + ") is " +
                            std::to_string(s) + "; every key scale must be positive and finite, and so its reciprocal");
             }
@@ -221,7 +222,7 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
         scaled_layer.assign(cfg.n_layers, 0);
         key_scale_inv.resize(cfg.key_scales.size());
         for (size_t i = 0; i < cfg.key_scales.size(); ++i) {
-            key_scale_inv[i] = static_cast<float>(1.0 / static_cast<double>(cfg.key_scales[i]));
+            key_scale_inv[i] = detail::key_scale_reciprocal(cfg.key_scales[i]);
             scaled_layer[i / per_layer] |= cfg.key_scales[i] != 1.0f;
         }
     }
