@@ -51,6 +51,13 @@ A pair is 'KEY/VALUE', each a base format and modifiers joined by '+':
          of o_proj's column for channel j: the value error lands where o_proj does not read
   +fq    (keys) the query in float; by default it goes through q8_0 after rotation and scaling, as kvq's
          ggml-block kernels score (the emulation of q4_0+rot+center then is kvq's)
+  +centerN on values: the same span means subtracted before rounding and added back (measured: worse)
+  +klt   (keys with lmB, or values) a calibrated transform instead of the rotation: per layer and kv head the
+         eigenbasis of A·Sx·A (A = Sq^½ for keys, the score error being ‖A e‖²; A = (o_proj's Gram matrix)^½
+         for values), each coefficient over its calibrated σ, bit widths by greedy integer water-filling on
+         Lloyd-Max's Gaussian distortions (B·d bits a row, 0 to 8 each; +klt1, +klt2: at least 1 or 2),
+         one least-squares fp16 scale per row; keys' +qk is then implied. Needs --calib. (Measured: worse.)
+  +s1    (with +klt) the chunk's first token (BOS) kept in fp16
 
 bits/value counts everything stored per value: base bits + 16/group (the fp16 scale; chanB: 32/32, minimum
 and step), +center 16/32 (+center64 16/64), +kn 16/32. +qk, +ks and +wo are per-layer constants (256 fp16 per
@@ -279,7 +286,7 @@ class Format:
     """One side's format: base and modifiers (module docstring)."""
 
     MODS = {"rot", "center", "center64", "center128", "center256", "ccenter64", "ccenter128", "ccenter256", "g64", "g128", "g256", "kn", "qk", "qkw", "ks",
-            "wo", "fq"}
+            "wo", "fq", "klt", "klt1", "klt2", "s1"}
 
     def __init__(self, spec: str, side: str):
         parts = spec.split("+")
@@ -297,7 +304,7 @@ class Format:
         groups = [int(m[1:]) for m in self.mods if m.startswith("g")]
         if len(groups) > 1:
             raise ValueError(f"{spec}: one group size at most")
-        if side == "v" and (self.center or self.mods & {"kn", "qk", "qkw", "ks"}):
+        if side == "v" and (self.causal or self.mods & {"kn", "qk", "qkw", "ks"}):
             raise ValueError(f"{spec}: key modifiers on values")
         if side == "k" and "wo" in self.mods:
             raise ValueError(f"{spec}: +wo is a value modifier")
@@ -339,6 +346,7 @@ class Study:
         self.calib: dict[int, dict] = {}  # layer -> {"q2", "k2", "kc2", "v2", "wo"}: per-channel statistics
         self.record = False  # calibration pass: attention in float, statistics recorded
         self.weight_scale: dict[int, torch.Tensor] = {}  # layer -> +qkw's scales (kv heads, d)
+        self.klt: dict[tuple, list] = {}  # (layer, side, centered, bits) -> +klt's transform per kv head
 
 
 S: Study | None = None
@@ -348,6 +356,63 @@ def static_scale(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """s_j = (num_j / den_j)^(1/4), geometric mean 1 (num, den: (kv heads, d))."""
     s = (num.clamp_min(1e-12) / den.clamp_min(1e-12)).pow(0.25)
     return s / s.log().mean(-1, keepdim=True).exp()
+
+
+# Lloyd-Max distortion of a unit Gaussian at 0..8 bits (D(0) = 1: the coefficient dropped).
+LM_MSE = [1.0, 0.3634, 0.1175, 0.03454, 0.009497, 0.002499, 0.000642, 0.000163, 0.0000411]
+
+
+def _sym_pow(m: torch.Tensor, p: float) -> torch.Tensor:
+    e, u = torch.linalg.eigh(m.double())
+    e = e.clamp_min(e.max() * 1e-8)
+    return ((u * e.pow(p)) @ u.T).float()
+
+
+def klt_transform(layer: int, side: str, centered: bool, bits: int, floor: int = 0) -> tuple:
+    """+klt: per kv head the calibrated basis T (z = x·T), its inverse, each coefficient's standard deviation
+    and bit width. Keys: the error weighted by the queries' second moments (A = Sq^½, the score error is
+    ‖A e‖²), values by o_proj's Gram matrix (the output error); then the eigenbasis of A·Sx·A (KLT) and bit
+    widths by greedy integer water-filling on Lloyd-Max's Gaussian distortions, bits·d in all."""
+    key = (layer, side, centered, bits, floor)
+    if key in S.klt:
+        return S.klt[key]
+    c = S.calib[layer]
+    w = c["Sq"] if side == "k" else c["Wv"]
+    sx = (c["Sk128"] if centered else c["Sk"]) if side == "k" else c["Sv"]
+    out = []
+    for h in range(w.shape[0]):
+        a, ai = _sym_pow(w[h], 0.5), _sym_pow(w[h], -0.5)
+        mu, u = torch.linalg.eigh((a @ sx[h] @ a).double())
+        mu, u = mu.float().clamp_min(0), u.float()
+        b = torch.full((mu.shape[0],), floor, dtype=torch.long)  # +kltF: at least F bits per coefficient
+        for _ in range((bits - floor) * mu.shape[0]):
+            gain = mu * (torch.tensor(LM_MSE)[b] - torch.tensor(LM_MSE + [0.0])[(b + 1).clamp_max(8)])
+            gain[b >= 8] = -1
+            b[int(gain.argmax())] += 1
+        out.append((a @ u, u.T @ ai, mu.sqrt(), b))
+    S.klt[key] = out
+    return out
+
+
+def klt_round(x: torch.Tensor, tr: list) -> torch.Tensor:
+    """x (tokens, kv heads, d) through +klt: z = x·T, each coefficient over its σ with the Lloyd-Max levels of its
+    width, one least-squares fp16 scale per row (over the coded coefficients), back with T⁻¹."""
+    out = torch.empty_like(x)
+    for h, (t, ti, sd, b) in enumerate(tr):
+        z = x[:, h] @ t
+        w = z / sd.clamp_min(1e-30)
+        coded = b > 0
+        rms = w[:, coded].pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30)
+        c = torch.zeros_like(w)
+        for bits in b[coded].unique().tolist():
+            if bits not in _LM:
+                _LM[bits] = lloyd_max(bits)
+            m = b == bits
+            c[:, m] = _LM[bits][_nearest(_LM[bits], w[:, m] / rms)]
+        cs = c * sd
+        scale = f16((cs * z).sum(-1, keepdim=True) / cs.pow(2).sum(-1, keepdim=True).clamp_min(1e-30))
+        out[:, h] = (cs * scale) @ ti
+    return out
 
 
 def key_scores(layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -369,6 +434,13 @@ def key_scores(layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         m = block_mean(k, f.center)
     if m is not None:
         r = k - m
+    klt = [x for x in f.mods if x.startswith("klt")]
+    if klt:
+        kh = klt_round(r, klt_transform(layer, "k", m is not None, ROW_BASE[f.base][0], int(klt[0][3:] or 0)))
+        kh = kh + m if m is not None else kh
+        if "s1" in f.mods:  # the chunk's first token (BOS) kept in fp16
+            kh[0] = f16(k[0])
+        return torch.einsum("qhd,thd->hqt", q, kh.repeat_interleave(g, 1))
     s = None  # per-channel multiplier, (kv heads, d) static or (tokens, kv heads, d) per block
     if "qk" in f.mods:
         c = S.calib[layer]
@@ -414,12 +486,21 @@ def values(layer: int, v: torch.Tensor) -> torch.Tensor:
     if "wo" in f.mods:
         c = S.calib[layer]
         s = static_scale(c["wo"], c["v2"])
-    x = v * s if s is not None else v
+    klt = [x for x in f.mods if x.startswith("klt")]
+    if klt:
+        vh = klt_round(v, klt_transform(layer, "v", False, ROW_BASE[f.base][0], int(klt[0][3:] or 0)))
+        if "s1" in f.mods:
+            vh[0] = f16(v[0])
+        return vh
+    m = block_mean(v, f.center) if f.center else None  # +centerN on values: the span's fp16 mean added back
+    x = v - m if m is not None else v
+    x = x * s if s is not None else x
     if "rot" in f.mods:
         x = f.round(x @ S.R.T) @ S.R
     else:
         x = f.round(x)
-    return x / s if s is not None else x
+    x = x / s if s is not None else x
+    return x + m if m is not None else x
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -469,6 +550,16 @@ def _record(module, layer: int, q, k, v):
     c["n"] = n + 1
     w = module.o_proj.weight.detach().float()  # (hidden, heads·d)
     c["wo"] = w.pow(2).sum(0).reshape(kvh, g, d).sum(1)
+    # +klt's second moments (kv head, d, d): queries of the head's group, keys centered over 128 tokens and not,
+    # values, and o_proj's Gram matrix of the group's columns
+    qg = q.reshape(-1, kvh, g, d).transpose(1, 2).reshape(-1, kvh, d)
+    k128 = k - block_mean(k, 128) if k.shape[0] % 128 == 0 else k
+    wg = w.reshape(w.shape[0], kvh, g, d)
+    full = {"Sq": torch.einsum("nhd,nhe->hde", qg, qg) / qg.shape[0], "Sk": torch.einsum("nhd,nhe->hde", k, k) / k.shape[0],
+            "Sk128": torch.einsum("nhd,nhe->hde", k128, k128) / k.shape[0],
+            "Sv": torch.einsum("nhd,nhe->hde", v, v) / v.shape[0], "Wv": torch.einsum("xhgd,xhge->hde", wg, wg)}
+    for name, x in full.items():
+        c[name] = x if n == 0 else (c[name] * n + x) / (n + 1)
 
 
 def _weight_scale(module, kvh: int, d: int) -> torch.Tensor:
