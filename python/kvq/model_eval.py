@@ -21,23 +21,25 @@ per-layer KLs are measured (or given as ``sensitivity``, the per_layer rows of a
 minimizing their sum with mean bits per value ≤ B are chosen (``allocate_budget``, exact) and evaluated
 next to the candidates as uniform pairs (``propose_budget``; ``EvalResult.budget``).
 
+The allocation lives in kvq.budget, the statistics and tables in kvq.eval_result (both re-exported here).
+
 Needs torch and transformers (``pip install '.[hf]' (distribution kvq-cache)``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._pairs import check_spec, format_layer_pairs, layer_pairs
+from ._pairs import check_spec, layer_pairs
+from .budget import allocate_budget, propose_budget, side_pair_rows  # noqa: F401 (re-exported)
+from .eval_result import EvalResult, kl_stats  # noqa: F401 (re-exported)
 
 DEFAULT_EVAL_PAIRS = [
     "q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q4_0+rot/q4_0", "q4_0+rot+center/q4_0",
@@ -51,102 +53,6 @@ DEFAULT_BUDGET_PAIRS = [
     "chan2/polar:budget=3", "chan3/polar:budget=3", "q5_0+rot+center/polar:budget=3", "q4_0+rot+center/q4_0",
     "q5_0+rot+center/q4_0", "q8_0/q4_0", "q8_0/q8_0",
 ]
-
-
-def allocate_budget(kl: Sequence[Sequence[float]], bits: Sequence[Sequence[float]], budget: float) -> list[int]:
-    """One candidate per layer (its index) minimizing the sum of kl[layer][c] subject to
-    mean over layers of bits[layer][c] <= budget: a multiple-choice knapsack, solved exactly.
-
-    Dynamic programming over the layers on the Pareto frontier of (bits so far, KL so far): after each layer
-    only the partial choices that no other partial choice beats on both bits and KL are kept (sorted by bits,
-    a state is kept when its KL is below every state with fewer or equal bits), and those that cannot meet the
-    budget even with the cheapest candidates on the remaining layers are dropped. It is exact: the first
-    layers of an optimal choice are either kept or beaten on both counts by a kept state, which the same
-    remaining layers complete within the budget at no more KL. No discretization of the bits: the states are
-    the distinct sums of bits, few when the candidates' bits are few (7 candidates at multiples of 0.25 bit
-    over 18 layers: at most 22 × 18 + 1 = 397 sums). Among choices of equal KL the one with fewer bits wins.
-    Every layer counts alike, as KVQCache.bits_per_value averages them (each layer holds as many values).
-    """
-    n = len(kl)
-    if n == 0 or len(bits) != n or any(len(a) != len(b) or not a for a, b in zip(kl, bits)):
-        raise ValueError("allocate_budget: kl and bits need the same non-empty candidate lists for every layer")
-    if not math.isfinite(budget):
-        raise ValueError(f"allocate_budget: budget must be a finite number of bits per value, got {budget}")
-    cap = budget * n
-    eps = 1e-9 * max(1.0, abs(cap))
-    rest = [0.0] * (n + 1)  # the fewest bits of layers l.. (the cheapest candidate of each)
-    for l in range(n - 1, -1, -1):
-        rest[l] = rest[l + 1] + min(bits[l])
-    if rest[0] > cap + eps:
-        raise ValueError(f"a budget of {budget:g} bits per value is below the cheapest choice: the cheapest "
-                         f"candidate on every layer is {rest[0] / n:.4g} bits per value")
-    frontier: list[tuple[float, float, tuple[int, ...]]] = [(0.0, 0.0, ())]
-    for l in range(n):
-        states = [(b + bits[l][c], k + kl[l][c], ch + (c,)) for b, k, ch in frontier for c in range(len(kl[l]))
-                  if b + bits[l][c] + rest[l + 1] <= cap + eps]
-        states.sort(key=lambda s: (s[0], s[1]))
-        frontier = []
-        for st in states:
-            if not frontier or st[1] < frontier[-1][1]:
-                frontier.append(st)
-    return list(frontier[-1][2])  # the most bits on the frontier: the least KL
-
-
-def propose_budget(per_layer: Sequence[dict], budget: float, pairs: Sequence[str] | None = None,
-                   n_layers: int | None = None) -> dict:
-    """The per-layer pairs for a budget of bits per value, from per-layer sensitivity rows (``EvalResult
-    .per_layer``: pair, layer, window, bits_per_value, kl_mean with only that layer quantized): the candidates
-    are ``pairs`` (default: every pair of the rows), each needing a row for every layer; the choice minimizes
-    the sum of the per-layer KLs (the predicted KL, on the reading that the layers' KLs add up) with mean
-    bits per value ≤ budget (``allocate_budget``). Returns budget, spec (a per-layer pair list kvq eval
-    --pairs and KVQCache.from_spec take), bits_per_value, kl_predicted and the layers (layer, window, pair,
-    bits_per_value, kl_predicted)."""
-    table = {(r["pair"], int(r["layer"])): r for r in per_layer}
-    cands = list(dict.fromkeys(pairs if pairs is not None else [r["pair"] for r in per_layer]))
-    layers = sorted({l for _, l in table})
-    if n_layers is not None and layers != list(range(n_layers)):
-        raise ValueError(f"propose_budget: the sensitivity rows cover layers {layers}; the model has {n_layers}")
-    if not cands or layers != list(range(len(layers))):
-        raise ValueError("propose_budget: need per-layer rows for layers 0..n-1 of at least one pair")
-    for p in cands:
-        if ";" in p or "*" in p:
-            raise ValueError(f"propose_budget: a candidate is one pair or 'K/V|K2/V2', not a per-layer list: {p!r}")
-        missing = [l for l in layers if (p, l) not in table]
-        if missing:
-            raise ValueError(f"propose_budget: no sensitivity row of {p} for layers {missing}")
-    rows = [[table[p, l] for p in cands] for l in layers]
-    kl = [[float(r["kl_mean"]) for r in rs] for rs in rows]
-    bits = [[float(r["bits_per_value"]) for r in rs] for rs in rows]
-    choice = allocate_budget(kl, bits, budget)
-    out = []
-    for l, c in enumerate(choice):
-        w = rows[l][c]["window"]
-        out.append({"layer": l, "window": w, "pair": layer_pairs(cands[c], [0 if w == "full" else int(w)])[0],
-                    "candidate": cands[c], "bits_per_value": bits[l][c], "kl_predicted": kl[l][c]})
-    return {"budget": float(budget), "spec": format_layer_pairs([r["pair"] for r in out]),
-            "bits_per_value": sum(r["bits_per_value"] for r in out) / len(out),
-            "kl_predicted": sum(r["kl_predicted"] for r in out), "candidates": cands, "layers": out}
-
-
-def side_pair_rows(per_layer: Sequence[dict], keys: Sequence[str], values: Sequence[str]) -> list[dict]:
-    """Per-layer rows of every pair K/V from the per-layer rows of its sides, K/f32 (keys quantized, values
-    exact) and f32/V: KL the sum of the two sides' (the KLs of a pair's sides add up: docs/eval.md measured
-    pairs within ~7% of the sum), bits the mean of K's key bits and V's value bits (a side row's other half
-    is f32's 32 bits). What ``--budget-keys``/``--budget-values`` choose from: n + m per-layer runs for
-    n·m candidate pairs."""
-    table = {(r["pair"], int(r["layer"])): r for r in per_layer}
-    layers = sorted({l for _, l in table})
-    out = []
-    for k in keys:
-        for v in values:
-            for l in layers:
-                rk, rv = table.get((f"{k}/f32", l)), table.get((f"f32/{v}", l))
-                if rk is None or rv is None:
-                    raise ValueError(f"side_pair_rows: no per-layer row of {k}/f32 or f32/{v} for layer {l}")
-                kb, vb = 2 * float(rk["bits_per_value"]) - 32, 2 * float(rv["bits_per_value"]) - 32
-                out.append({"pair": f"{k}/{v}", "layer": l, "window": rk["window"], "bits_per_value": (kb + vb) / 2,
-                            "kl_mean": float(rk["kl_mean"]) + float(rv["kl_mean"])})
-    return out
 
 
 @contextlib.contextmanager
@@ -217,105 +123,6 @@ def _json_value(v):
     if isinstance(v, (list, tuple)):
         return [_json_value(x) for x in v]
     return v
-
-
-def kl_stats(kl: np.ndarray) -> dict:
-    """The statistics of per-token KL divergences that ``llama-perplexity --kl-divergence`` prints, computed as
-    its tools/perplexity/perplexity.cpp does (llama.cpp as vendored in llama-cpp-python 0.3.36):
-
-    - mean and its standard error, "Mean KLD: x ± se": llama.cpp's sqrt((Σx²/n − mean²) / (n − 1)), which is
-      the sample standard deviation over sqrt(n) (llama.cpp prints 0 when n ≤ 10; so does this);
-    - median (the middle value, or the mean of the two middle ones) and percentiles by linear interpolation
-      between the sorted values at fraction × (n − 1): llama.cpp's ``percentile`` lambda, which is numpy's
-      default ("linear") method, so the figures are comparable;
-    - maximum and minimum.
-    """
-    kl = np.asarray(kl, dtype=np.float64)
-    n = kl.size
-    se = float(kl.std(ddof=1) / math.sqrt(n)) if n > 10 else 0.0
-    p90, p95, p99, p99_9 = np.percentile(kl, [90, 95, 99, 99.9])  # method="linear", as llama.cpp
-    return {"kl_mean": float(kl.mean()), "kl_mean_se": se, "kl_median": float(np.median(kl)),
-            "kl_p90": float(p90), "kl_p95": float(p95), "kl_p99": float(p99), "kl_p99_9": float(p99_9),
-            "kl_max": float(kl.max()), "kl_min": float(kl.min())}
-
-
-@dataclass
-class EvalResult:
-    """Rows of the table (one per K/V pair, the baseline first) and, with per_layer, rows per (pair, layer).
-    Markdown shows COLUMNS, CSV COLUMNS and CSV_EXTRA, JSON every field of the rows."""
-
-    rows: list[dict]
-    per_layer: list[dict] = field(default_factory=list)
-    info: dict = field(default_factory=dict)
-    budget: list[dict] = field(default_factory=list)  # the proposals of eval_model(budget=...)
-
-    COLUMNS = [("pair", "K/V"), ("bits_per_value", "bits/value"), ("ppl", "PPL"), ("ppl_ratio", "PPL ratio"),
-               ("kl_mean", "KL mean"), ("kl_mean_se", "±"), ("kl_median", "KL median"), ("kl_p99", "KL p99"),
-               ("kl_p99_9", "KL p99.9"), ("kl_max", "KL max"), ("same_top", "same top %"),
-               ("kib_per_token", "KiB/token"), ("tokens_per_s", "tokens/s")]
-    CSV_EXTRA = ["key_bits", "value_bits", "kl_p90", "kl_p95", "kl_min", "same_top_se", "scored"]
-    LAYER_COLUMNS = [("pair", "K/V"), ("layer", "layer"), ("window", "window"), ("bits_per_value", "bits/value"),
-                     ("kl_mean", "KL mean"), ("kl_mean_se", "±"), ("kl_median", "KL median"), ("kl_p99", "KL p99"),
-                     ("kl_p99_9", "KL p99.9"), ("same_top", "same top %"), ("ppl", "PPL")]
-
-    BUDGET_COLUMNS = [("budget", "budget"), ("layer", "layer"), ("window", "window"), ("pair", "K/V"),
-                      ("bits_per_value", "bits/value"), ("kl_predicted", "predicted KL")]
-
-    def format(self, fmt: str = "markdown", table: str = "pairs") -> str:
-        """table: "pairs", "layers" (the per-layer rows) or "budget" (the proposals, layer by layer)."""
-        if fmt == "json":
-            return json.dumps({"info": self.info, "rows": self.rows, "per_layer": self.per_layer,
-                               "budget": self.budget}, indent=1) + "\n"
-        if table == "budget":
-            rows = [{"budget": p["budget"]} | r for p in self.budget for r in p["layers"]]
-            cols = self.BUDGET_COLUMNS if fmt == "csv" else self.BUDGET_COLUMNS[1:]
-            if fmt == "markdown":
-                return "\n".join(self._proposal_markdown(p) for p in self.budget)
-        elif table in ("pairs", "layers"):
-            rows, cols = (self.rows, self.COLUMNS) if table == "pairs" else (self.per_layer, self.LAYER_COLUMNS)
-        else:
-            raise ValueError(f"table must be pairs, layers or budget, got {table!r}")
-        return self._format(rows, cols, fmt, table)
-
-    def _proposal_markdown(self, p: dict) -> str:
-        best = p.get("best_uniform")
-        lines = [f"Budget {p['budget']:g} bits/value: {p['bits_per_value']:.4g} bits/value, KL mean predicted "
-                 f"{p['kl_predicted']:.3g} (the sum of the per-layer KLs)"
-                 + (f", measured {p['kl_mean']:.3g} ± {p['kl_mean_se']:.1g}" if "kl_mean" in p else "")
-                 + (f"; the best uniform pair within the budget, {best['pair']} ({best['bits_per_value']:.4g} "
-                    f"bits/value): {best['kl_mean']:.3g} ± {best['kl_mean_se']:.1g}" if best else "") + ".", "",
-                 f"    kvq eval ... --pairs '{p['spec']}'", ""]
-        rows = [r for r in p["layers"]]
-        return "\n".join(lines) + "\n" + self._format(rows, self.BUDGET_COLUMNS[1:], "markdown", "budget")
-
-    def _format(self, rows: list[dict], cols: list, fmt: str, table: str) -> str:
-        if fmt == "csv":
-            cols = cols + [(k, k) for k in self.CSV_EXTRA if table == "pairs"]
-            lines = [",".join(k for k, _ in cols)] + [",".join(_cell(r.get(k), k) for k, _ in cols) for r in rows]
-            return "\n".join(lines) + "\n"
-        if fmt != "markdown":
-            raise ValueError(f"format must be markdown, csv or json, got {fmt!r}")
-        head = "| " + " | ".join(h for _, h in cols) + " |"
-        sep = "|" + "|".join("---" if i == 0 else "--:" for i in range(len(cols))) + "|"
-        # "K/V|K2/V2" and "PAIR*n": a "|" splits a cell, "*" is emphasis
-        cells = [[_cell(r.get(k), k).replace("|", "\\|").replace("*", "\\*") for k, _ in cols] for r in rows]
-        return "\n".join([head, sep] + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
-
-
-def _cell(v, key: str) -> str:
-    if isinstance(v, str):
-        return v
-    if v is None:
-        return ""
-    if key.startswith("kl_"):
-        return "0" if not v else f"{v:.1e}" if key == "kl_mean_se" else f"{v:.2e}"
-    if key in ("same_top", "kib_per_token", "bits_per_value", "budget"):
-        return f"{v:.2f}"
-    if key in ("ppl", "ppl_ratio"):
-        return f"{v:.4f}"
-    if key == "tokens_per_s":
-        return f"{v:.0f}"
-    return str(v)
 
 
 class _Stats:
