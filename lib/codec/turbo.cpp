@@ -38,7 +38,7 @@ public:
         l_.centroids_lo = lo_.values.data();
         l_.scale_hi = hi_.scale;
         l_.ints_hi = hi_.ints.data();
-        if (l_.n_hi == d && d % 32 == 0 && (hi_.bits == 4 || hi_.bits == 2)) l_.int8_order = hi_.bits;
+        if (l_.n_hi == d && d % 32 == 0 && hi_.bits >= 2 && hi_.bits <= 4) l_.int8_order = hi_.bits;
         size_t off = bytes_for_bits(size_t(l_.n_hi) * hi_.bits + size_t(d - l_.n_hi) * lo_.bits);
         if (cfg.qjl) {
             qjl_ = std::make_unique<QjlSketch>(d, seed);

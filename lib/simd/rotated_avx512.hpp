@@ -1,0 +1,354 @@
+// AVX-512 (F/BW/VL/DQ, and VNNI where the including file is compiled with it) kernels of the turbo codecs
+// (layouts: lib/ref/rotated_kernels.hpp), included by level_avx512.cpp and level_avx512_vnni.cpp.
+//
+// score, on the int8 codes (int8_order != 0): a 128-value super-block of a row (four 32-blocks, one per
+// 128-bit lane) is cut into two registers of table indices, looked up in the 16-byte int8 table with one
+// vpshufb each, and multiplied with each query's int8 values, rearranged once per chunk to the same lane
+// order: with VNNI one vpdpbusd per register (the table offset by +128 to make it unsigned, the offset
+// taken back in the accumulator's start value: −128·Σq, exact), without it maddubs/madd on |k| and q
+// carrying k's sign. The integer sums of four queries are folded into one register (lane 4·block +
+// query), converted and scaled by the query's block scales in one fma; four rows' sums are folded and
+// transposed together, so a row costs no horizontal reduction of its own.
+// accumulate: 16 codes at a time, cut from one 64-bit word with vpshufb and vpsrlvd and looked up with one
+// vpermps in the section's table repeated to 16 entries (so no mask is needed); G queries × up to four
+// groups of 16 columns stay in registers over a chunk of rows.
+// Other layouts (the split codecs' float path, QJL scores, head sizes the loops do not take) go to the
+// 256-bit kernels (rotated_avx2.hpp).
+//
+// Results equal the scalar specification (rotated_scalar.cpp) to float rounding: a block's integer sum is
+// exact, and the float products are the specification's, summed in another order and with fma.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "rotated_avx2.hpp"
+
+namespace kvq::simd {
+namespace {
+
+namespace avx512 {
+
+using detail::TurboLayout;
+
+constexpr size_t kChunk = 64;  // rows kept in cache while query groups pass over them
+constexpr int kMaxSuper = 8;   // int8 scores: super-blocks of 128 values (d ≤ 1024) kept per query
+
+__mmask64 first_bytes(int n) { return n >= 64 ? ~__mmask64(0) : n <= 0 ? 0 : (__mmask64(1) << n) - 1; }
+
+// ---- scores on int8 codes ---------------------------------------------------------------------------
+
+// Byte pairs of a 3-bit code group's words in each 128-bit lane: word t = bytes (3t >> 3), (3t >> 3) + 1.
+constexpr std::array<int8_t, 64> kCut3 = [] {
+    std::array<int8_t, 64> b{};
+    for (int k = 0; k < 64; ++k) b[k] = static_cast<int8_t>((3 * (k % 16 / 2)) / 8 + k % 2);
+    return b;
+}();
+
+// A super-block's B-bit codes (`bytes` of its 16·B bytes are in the row) as two registers of table
+// indices, 128-bit lane L = block L: `first` the codes at the prepared int8 query's positions 0..15 of the
+// block, `second` those at 16..31 (int8_order 4: even, odd codes; 2: codes 4i, 4i+1, then 4i+2, 4i+3;
+// 3: index order).
+template <int B>
+void code_indices(const uint8_t* p, int bytes, __m512i& first, __m512i& second) {
+    if constexpr (B == 4) {
+        const __m512i x = _mm512_maskz_loadu_epi8(first_bytes(bytes), p);
+        const __m512i m = _mm512_set1_epi8(0x0F);
+        first = _mm512_and_si512(x, m);
+        second = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
+    } else if constexpr (B == 2) {  // qwords 2L, 2L+1 = block L's 8 bytes, shifted by 0, 2 (then 4, 6)
+        const __m512i x = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(static_cast<__mmask32>(first_bytes(bytes)), p));
+        const __m512i y = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 3, 2, 2, 1, 1, 0, 0), x);
+        const __m512i m = _mm512_set1_epi8(0x03);
+        first = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_set_epi64(2, 0, 2, 0, 2, 0, 2, 0)), m);
+        second = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_set_epi64(6, 4, 6, 4, 6, 4, 6, 4)), m);
+    } else {
+        static_assert(B == 3);
+        // lane L = block L's 12 bytes; word t of part c = the 16 bits holding code 8c + t, shifted down
+        const __m512i x = _mm512_maskz_loadu_epi8(first_bytes(bytes), p);
+        const __m512i y = _mm512_permutexvar_epi32(_mm512_set_epi32(0, 11, 10, 9, 0, 8, 7, 6, 0, 5, 4, 3, 0, 2, 1, 0), x);
+        const __m512i shifts = _mm512_set4_epi32(0x00050002, 0x00070004, 0x00010006, 0x00030000);
+        const __m512i m = _mm512_set1_epi16(7);
+        __m512i part[4];
+        for (int c = 0; c < 4; ++c) {
+            const __m512i idx = _mm512_add_epi8(_mm512_loadu_si512(kCut3.data()), _mm512_set1_epi8(static_cast<char>(3 * c)));
+            part[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(y, idx), shifts), m);
+        }
+        first = _mm512_packus_epi16(part[0], part[1]);   // lane L: codes 0..7, 8..15 of block L
+        second = _mm512_packus_epi16(part[2], part[3]);  // codes 16..23, 24..31
+    }
+}
+
+// One query's int8 values of one super-block in code_indices's lane order; `start`: the integer sums'
+// start value (VNNI: −128·Σq, taking back the table's +128; else 0); `scale` lane 4L + i: query i's scale
+// of block L (0 past the last block), shared by the group's queries.
+struct QuerySuper {
+    __m512i first, second, start;
+};
+
+template <int G>
+struct QueryGroup {
+    QuerySuper q[kMaxSuper][G];
+    __m512 scale[kMaxSuper];
+};
+
+template <int G>
+void arrange_queries(const TurboLayout& l, const uint8_t* const* prep, QueryGroup<G>& g) {
+    const int nb = l.d / 32;
+    for (int s = 0; s * 4 < nb; ++s) {
+        alignas(64) float sc[16] = {};
+        for (int i = 0; i < G; ++i) {
+            const int8_t* q8 = reinterpret_cast<const int8_t*>(prep[i] + l.prep_q8_off) + 128 * s;
+            const float* scales = reinterpret_cast<const float*>(prep[i] + l.prep_scale_off);
+            const int left = 32 * (nb - 4 * s);  // query bytes from this super-block on
+            const __m512i z0 = _mm512_maskz_loadu_epi8(first_bytes(left), q8);            // blocks 0, 1
+            const __m512i z1 = _mm512_maskz_loadu_epi8(first_bytes(left - 64), q8 + 64);  // blocks 2, 3
+            QuerySuper& qs = g.q[s][i];
+            qs.first = _mm512_shuffle_i64x2(z0, z1, _MM_SHUFFLE(2, 0, 2, 0));
+            qs.second = _mm512_shuffle_i64x2(z0, z1, _MM_SHUFFLE(3, 1, 3, 1));
+#if defined(__AVX512VNNI__)
+            const __m512i ones = _mm512_set1_epi8(1);
+            const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, qs.first), ones, qs.second);
+            qs.start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
+#else
+            qs.start = _mm512_setzero_si512();
+#endif
+            for (int b = 0; b < 4 && 4 * s + b < nb; ++b) sc[4 * b + i] = scales[4 * s + b];
+        }
+        g.scale[s] = _mm512_load_ps(sc);
+    }
+}
+
+// Integer sums of one query over one super-block, by dword (a lane's four dwords are its block's).
+__m512i int8_dot(__m512i k_first, __m512i k_second, const QuerySuper& q) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(q.start, k_first, q.first), k_second, q.second);
+#else
+    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi16(1);
+    auto dot = [&](__m512i k, __m512i y) {  // |k|·(y with k's sign); |k|, |y| ≤ 127: no int16 saturation
+        const __m512i signed_y = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(k), zero, y);
+        return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(k), signed_y), ones);
+    };
+    return _mm512_add_epi32(dot(k_first, q.first), dot(k_second, q.second));
+#endif
+}
+
+// Lane 4L + i = Σ of x[i]'s four dwords in lane L (the 4 × 4 transpose-and-add in each 128-bit lane).
+__m512i fold_queries(const __m512i* x) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(x[0], x[1]), _mm512_unpackhi_epi32(x[0], x[1]));
+    const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(x[2], x[3]), _mm512_unpackhi_epi32(x[2], x[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
+// Lane 4L + i: query i's Σ_b scale_b·(block b's integer sum) over the blocks b ≡ L (mod 4) of one row.
+template <int B, int G>
+__m512 row_sums(const TurboLayout& l, const QueryGroup<G>& g, const __m512i table, const uint8_t* row) {
+    const int code_bytes = l.d * B / 8;
+    __m512 acc = _mm512_setzero_ps();
+    for (int s = 0; s * 128 < l.d; ++s) {
+        __m512i k_first, k_second;
+        code_indices<B>(row + 16 * B * s, code_bytes - 16 * B * s, k_first, k_second);
+        k_first = _mm512_shuffle_epi8(table, k_first);
+        k_second = _mm512_shuffle_epi8(table, k_second);
+        __m512i x[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int i = 0; i < G; ++i) x[i] = int8_dot(k_first, k_second, g.q[s][i]);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold_queries(x)), g.scale[s], acc);
+    }
+    return acc;
+}
+
+// Scores of G queries against rows on their int8 codes: four rows at a time, their sums folded over the
+// four lanes (128-bit lane r = row r's four queries), times scale_hi·‖x‖, transposed (lane i = query
+// i's four rows) and stored. A short last step repeats the last row and stores only the live ones.
+template <int B, int G>
+void score_int8_group(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
+                      size_t n_rows, float* const* out) {
+    QueryGroup<G> g;
+    arrange_queries<G>(l, prep, g);
+    __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi));
+#if defined(__AVX512VNNI__)
+    t = _mm_xor_si128(t, _mm_set1_epi8(static_cast<char>(0x80)));  // + 128: unsigned for vpdpbusd
+#endif
+    const __m512i table = _mm512_broadcast_i32x4(t);
+    const __m512i to_queries = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    for (size_t r0 = 0; r0 < n_rows; r0 += 4) {
+        __m512 f[4];
+        alignas(16) float norms[4];
+        for (int k = 0; k < 4; ++k) {
+            const uint8_t* row = rows + std::min(r0 + k, n_rows - 1) * row_stride;
+            f[k] = row_sums<B, G>(l, g, table, row);
+            norms[k] = avx2::half_at(row + l.norm_off) * l.scale_hi;
+        }
+        const __m512 f01 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                         _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512 f23 = _mm512_add_ps(_mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                         _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 1, 3, 1)));
+        __m512 sums = _mm512_add_ps(_mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));  // lane 4r + i
+        const __m512 n = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                               _mm512_castps128_ps512(_mm_load_ps(norms)));
+        sums = _mm512_permutexvar_ps(to_queries, _mm512_mul_ps(sums, n));  // lane 4i + r
+        const __mmask8 live = static_cast<__mmask8>((1u << std::min<size_t>(4, n_rows - r0)) - 1);
+        _mm_mask_storeu_ps(out[0] + r0, live, _mm512_castps512_ps128(sums));
+        if constexpr (G > 1) _mm_mask_storeu_ps(out[1] + r0, live, _mm512_extractf32x4_ps(sums, 1));
+        if constexpr (G > 2) _mm_mask_storeu_ps(out[2] + r0, live, _mm512_extractf32x4_ps(sums, 2));
+        if constexpr (G > 3) _mm_mask_storeu_ps(out[3] + r0, live, _mm512_extractf32x4_ps(sums, 3));
+    }
+}
+
+template <int G>
+void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
+                    size_t n_rows, float* const* out) {
+    switch (l.int8_order) {
+        case 4: return score_int8_group<4, G>(l, prep, rows, row_stride, n_rows, out);
+        case 3: return score_int8_group<3, G>(l, prep, rows, row_stride, n_rows, out);
+        default: return score_int8_group<2, G>(l, prep, rows, row_stride, n_rows, out);
+    }
+}
+
+void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                 size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
+    if (l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {
+        return avx2::turbo_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
+    }
+    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
+        const size_t rn = std::min(kChunk, n_rows - r0);
+        avx2::for_groups(n_q, [&]<int G>(int i0) {
+            const uint8_t* p[G];
+            float* out[G];
+            for (int i = 0; i < G; ++i) {
+                p[i] = prep + (i0 + i) * prep_bytes;
+                out[i] = scores + (i0 + i) * score_stride + r0;
+            }
+            score_int8_any<G>(l, p, rows + r0 * row_stride, row_stride, rn, out);
+        });
+    }
+}
+
+// ---- accumulate -------------------------------------------------------------------------------------
+
+// How 16 B-bit codes are cut from a 64-bit word held in every 8 bytes of a register: dword j = the bytes
+// (B·j)/8 and the next, shifted down by (B·j) % 8. Bits above a code are left: vpermps reads only the
+// low 4 bits of an index, and the tables are repeated to 16 entries.
+template <int B>
+struct Cut16 {
+    static constexpr std::array<int8_t, 64> bytes = [] {
+        std::array<int8_t, 64> b{};
+        for (int j = 0; j < 16; ++j)
+            for (int k = 0; k < 4; ++k) b[4 * j + k] = k < 2 ? static_cast<int8_t>(B * j / 8 + k) : int8_t(-128);
+        return b;
+    }();
+    static constexpr std::array<int32_t, 16> shifts = [] {
+        std::array<int32_t, 16> s{};
+        for (int j = 0; j < 16; ++j) s[j] = B * j % 8;
+        return s;
+    }();
+};
+
+// A section's table of 2^bits values repeated to 16 entries.
+__m512 table16(const float* centroids, int bits) {
+    alignas(64) float t[16];
+    for (int j = 0; j < 16; ++j) t[j] = centroids[j % (1 << bits)];
+    return _mm512_load_ps(t);
+}
+
+// The values of 16 B-bit codes that start on a byte. Reads 2·B bytes, for B = 3 eight: a section's codes
+// are followed by the next section's or by the row's 2-byte norm.
+template <int B>
+__m512 values16(const uint8_t* p, __m512 table) {
+    uint64_t word = 0;
+    std::memcpy(&word, p, B == 3 ? 8 : 2 * B);
+    const __m512i cut = _mm512_shuffle_epi8(_mm512_set1_epi64(static_cast<long long>(word)),
+                                            _mm512_loadu_si512(Cut16<B>::bytes.data()));
+    const __m512i codes = _mm512_srlv_epi32(cut, _mm512_loadu_si512(Cut16<B>::shifts.data()));
+    return _mm512_permutexvar_ps(codes, table);
+}
+
+// acc[i][16 (g0 + k) ...] += w[i][r]·‖x_r‖·c[code] for NG groups of 16 channels of a B-bit section (its
+// bytes from byte0, its groups from g_first) over the rows of a chunk, the accumulators in registers.
+template <int B, int NG, int G>
+void accumulate_tile(const TurboLayout& l, size_t byte0, int g_first, __m512 table, const float* const* w,
+                     const uint8_t* rows, size_t row_stride, size_t n_rows, int g0, float* const* acc) {
+    __m512 a[G][NG];
+    for (int i = 0; i < G; ++i)
+        for (int k = 0; k < NG; ++k) a[i][k] = _mm512_loadu_ps(acc[i] + (g0 + k) * 16);
+    for (size_t r = 0; r < n_rows; ++r) {
+        const uint8_t* row = rows + r * row_stride;
+        __m512 v[NG];
+        for (int k = 0; k < NG; ++k) v[k] = values16<B>(row + byte0 + (g0 + k - g_first) * 2 * B, table);
+        const float norm = avx2::half_at(row + l.norm_off);
+        for (int i = 0; i < G; ++i) {
+            const __m512 wn = _mm512_set1_ps(w[i][r] * norm);
+            for (int k = 0; k < NG; ++k) a[i][k] = _mm512_fmadd_ps(wn, v[k], a[i][k]);
+        }
+    }
+    for (int i = 0; i < G; ++i)
+        for (int k = 0; k < NG; ++k) _mm512_storeu_ps(acc[i] + (g0 + k) * 16, a[i][k]);
+}
+
+// One B-bit section (channels j0..j1, multiples of 16) over a chunk: tiles of up to four groups of 16.
+template <int B>
+void accumulate_section(const TurboLayout& l, size_t byte0, int j0, int j1, const float* centroids, const float* w,
+                        size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows, float* acc) {
+    const __m512 table = table16(centroids, B);
+    for (int g0 = j0 / 16; g0 < j1 / 16; g0 += 4) {
+        const int ng = std::min(4, j1 / 16 - g0);
+        avx2::for_groups(n_q, [&]<int G>(int i0) {
+            const float* wp[G];
+            float* ap[G];
+            for (int i = 0; i < G; ++i) {
+                wp[i] = w + (i0 + i) * w_stride;
+                ap[i] = acc + size_t(i0 + i) * l.d;
+            }
+            const int gf = j0 / 16;
+            switch (ng) {
+                case 4: accumulate_tile<B, 4, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
+                case 3: accumulate_tile<B, 3, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
+                case 2: accumulate_tile<B, 2, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
+                default: accumulate_tile<B, 1, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
+            }
+        });
+    }
+}
+
+void accumulate_section_any(int bits, const TurboLayout& l, size_t byte0, int j0, int j1, const float* centroids,
+                            const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
+                            size_t n_rows, float* acc) {
+    switch (bits) {
+        case 1: return accumulate_section<1>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+        case 2: return accumulate_section<2>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+        case 3: return accumulate_section<3>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+        default: return accumulate_section<4>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+    }
+}
+
+// Sections whose channels are not in whole groups of 16 go to the 256-bit kernel; the QJL signs to its
+// sign accumulator.
+void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                      size_t row_stride, size_t n_rows, float* acc, float* sketch) {
+    if (l.d % 16 != 0 || l.n_hi % 16 != 0) {
+        return avx2::turbo_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
+    }
+    const size_t lo_byte = size_t(l.n_hi) * l.bits_hi / 8;
+    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
+        const size_t rn = std::min(kChunk, n_rows - r0);
+        const uint8_t* chunk = rows + r0 * row_stride;
+        accumulate_section_any(l.bits_hi, l, 0, 0, l.n_hi, l.centroids_hi, w + r0, w_stride, n_q, chunk, row_stride, rn, acc);
+        if (l.n_hi < l.d) {
+            accumulate_section_any(l.bits_lo, l, lo_byte, l.n_hi, l.d, l.centroids_lo, w + r0, w_stride, n_q, chunk,
+                                   row_stride, rn, acc);
+        }
+        if (l.qjl) {
+            avx2::accumulate_groups(avx2::SignSource{l}, w + r0, w_stride, n_q, chunk, row_stride, rn, 0, l.d / 8, sketch, l.d);
+        }
+    }
+}
+
+}  // namespace avx512
+
+}  // namespace
+}  // namespace kvq::simd
