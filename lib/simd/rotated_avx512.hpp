@@ -9,9 +9,6 @@
 // carrying k's sign. The integer sums of four queries are folded into one register (lane 4·block +
 // query), converted and scaled by the query's block scales in one fma; four rows' sums are folded and
 // transposed together, so a row costs no horizontal reduction of its own.
-// accumulate: 16 codes at a time, cut from one 64-bit word with vpshufb and vpsrlvd and looked up with one
-// vpermps in the section's table repeated to 16 entries (so no mask is needed); G queries × up to four
-// groups of 16 columns stay in registers over a chunk of rows.
 // Other layouts (the split codecs' float path, QJL scores, head sizes the loops do not take) go to the
 // 256-bit kernels (rotated_avx2.hpp).
 //
@@ -200,11 +197,82 @@ void score_int8_group(const TurboLayout& l, const uint8_t* const* prep, const ui
     }
 }
 
+#if defined(__AVX512VNNI__)
+// 4-bit codes with VNNI, 16 rows per register (as score_q8_0_rows16, score_impl.hpp): each 32-block of 16
+// rows is loaded four rows per register (row 4L + k in lane L of register k) and transposed 4 × 4 dwords
+// in each lane, so that dword m of every row shares a register (lane r = row r). Its low and high nibbles
+// (the even and odd codes) are looked up, and each query's block sum is 8 vpdpbusd against its dwords
+// broadcast from memory, in the prepared order as it is: no fold, and one conversion and fma per block
+// serve 16 rows. The norms come with one gather, of the dword that ends with each row's norm.
+template <int G>
+void score_int4_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
+                       float* const* out) {
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi)), _mm_set1_epi8(static_cast<char>(0x80))));
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512 acc[G];
+    for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
+    for (int b = 0; b < l.d / 32; ++b) {
+        const uint8_t* blocks = base + 16 * b;
+        __m512i k4[4];
+        for (int k = 0; k < 4; ++k) {
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + k * row_stride)));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + (4 + k) * row_stride)), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + (8 + k) * row_stride)), 2);
+            k4[k] = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + (12 + k) * row_stride)), 3);
+        }
+        const __m512i t0 = _mm512_unpacklo_epi32(k4[0], k4[1]), t1 = _mm512_unpackhi_epi32(k4[0], k4[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(k4[2], k4[3]), t3 = _mm512_unpackhi_epi32(k4[2], k4[3]);
+        const __m512i kt[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                               _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};  // dword m of rows 0..15
+        __m512i even[4], odd[4];
+        for (int m = 0; m < 4; ++m) {
+            even[m] = _mm512_shuffle_epi8(table, _mm512_and_si512(kt[m], nibble));
+            odd[m] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(kt[m], 4), nibble));
+        }
+        for (int i = 0; i < G; ++i) {
+            const int8_t* q8 = reinterpret_cast<const int8_t*>(prep[i] + l.prep_q8_off) + 32 * b;
+            // from −128·Σq (taking back the table's +128), the block's 8 dword products
+            __m512i sum = _mm512_set1_epi32(-128 * reinterpret_cast<const int32_t*>(prep[i] + l.prep_sum_off)[b]);
+            int32_t dw[8];
+            std::memcpy(dw, q8, 32);
+            for (int m = 0; m < 4; ++m) {
+                sum = _mm512_dpbusd_epi32(sum, even[m], _mm512_set1_epi32(dw[m]));
+                sum = _mm512_dpbusd_epi32(sum, odd[m], _mm512_set1_epi32(dw[4 + m]));
+            }
+            const float scale = reinterpret_cast<const float*>(prep[i] + l.prep_scale_off)[b];
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(scale), acc[i]);
+        }
+    }
+    const __m512i at_row = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(static_cast<int>(row_stride)));
+    const __m512i ends = _mm512_i32gather_epi32(at_row, base + l.norm_off - 2, 1);
+    const __m512 norms = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ends, 16))),
+                                       _mm512_set1_ps(l.scale_hi));
+    for (int i = 0; i < G; ++i) _mm512_storeu_ps(out[i], _mm512_mul_ps(acc[i], norms));
+}
+#endif
+
 template <int G>
 void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
                     size_t n_rows, float* const* out) {
     switch (l.int8_order) {
-        case 4: return score_int8_group<4, G>(l, prep, rows, row_stride, n_rows, out);
+        case 4: {
+            size_t r0 = 0;
+#if defined(__AVX512VNNI__)
+            if (16 * row_stride < (size_t{1} << 31)) {  // the gather takes int32 offsets
+                for (; r0 + 16 <= n_rows; r0 += 16) {
+                    float* o[G];
+                    for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
+                    score_int4_rows16<G>(l, prep, rows + r0 * row_stride, row_stride, o);
+                }
+                if (r0 == n_rows) return;
+            }
+#endif
+            float* o[G];
+            for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
+            return score_int8_group<4, G>(l, prep, rows + r0 * row_stride, row_stride, n_rows - r0, o);
+        }
         case 3: return score_int8_group<3, G>(l, prep, rows, row_stride, n_rows, out);
         default: return score_int8_group<2, G>(l, prep, rows, row_stride, n_rows, out);
     }
@@ -229,126 +297,9 @@ void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, i
     }
 }
 
-// ---- accumulate -------------------------------------------------------------------------------------
-
-// How 16 B-bit codes are cut from a 64-bit word held in every 8 bytes of a register: dword j = the bytes
-// (B·j)/8 and the next, shifted down by (B·j) % 8. Bits above a code are left: vpermps reads only the
-// low 4 bits of an index, and the tables are repeated to 16 entries.
-template <int B>
-struct Cut16 {
-    static constexpr std::array<int8_t, 64> bytes = [] {
-        std::array<int8_t, 64> b{};
-        for (int j = 0; j < 16; ++j)
-            for (int k = 0; k < 4; ++k) b[4 * j + k] = k < 2 ? static_cast<int8_t>(B * j / 8 + k) : int8_t(-128);
-        return b;
-    }();
-    static constexpr std::array<int32_t, 16> shifts = [] {
-        std::array<int32_t, 16> s{};
-        for (int j = 0; j < 16; ++j) s[j] = B * j % 8;
-        return s;
-    }();
-};
-
-// A section's table of 2^bits values repeated to 16 entries.
-__m512 table16(const float* centroids, int bits) {
-    alignas(64) float t[16];
-    for (int j = 0; j < 16; ++j) t[j] = centroids[j % (1 << bits)];
-    return _mm512_load_ps(t);
-}
-
-// The values of 16 B-bit codes that start on a byte. Reads 2·B bytes, for B = 3 eight: a section's codes
-// are followed by the next section's or by the row's 2-byte norm.
-template <int B>
-__m512 values16(const uint8_t* p, __m512 table) {
-    uint64_t word = 0;
-    std::memcpy(&word, p, B == 3 ? 8 : 2 * B);
-    const __m512i cut = _mm512_shuffle_epi8(_mm512_set1_epi64(static_cast<long long>(word)),
-                                            _mm512_loadu_si512(Cut16<B>::bytes.data()));
-    const __m512i codes = _mm512_srlv_epi32(cut, _mm512_loadu_si512(Cut16<B>::shifts.data()));
-    return _mm512_permutexvar_ps(codes, table);
-}
-
-// acc[i][16 (g0 + k) ...] += w[i][r]·‖x_r‖·c[code] for NG groups of 16 channels of a B-bit section (its
-// bytes from byte0, its groups from g_first) over the rows of a chunk, the accumulators in registers.
-template <int B, int NG, int G>
-void accumulate_tile(const TurboLayout& l, size_t byte0, int g_first, __m512 table, const float* const* w,
-                     const uint8_t* rows, size_t row_stride, size_t n_rows, int g0, float* const* acc) {
-    __m512 a[G][NG];
-    for (int i = 0; i < G; ++i)
-        for (int k = 0; k < NG; ++k) a[i][k] = _mm512_loadu_ps(acc[i] + (g0 + k) * 16);
-    for (size_t r = 0; r < n_rows; ++r) {
-        const uint8_t* row = rows + r * row_stride;
-        __m512 v[NG];
-        for (int k = 0; k < NG; ++k) v[k] = values16<B>(row + byte0 + (g0 + k - g_first) * 2 * B, table);
-        const float norm = avx2::half_at(row + l.norm_off);
-        for (int i = 0; i < G; ++i) {
-            const __m512 wn = _mm512_set1_ps(w[i][r] * norm);
-            for (int k = 0; k < NG; ++k) a[i][k] = _mm512_fmadd_ps(wn, v[k], a[i][k]);
-        }
-    }
-    for (int i = 0; i < G; ++i)
-        for (int k = 0; k < NG; ++k) _mm512_storeu_ps(acc[i] + (g0 + k) * 16, a[i][k]);
-}
-
-// One B-bit section (channels j0..j1, multiples of 16) over a chunk: tiles of up to four groups of 16.
-template <int B>
-void accumulate_section(const TurboLayout& l, size_t byte0, int j0, int j1, const float* centroids, const float* w,
-                        size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows, float* acc) {
-    const __m512 table = table16(centroids, B);
-    for (int g0 = j0 / 16; g0 < j1 / 16; g0 += 4) {
-        const int ng = std::min(4, j1 / 16 - g0);
-        avx2::for_groups(n_q, [&]<int G>(int i0) {
-            const float* wp[G];
-            float* ap[G];
-            for (int i = 0; i < G; ++i) {
-                wp[i] = w + (i0 + i) * w_stride;
-                ap[i] = acc + size_t(i0 + i) * l.d;
-            }
-            const int gf = j0 / 16;
-            switch (ng) {
-                case 4: accumulate_tile<B, 4, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-                case 3: accumulate_tile<B, 3, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-                case 2: accumulate_tile<B, 2, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-                default: accumulate_tile<B, 1, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-            }
-        });
-    }
-}
-
-void accumulate_section_any(int bits, const TurboLayout& l, size_t byte0, int j0, int j1, const float* centroids,
-                            const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
-                            size_t n_rows, float* acc) {
-    switch (bits) {
-        case 1: return accumulate_section<1>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-        case 2: return accumulate_section<2>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-        case 3: return accumulate_section<3>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-        default: return accumulate_section<4>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-    }
-}
-
-// Sections whose channels are not in whole groups of 16 go to the 256-bit kernel; the QJL signs to its
-// sign accumulator.
-void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                      size_t row_stride, size_t n_rows, float* acc, float* sketch) {
-    if (l.d % 16 != 0 || l.n_hi % 16 != 0) {
-        return avx2::turbo_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
-    }
-    const size_t lo_byte = size_t(l.n_hi) * l.bits_hi / 8;
-    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
-        const size_t rn = std::min(kChunk, n_rows - r0);
-        const uint8_t* chunk = rows + r0 * row_stride;
-        accumulate_section_any(l.bits_hi, l, 0, 0, l.n_hi, l.centroids_hi, w + r0, w_stride, n_q, chunk, row_stride, rn, acc);
-        if (l.n_hi < l.d) {
-            accumulate_section_any(l.bits_lo, l, lo_byte, l.n_hi, l.d, l.centroids_lo, w + r0, w_stride, n_q, chunk,
-                                   row_stride, rn, acc);
-        }
-        if (l.qjl) {
-            avx2::accumulate_groups(avx2::SignSource{l}, w + r0, w_stride, n_q, chunk, row_stride, rn, 0, l.d / 8, sketch, l.d);
-        }
-    }
-}
-
 }  // namespace avx512
 
 }  // namespace
 }  // namespace kvq::simd
+
+#include "rotated_accumulate_avx512.hpp"
