@@ -42,11 +42,12 @@ struct Cut16 {
     }();
 };
 
-// A section's table of 2^bits values repeated to 16 entries.
-__m512 table16(const float* centroids, int bits) {
-    alignas(64) float t[16];
-    for (int j = 0; j < 16; ++j) t[j] = centroids[j % (1 << bits)];
-    return _mm512_load_ps(t);
+// A section's table of 2^B values (zero-padded to 16) repeated to 16 entries.
+template <int B>
+__m512 table16(const float* centroids) {
+    const __m512i wrap = _mm512_and_si512(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((1 << B) - 1));
+    return _mm512_permutexvar_ps(wrap, _mm512_loadu_ps(centroids));
 }
 
 // The values of 16 B-bit codes that start on a byte. Reads 2·B bytes, for B = 3 eight: a section's codes
@@ -87,7 +88,7 @@ void accumulate_tile(const TurboLayout& l, size_t byte0, int g_first, __m512 tab
 template <int B>
 void accumulate_section(const TurboLayout& l, size_t byte0, int j0, int j1, const float* centroids, const float* w,
                         size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows, float* acc) {
-    const __m512 table = table16(centroids, B);
+    const __m512 table = table16<B>(centroids);
     for (int g0 = j0 / 16; g0 < j1 / 16; g0 += 4) {
         const int ng = std::min(4, j1 / 16 - g0);
         avx2::for_groups(n_q, [&]<int G>(int i0) {
