@@ -62,11 +62,12 @@ __m512 values16(const uint8_t* p, __m512 table) {
     return _mm512_permutexvar_ps(codes, table);
 }
 
-// acc[i][16 (g0 + k) ...] += w[i][r]·‖x_r‖·c[code] for NG groups of 16 channels of a B-bit section (its
-// bytes from byte0, its groups from g_first) over the rows of a chunk, the accumulators in registers.
+// acc[i][16 (g0 + k) ...] += wn[i][r]·c[code] for NG groups of 16 channels of a B-bit section (its bytes
+// from byte0, its groups from g_first) over the rows of a chunk, the accumulators in registers. wn =
+// w·‖x‖, so that each weight is one broadcast from memory.
 template <int B, int NG, int G>
-void accumulate_tile(const TurboLayout& l, size_t byte0, int g_first, __m512 table, const float* const* w,
-                     const uint8_t* rows, size_t row_stride, size_t n_rows, int g0, float* const* acc) {
+void accumulate_tile(size_t byte0, int g_first, __m512 table, const float (*wn)[kChunk], const uint8_t* rows,
+                     size_t row_stride, size_t n_rows, int g0, float* const* acc) {
     __m512 a[G][NG];
     for (int i = 0; i < G; ++i)
         for (int k = 0; k < NG; ++k) a[i][k] = _mm512_loadu_ps(acc[i] + (g0 + k) * 16);
@@ -74,10 +75,9 @@ void accumulate_tile(const TurboLayout& l, size_t byte0, int g_first, __m512 tab
         const uint8_t* row = rows + r * row_stride;
         __m512 v[NG];
         for (int k = 0; k < NG; ++k) v[k] = values16<B>(row + byte0 + (g0 + k - g_first) * 2 * B, table);
-        const float norm = avx2::half_at(row + l.norm_off);
         for (int i = 0; i < G; ++i) {
-            const __m512 wn = _mm512_set1_ps(w[i][r] * norm);
-            for (int k = 0; k < NG; ++k) a[i][k] = _mm512_fmadd_ps(wn, v[k], a[i][k]);
+            const __m512 wi = _mm512_set1_ps(wn[i][r]);
+            for (int k = 0; k < NG; ++k) a[i][k] = _mm512_fmadd_ps(wi, v[k], a[i][k]);
         }
     }
     for (int i = 0; i < G; ++i)
@@ -85,38 +85,29 @@ void accumulate_tile(const TurboLayout& l, size_t byte0, int g_first, __m512 tab
 }
 
 // One B-bit section (channels j0..j1, multiples of 16) over a chunk: tiles of up to four groups of 16.
-template <int B>
-void accumulate_section(const TurboLayout& l, size_t byte0, int j0, int j1, const float* centroids, const float* w,
-                        size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows, float* acc) {
+template <int B, int G>
+void accumulate_section(size_t byte0, int j0, int j1, const float* centroids, const float (*wn)[kChunk],
+                        const uint8_t* rows, size_t row_stride, size_t n_rows, float* const* acc) {
     const __m512 table = table16<B>(centroids);
-    for (int g0 = j0 / 16; g0 < j1 / 16; g0 += 4) {
-        const int ng = std::min(4, j1 / 16 - g0);
-        avx2::for_groups(n_q, [&]<int G>(int i0) {
-            const float* wp[G];
-            float* ap[G];
-            for (int i = 0; i < G; ++i) {
-                wp[i] = w + (i0 + i) * w_stride;
-                ap[i] = acc + size_t(i0 + i) * l.d;
-            }
-            const int gf = j0 / 16;
-            switch (ng) {
-                case 4: accumulate_tile<B, 4, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-                case 3: accumulate_tile<B, 3, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-                case 2: accumulate_tile<B, 2, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-                default: accumulate_tile<B, 1, G>(l, byte0, gf, table, wp, rows, row_stride, n_rows, g0, ap); break;
-            }
-        });
+    const int gf = j0 / 16;
+    for (int g0 = gf; g0 < j1 / 16; g0 += 4) {
+        switch (std::min(4, j1 / 16 - g0)) {
+            case 4: accumulate_tile<B, 4, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
+            case 3: accumulate_tile<B, 3, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
+            case 2: accumulate_tile<B, 2, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
+            default: accumulate_tile<B, 1, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
+        }
     }
 }
 
-void accumulate_section_any(int bits, const TurboLayout& l, size_t byte0, int j0, int j1, const float* centroids,
-                            const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
-                            size_t n_rows, float* acc) {
+template <int G>
+void accumulate_section_any(int bits, size_t byte0, int j0, int j1, const float* centroids, const float (*wn)[kChunk],
+                            const uint8_t* rows, size_t row_stride, size_t n_rows, float* const* acc) {
     switch (bits) {
-        case 1: return accumulate_section<1>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-        case 2: return accumulate_section<2>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-        case 3: return accumulate_section<3>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-        default: return accumulate_section<4>(l, byte0, j0, j1, centroids, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+        case 1: return accumulate_section<1, G>(byte0, j0, j1, centroids, wn, rows, row_stride, n_rows, acc);
+        case 2: return accumulate_section<2, G>(byte0, j0, j1, centroids, wn, rows, row_stride, n_rows, acc);
+        case 3: return accumulate_section<3, G>(byte0, j0, j1, centroids, wn, rows, row_stride, n_rows, acc);
+        default: return accumulate_section<4, G>(byte0, j0, j1, centroids, wn, rows, row_stride, n_rows, acc);
     }
 }
 
@@ -131,11 +122,21 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
         const size_t rn = std::min(kChunk, n_rows - r0);
         const uint8_t* chunk = rows + r0 * row_stride;
-        accumulate_section_any(l.bits_hi, l, 0, 0, l.n_hi, l.centroids_hi, w + r0, w_stride, n_q, chunk, row_stride, rn, acc);
-        if (l.n_hi < l.d) {
-            accumulate_section_any(l.bits_lo, l, lo_byte, l.n_hi, l.d, l.centroids_lo, w + r0, w_stride, n_q, chunk,
-                                   row_stride, rn, acc);
-        }
+        alignas(64) float norms[kChunk];
+        for (size_t r = 0; r < rn; ++r) norms[r] = avx2::half_at(chunk + r * row_stride + l.norm_off);
+        avx2::for_groups(n_q, [&]<int G>(int i0) {
+            alignas(64) float wn[G][kChunk];
+            float* ap[G];
+            for (int i = 0; i < G; ++i) {
+                const float* wi = w + (i0 + i) * w_stride + r0;
+                for (size_t r = 0; r < rn; ++r) wn[i][r] = wi[r] * norms[r];
+                ap[i] = acc + size_t(i0 + i) * l.d;
+            }
+            accumulate_section_any<G>(l.bits_hi, 0, 0, l.n_hi, l.centroids_hi, wn, chunk, row_stride, rn, ap);
+            if (l.n_hi < l.d) {
+                accumulate_section_any<G>(l.bits_lo, lo_byte, l.n_hi, l.d, l.centroids_lo, wn, chunk, row_stride, rn, ap);
+            }
+        });
         if (l.qjl) {
             avx2::accumulate_groups(avx2::SignSource{l}, w + r0, w_stride, n_q, chunk, row_stride, rn, 0, l.d / 8, sketch, l.d);
         }
