@@ -198,18 +198,57 @@ void score_int8_group(const TurboLayout& l, const uint8_t* const* prep, const ui
 }
 
 #if defined(__AVX512VNNI__)
-// 4-bit codes with VNNI, 16 rows per register (as score_q8_0_rows16, score_impl.hpp): each 32-block of 16
-// rows is loaded four rows per register (row 4L + k in lane L of register k) and transposed 4 × 4 dwords
-// in each lane, so that dword m of every row shares a register (lane r = row r). Its low and high nibbles
-// (the even and odd codes) are looked up, and each query's block sum is 8 vpdpbusd against its dwords
-// broadcast from memory, in the prepared order as it is: no fold, and one conversion and fma per block
-// serve 16 rows. The norms come with one gather, of the dword that ends with each row's norm.
+// Rows 16 to a register with VNNI (as score_q8_0_rows16, score_impl.hpp): dword m of block b of 16 rows
+// shares a register kt[m] (lane r = row r), two codes in each byte: the low nibbles are the codes at the
+// prepared query's positions 4m..4m+3 of the block, the high ones those at 16 + 4m... They are looked up,
+// and each query's block sum is 8 vpdpbusd against its dwords broadcast from memory, in the prepared
+// order as it is: no fold, and one conversion and fma per block serve 16 rows.
+template <int G>
+void block_rows16(const TurboLayout& l, const uint8_t* const* prep, int b, const __m512i* kt, __m512i table,
+                  __m512* acc) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512i low[4], high[4];
+    for (int m = 0; m < 4; ++m) {
+        low[m] = _mm512_shuffle_epi8(table, _mm512_and_si512(kt[m], nibble));
+        high[m] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(kt[m], 4), nibble));
+    }
+    for (int i = 0; i < G; ++i) {
+        // from −128·Σq (taking back the table's +128), the block's 8 dword products
+        __m512i sum = _mm512_set1_epi32(-128 * reinterpret_cast<const int32_t*>(prep[i] + l.prep_sum_off)[b]);
+        int32_t dw[8];
+        std::memcpy(dw, prep[i] + l.prep_q8_off + 32 * b, 32);
+        for (int m = 0; m < 4; ++m) {
+            sum = _mm512_dpbusd_epi32(sum, low[m], _mm512_set1_epi32(dw[m]));
+            sum = _mm512_dpbusd_epi32(sum, high[m], _mm512_set1_epi32(dw[4 + m]));
+        }
+        const float scale = reinterpret_cast<const float*>(prep[i] + l.prep_scale_off)[b];
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(scale), acc[i]);
+    }
+}
+
+// out[i][0..16) = acc[i] · scale_hi · ‖x_r‖: the norms with one gather, of the dword that ends each norm.
+template <int G>
+void store_rows16(const TurboLayout& l, const uint8_t* base, size_t row_stride, const __m512* acc, float* const* out) {
+    const __m512i at_row = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(static_cast<int>(row_stride)));
+    const __m512i ends = _mm512_i32gather_epi32(at_row, base + l.norm_off - 2, 1);
+    const __m512 norms = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ends, 16))),
+                                       _mm512_set1_ps(l.scale_hi));
+    for (int i = 0; i < G; ++i) _mm512_storeu_ps(out[i], _mm512_mul_ps(acc[i], norms));
+}
+
+__m512i unsigned_table(const TurboLayout& l) {
+    return _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi)), _mm_set1_epi8(static_cast<char>(0x80))));
+}
+
+// 4-bit codes (even codes in the low nibbles, as the prepared order has them): each block of 16 rows is
+// loaded four rows per register (row 4L + k in lane L of register k) and transposed 4 × 4 dwords in each
+// lane.
 template <int G>
 void score_int4_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
                        float* const* out) {
-    const __m512i table = _mm512_broadcast_i32x4(
-        _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi)), _mm_set1_epi8(static_cast<char>(0x80))));
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512i table = unsigned_table(l);
     __m512 acc[G];
     for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b < l.d / 32; ++b) {
@@ -224,32 +263,70 @@ void score_int4_rows16(const TurboLayout& l, const uint8_t* const* prep, const u
         const __m512i t0 = _mm512_unpacklo_epi32(k4[0], k4[1]), t1 = _mm512_unpackhi_epi32(k4[0], k4[1]);
         const __m512i t2 = _mm512_unpacklo_epi32(k4[2], k4[3]), t3 = _mm512_unpackhi_epi32(k4[2], k4[3]);
         const __m512i kt[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
-                               _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};  // dword m of rows 0..15
-        __m512i even[4], odd[4];
-        for (int m = 0; m < 4; ++m) {
-            even[m] = _mm512_shuffle_epi8(table, _mm512_and_si512(kt[m], nibble));
-            odd[m] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(kt[m], 4), nibble));
-        }
-        for (int i = 0; i < G; ++i) {
-            const int8_t* q8 = reinterpret_cast<const int8_t*>(prep[i] + l.prep_q8_off) + 32 * b;
-            // from −128·Σq (taking back the table's +128), the block's 8 dword products
-            __m512i sum = _mm512_set1_epi32(-128 * reinterpret_cast<const int32_t*>(prep[i] + l.prep_sum_off)[b]);
-            int32_t dw[8];
-            std::memcpy(dw, q8, 32);
-            for (int m = 0; m < 4; ++m) {
-                sum = _mm512_dpbusd_epi32(sum, even[m], _mm512_set1_epi32(dw[m]));
-                sum = _mm512_dpbusd_epi32(sum, odd[m], _mm512_set1_epi32(dw[4 + m]));
-            }
-            const float scale = reinterpret_cast<const float*>(prep[i] + l.prep_scale_off)[b];
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(scale), acc[i]);
-        }
+                               _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+        block_rows16<G>(l, prep, b, kt, table, acc);
     }
-    const __m512i at_row = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                              _mm512_set1_epi32(static_cast<int>(row_stride)));
-    const __m512i ends = _mm512_i32gather_epi32(at_row, base + l.norm_off - 2, 1);
-    const __m512 norms = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ends, 16))),
-                                       _mm512_set1_ps(l.scale_hi));
-    for (int i = 0; i < G; ++i) _mm512_storeu_ps(out[i], _mm512_mul_ps(acc[i], norms));
+    store_rows16<G>(l, base, row_stride, acc, out);
+}
+
+// 3-bit codes: each row's super-block is cut as the one-row kernel does (code_indices), codes t and 16 + t
+// of a block packed into byte t's nibbles, and the 16 rows' registers transposed 16 × 16 dwords (register
+// 4L + m: dword m of block L of every row).
+template <int G>
+void score_int3_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
+                       float* const* out) {
+    const __m512i table = unsigned_table(l);
+    const int nb = l.d / 32, code_bytes = l.d * 3 / 8;
+    __m512 acc[G];
+    for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
+    for (int s = 0; 4 * s < nb; ++s) {
+        __m512i p[16];
+        for (int r = 0; r < 16; ++r) {
+            __m512i first, second;
+            code_indices<3>(base + r * row_stride + 48 * s, code_bytes - 48 * s, first, second);
+            p[r] = _mm512_or_si512(first, _mm512_slli_epi16(second, 4));  // codes < 8: no carry between bytes
+        }
+        __m512i t[16], u[16];
+        for (int i = 0; i < 8; ++i) {
+            t[2 * i] = _mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(p[2 * i], p[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; ++i) {  // u[4i + c], lane L: dword 4L + c of rows 4i..4i+3
+            u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        __m512i kt[16];  // kt[4L + c]: lane i = u[4i + c]'s lane L
+        for (int c = 0; c < 4; ++c) {
+            const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+            const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+            kt[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+            kt[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+            kt[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+            kt[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+        }
+        for (int L = 0; L < 4 && 4 * s + L < nb; ++L) block_rows16<G>(l, prep, 4 * s + L, kt + 4 * L, table, acc);
+    }
+    store_rows16<G>(l, base, row_stride, acc, out);
+}
+
+// The rows of a chunk in groups of 16 (kernel K), the rest with the one-row kernel of B bits.
+template <int B, int G, class K>
+void score_rows16_then_rest(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
+                            size_t n_rows, float* const* out, K kernel) {
+    size_t r0 = 0;
+    if (16 * row_stride < (size_t{1} << 31)) {  // the gather takes int32 offsets
+        for (; r0 + 16 <= n_rows; r0 += 16) {
+            float* o[G];
+            for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
+            kernel(l, prep, rows + r0 * row_stride, row_stride, o);
+        }
+        if (r0 == n_rows) return;
+    }
+    float* o[G];
+    for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
+    score_int8_group<B, G>(l, prep, rows + r0 * row_stride, row_stride, n_rows - r0, o);
 }
 #endif
 
@@ -257,23 +334,13 @@ template <int G>
 void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
                     size_t n_rows, float* const* out) {
     switch (l.int8_order) {
-        case 4: {
-            size_t r0 = 0;
 #if defined(__AVX512VNNI__)
-            if (16 * row_stride < (size_t{1} << 31)) {  // the gather takes int32 offsets
-                for (; r0 + 16 <= n_rows; r0 += 16) {
-                    float* o[G];
-                    for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
-                    score_int4_rows16<G>(l, prep, rows + r0 * row_stride, row_stride, o);
-                }
-                if (r0 == n_rows) return;
-            }
-#endif
-            float* o[G];
-            for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
-            return score_int8_group<4, G>(l, prep, rows + r0 * row_stride, row_stride, n_rows - r0, o);
-        }
+        case 4: return score_rows16_then_rest<4, G>(l, prep, rows, row_stride, n_rows, out, score_int4_rows16<G>);
+        case 3: return score_rows16_then_rest<3, G>(l, prep, rows, row_stride, n_rows, out, score_int3_rows16<G>);
+#else
+        case 4: return score_int8_group<4, G>(l, prep, rows, row_stride, n_rows, out);
         case 3: return score_int8_group<3, G>(l, prep, rows, row_stride, n_rows, out);
+#endif
         default: return score_int8_group<2, G>(l, prep, rows, row_stride, n_rows, out);
     }
 }
