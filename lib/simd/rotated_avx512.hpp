@@ -8,7 +8,8 @@
 // taken back in the accumulator's start value: −128·Σq, exact), without it maddubs/madd on |k| and q
 // carrying k's sign. The integer sums of four queries are folded into one register (lane 4·block +
 // query), converted and scaled by the query's block scales in one fma; four rows' sums are folded and
-// transposed together, so a row costs no horizontal reduction of its own.
+// transposed together, so a row costs no horizontal reduction of its own. With VNNI, 4- and 3-bit rows go
+// 16 to a register instead (score_int4_rows16, score_int3_rows16), the one-row kernel taking the rest.
 // Other layouts (the split codecs' float path, QJL scores, head sizes the loops do not take) go to the
 // 256-bit kernels (rotated_avx2.hpp).
 //
