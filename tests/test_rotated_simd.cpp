@@ -105,6 +105,7 @@ TEST_CASE("every SIMD level scores and accumulates polar and turbo rows as the s
                 for (kvq::SimdLevel level : levels) {
                     CAPTURE(kvq::simd_level_name(level));
                     kvq::force_simd_level(level);
+                    REQUIRE(kvq::simd_level() == level);  // not a level below that passed its self-check
                     const Result got = run(c, rows, n_rows, stride, q, n_q, w);
                     for (int i = 0; i < n_q; ++i) {
                         const double qn = norm(q.data() + i * cs.d, cs.d);

@@ -38,7 +38,7 @@ public:
         l_.centroids_lo = lo_.values.data();
         l_.scale_hi = hi_.scale;
         l_.ints_hi = hi_.ints.data();
-        if (l_.n_hi == d && d % 32 == 0 && (hi_.bits == 4 || hi_.bits == 2)) l_.int8_order = hi_.bits;
+        if (l_.n_hi == d && d % 32 == 0 && hi_.bits >= 2 && hi_.bits <= 4) l_.int8_order = hi_.bits;
         size_t off = bytes_for_bits(size_t(l_.n_hi) * hi_.bits + size_t(d - l_.n_hi) * lo_.bits);
         if (cfg.qjl) {
             qjl_ = std::make_unique<QjlSketch>(d, seed);
@@ -56,7 +56,8 @@ public:
         build_quantize_layout();
         l_.prep_q8_off = sizeof(float) * d * (qjl_ ? 2 : 1);
         l_.prep_scale_off = l_.prep_q8_off + (size_t(d) + 3) / 4 * 4;
-        query_bytes_ = l_.prep_scale_off + sizeof(float) * ((d + 31) / 32);
+        l_.prep_sum_off = l_.prep_scale_off + sizeof(float) * ((d + 31) / 32);
+        query_bytes_ = l_.prep_sum_off + sizeof(int32_t) * ((d + 31) / 32);
     }
 
     int head_dim() const override { return l_.d; }
@@ -127,6 +128,7 @@ public:
             float* qt = reinterpret_cast<float*>(p);
             int8_t* q8 = reinterpret_cast<int8_t*>(p + l_.prep_q8_off);
             float* scales = reinterpret_cast<float*>(p + l_.prep_scale_off);
+            int32_t* sums = reinterpret_cast<int32_t*>(p + l_.prep_sum_off);
             rot_.apply(q + size_t(i) * d, qt);
             for (int b0 = 0; b0 < d; b0 += 32) {
                 const int n = std::min(32, d - b0);
@@ -138,17 +140,21 @@ public:
                 }
                 if (!finite) {  // NanPolicy::propagate: every score against this query is NaN
                     scales[b0 / 32] = NAN;
+                    sums[b0 / 32] = 0;
                     for (int j = 0; j < n; ++j) qt[b0 + j] = NAN, q8[b0 + int8_position(j, n)] = 0;
                     continue;
                 }
                 // 127/amax overflows for a subnormal amax: such a block is scored as zero.
                 const float scale = amax / 127.0f, inv = amax > 0 && 127.0f / amax <= FLT_MAX ? 127.0f / amax : 0.0f;
                 scales[b0 / 32] = scale;
+                int32_t sum = 0;
                 for (int j = 0; j < n; ++j) {
                     const int v = static_cast<int>(std::lround(std::clamp(qt[b0 + j] * inv, -127.0f, 127.0f)));
                     qt[b0 + j] = scale * static_cast<float>(v);
                     q8[b0 + int8_position(j, n)] = static_cast<int8_t>(v);
+                    sum += v;
                 }
+                sums[b0 / 32] = sum;
             }
             if (qjl_) {
                 qjl_->project(qt, qt + d);

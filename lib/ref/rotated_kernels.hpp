@@ -18,21 +18,23 @@ struct TurboLayout {
     // The value of each code, zero-padded to at least 16 entries (turbo_codebook.hpp: sign-magnitude codes).
     const float* centroids_hi = nullptr;
     const float* centroids_lo = nullptr;
-    // When every channel has the same width and d is a multiple of 32 (int8_order != 0): the values are
-    // scale_hi · ints_hi[code] (16 int8 entries), and the prepared query also holds int8 blocks.
+    // When every channel has the same width of 2 to 4 bits and d is a multiple of 32 (int8_order = that
+    // width): the values are scale_hi · ints_hi[code] (16 int8 entries), and the prepared query also holds
+    // int8 blocks, ordered as the kernels read codes of that width (below).
     float scale_hi = 0;
     const int8_t* ints_hi = nullptr;
     int int8_order = 0;
     bool qjl = false;
     size_t sign_off = 0, norm_off = 0, gamma_off = 0;  // byte offsets in a row
-    size_t prep_q8_off = 0, prep_scale_off = 0;        // byte offsets in a prepared query
+    size_t prep_q8_off = 0, prep_scale_off = 0, prep_sum_off = 0;  // byte offsets in a prepared query
 };
 
 // Prepared turbo query: q̃ = the rotated query R·q rounded to int8 per block of 32 values (scale amax/127,
 // as ggml's q8_0) and dequantized (d floats); then for QJL √(π/2)/d · S·q̃ (d floats); then, at
 // prep_q8_off, the same int8 values with each 32-block in the order the int8 kernel reads codes
-// (int8_order 4: the 16 even then the 16 odd positions; 2: positions 4i, then 4i+1, 4i+2, 4i+3; else
-// index order), and at prep_scale_off the block scales (floats). Scores are q̃ · x̃.
+// (int8_order 4: the 16 even then the 16 odd positions; 2: positions 4i, then 4i+1, 4i+2, 4i+3; 3 and 0:
+// index order), at prep_scale_off the block scales (floats), and at prep_sum_off each block's sum of its
+// int8 values (int32: a kernel on unsigned codes takes back its offset with it). Scores are q̃ · x̃.
 // accumulate: acc (rotated basis) += Σ_r w·‖x_r‖·c[code]; for QJL also sketch[i·d + k] +=
 // Σ_r w·‖x_r‖·‖r_r‖·sign_k (the caller maps it back with Sᵀ once).
 struct TurboKernels {

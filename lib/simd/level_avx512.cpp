@@ -11,7 +11,7 @@
 #include "accumulate_grid_avx2.hpp"
 #include "channel_avx512.hpp"
 #include "quantize_polar_impl.hpp"
-#include "rotated_avx2.hpp"
+#include "rotated_avx512.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -75,9 +75,9 @@ detail::LevelKernels make() {
     k.set<Op::prepare_query>(C::iq4_nl, prepare_query_q8<A>, "prepare_query_q8");
     k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL>::score, "score_blocks<iq4_nl>");
     k.set<Op::accumulate>(C::iq4_nl, accumulate_sym_avx512<detail::BlockIQ4_NL>, "accumulate_sym_avx512<iq4_nl>");
-    // polar and turbo: the 256-bit kernels (rotated_avx2.hpp)
-    k.set<K::turbo_score>(avx2::turbo_score, "turbo_score_avx2");
-    k.set<K::turbo_accumulate>(avx2::turbo_accumulate, "turbo_accumulate_avx2");
+    // turbo: the 512-bit kernels (rotated_avx512.hpp); polar: the 256-bit ones (rotated_avx2.hpp)
+    k.set<K::turbo_score>(avx512::turbo_score, "turbo_score_avx512");
+    k.set<K::turbo_accumulate>(avx512::turbo_accumulate, "turbo_accumulate_avx512");
     k.set<K::polar_score>(avx2::polar_score, "polar_score_avx2");
     k.set<K::polar_accumulate>(avx2::polar_accumulate, "polar_accumulate_avx2");
     k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
