@@ -148,6 +148,6 @@ def test_side_pair_rows_add_the_sides():
     # 10 bits over 2 layers: the least summed KL of the pairs within them (a/x on both, 0.59).
     best = min(((c0, c1) for c0 in got for c1 in got if c0[1] == 0 and c1[1] == 1
                 and got[c0][0] + got[c1][0] <= 10), key=lambda c: got[c[0]][1] + got[c[1]][1])
-    assert p["spec"] == model_eval.format_layer_pairs([best[0][0], best[1][0]])
+    assert p["spec"] == _pairs.format_layer_pairs([best[0][0], best[1][0]])
     with pytest.raises(ValueError, match="no per-layer row of c/f32"):
         model_eval.side_pair_rows(per_layer, ["c"], ["x"])

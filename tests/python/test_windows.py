@@ -56,9 +56,11 @@ def test_window_equals_the_cut_dump(tmp_path):
     (tmp_path / "b" / "meta.json").write_text(json.dumps({"scale": 0.125}))
     ra = kvq.sweep([f"npy:{tmp_path / 'a'},query_positions=1"], ["turbo4/q4_0"], timing=False).rows
     rb = kvq.sweep([f"npy:{tmp_path / 'b'},query_positions=1"], ["turbo4/q4_0"], timing=False).rows
-    assert ra[0]["kl_mean"] == pytest.approx(rb[0]["kl_mean"], rel=1e-9)
-    # The output is the decode engine's online softmax, block by block: the window (rows 56..95) and the cut
-    # dump (rows 0..39) fall into 32-row blocks differently, so the sums agree to float rounding only.
+    # The window (rows 56..95) and the cut dump (rows 0..39) fall into 32-row blocks differently, so they
+    # agree to float rounding only: turbo's avx512 scores take rows 16 to a register and the rest one at a
+    # time (the same products, summed in another order), and the output is the decode engine's online
+    # softmax, block by block.
+    assert ra[0]["kl_mean"] == pytest.approx(rb[0]["kl_mean"], rel=1e-5)
     assert ra[0]["output_err_mean"] == pytest.approx(rb[0]["output_err_mean"], rel=1e-6)
 
 
