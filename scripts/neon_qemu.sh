@@ -22,7 +22,7 @@ command -v ccache >/dev/null && cxx="env CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
 flags="-O2 -std=c++20 -ffp-contract=off -Wno-psabi -DKVQ_SIMD_NEON -I $root/include -I $root/lib -isystem $work/include"
 # The engine library's sources (not eval: Eigen and the research tools are not needed here).
 sources=("$root"/lib/ref/*.cpp "$root"/lib/codec/*.cpp "$root"/lib/rotation/*.cpp "$root"/lib/attention/*.cpp "$root"/lib/cache/*.cpp
-         "$root"/lib/check/*.cpp "$root"/lib/simd/dispatch.cpp "$root"/lib/simd/cpu_levels.cpp "$root"/lib/simd/selfcheck.cpp
+         "$root"/lib/check/*.cpp "$root"/lib/simd/dispatch.cpp "$root"/lib/simd/simd_names.cpp "$root"/lib/simd/cpu_levels.cpp "$root"/lib/simd/selfcheck.cpp
          "$root"/lib/simd/level_check.cpp "$root"/lib/simd/level_neon.cpp)
 esc() { local s=${1//\$/\$\$}; s=${s// /\$ }; echo "${s//:/\$:}"; }  # a path in a ninja build line
 obj() { echo "obj/$(echo "${1#$root/}" | tr / _).o"; }
