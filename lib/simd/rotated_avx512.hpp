@@ -108,13 +108,12 @@ void arrange_queries(const TurboLayout& l, const uint8_t* const* prep, QueryGrou
             QuerySuper& qs = g.q[s][i];
             qs.first = _mm512_shuffle_i64x2(z0, z1, _MM_SHUFFLE(2, 0, 2, 0));
             qs.second = _mm512_shuffle_i64x2(z0, z1, _MM_SHUFFLE(3, 1, 3, 1));
+            alignas(64) int32_t start[16] = {};  // VNNI: −128·Σq of block L in lane L's first dword (fold sums them)
 #if defined(__AVX512VNNI__)
-            const __m512i ones = _mm512_set1_epi8(1);
-            const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, qs.first), ones, qs.second);
-            qs.start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
-#else
-            qs.start = _mm512_setzero_si512();
+            const int32_t* sums = reinterpret_cast<const int32_t*>(prep[i] + l.prep_sum_off);
+            for (int b = 0; b < 4 && 4 * s + b < nb; ++b) start[4 * b] = -128 * sums[4 * s + b];
 #endif
+            qs.start = _mm512_load_si512(start);
             for (int b = 0; b < 4 && 4 * s + b < nb; ++b) sc[4 * b + i] = scales[4 * s + b];
         }
         g.scale[s] = _mm512_load_ps(sc);
