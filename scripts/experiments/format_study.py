@@ -23,7 +23,8 @@ chunk is full, so, as in kvq's prefill, every key and value a query sees is quan
 
 A pair is 'KEY/VALUE', each a base format and modifiers joined by '+':
 
-  base   f32 | q8_0 | q5_0 | q4_0 | q4_0s | q3_0 | q3_0s | iq4_nl | iq4_nls | lm4 | lm3 | lm2 | chan4 | chan3 | chan2
+  base   f32 | q8_0 | q5_0 | q4_0 | q4_0s | q3_0 | q3_0s | iq4_nl | iq4_nls | lm4 | lm3 | lm2 | tcq3 | tcq2 | chan4 | chan3
+         | chan2
          q8_0, q5_0, q4_0: ggml's reference rounding (x = d·q, d = max/−2^(b−1) or amax/127, fp16 d, groups of
          32 values of a row); q3_0: q4_0's rule at 3 bits (d = max/−4, codes 0..7); iq4_nl: ggml's table
          −127..113 and its reference rounding as kvq has it (d = max/−127, no scale search, the x²-weighted
@@ -31,7 +32,8 @@ A pair is 'KEY/VALUE', each a base format and modifiers joined by '+':
          a scale search (q_search: least squared error over 16 trial scales, least-squares refit); lmB: the
          Lloyd-Max levels of a
          standard Gaussian at B bits, one fp16 scale per group, the least-squares scale of the nearest codes
-         after a search over 16 trial scales; chanB: kvq's chanB (KIVI: per channel over the block's tokens,
+         after a search over 16 trial scales; tcqB: kvq's tcqB trellis (8 states, scripts/experiments/tcq_alphabet.py)
+         on the group over its RMS, the least-squares fp16 scale (with +rot+g256 on Gemma: kvq's tcqB); chanB: kvq's chanB (KIVI: per channel over the block's tokens,
          fp16 minimum and step, B-bit codes; not with +rot/+center).
   +rot   kvq's seeded randomized Hadamard (its signs: SplitMix64 from kvq's default seed), before rounding
   +center (keys) kvq's centering: the fp16 mean per channel over the block's 32 tokens subtracted first, q·mean
@@ -252,6 +254,56 @@ def lm(x: torch.Tensor, bits: int) -> torch.Tensor:
     return best_out
 
 
+# kvq's tcqB alphabets (lib/ref/tcq.hpp; scripts/experiments/tcq_alphabet.py): 2^(B+1) levels in units of σ.
+TCQ_INTS = {2: [-127, -73, -41, -13, 13, 41, 73, 127],
+            3: [-127, -94, -72, -56, -42, -29, -17, -6, 6, 17, 29, 42, 56, 72, 94, 127]}
+TCQ_MAX = {2: 1.8763, 3: 2.5702}
+
+
+def tcq(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """kvq's tcqB on rows (the last axis): the 8-state trellis (subset s_j = 2·(u_j ^ u_j-1 ^ u_j-3) + u_j-2,
+    rank 4·f_j + s_j), Viterbi on the row in σ units (RMS), then the least-squares fp16 scale."""
+    lv = torch.tensor(TCQ_INTS[bits], dtype=torch.float64) * (TCQ_MAX[bits] / 127)
+    shape = x.shape
+    xr = x.reshape(-1, shape[-1]).double()
+    n, d = xr.shape
+    rms = xr.pow(2).mean(-1, keepdim=True).sqrt()
+    t = xr / torch.where(rms > 0, rms, torch.ones_like(rms))
+    sub = [2 * ((w ^ (w >> 1) ^ (w >> 3)) & 1) + ((w >> 2) & 1) for w in range(16)]  # w bit i = u_(j-i)
+    subsets = [lv[s::4] for s in range(4)]
+    cost = torch.full((n, 8), float("inf"), dtype=torch.float64)
+    cost[:, 0] = 0
+    back = torch.zeros((d, n, 8), dtype=torch.long)
+    best_rank = torch.zeros((d, n, 4), dtype=torch.long)
+    ar = torch.arange(n)
+    for j in range(d):
+        e = [(t[:, j:j + 1] - subsets[s]).pow(2).min(-1) for s in range(4)]
+        bc = torch.stack([v.values for v in e], 1)  # (n, 4)
+        best_rank[j] = 4 * torch.stack([v.indices for v in e], 1) + torch.arange(4)
+        new = torch.full_like(cost, float("inf"))
+        bk = torch.zeros((n, 8), dtype=torch.long)
+        for st in range(8):
+            for u in range(2):
+                w = u | (st << 1)
+                c = cost[:, st] + bc[:, sub[w]]
+                ns = w & 7
+                better = c < new[:, ns]
+                new[:, ns] = torch.where(better, c, new[:, ns])
+                bk[:, ns] = torch.where(better, torch.full_like(bk[:, ns], st), bk[:, ns])
+        back[j] = bk
+        cost = new
+    st = cost.argmin(-1)
+    ranks = torch.zeros((n, d), dtype=torch.long)
+    for j in range(d - 1, -1, -1):
+        prev = back[j][ar, st]
+        w = (st & 1) | (prev << 1)
+        ranks[:, j] = best_rank[j][ar, torch.tensor(sub)[w]]
+        st = prev
+    c = lv[ranks]
+    scale = f16(((c * xr).sum(-1, keepdim=True) / (c * c).sum(-1, keepdim=True).clamp_min(1e-300)).float())
+    return (c.float() * scale).reshape(shape)
+
+
 def grouped(fn, x: torch.Tensor, g: int) -> torch.Tensor:
     s = x.shape
     return fn(x.reshape(*s[:-1], s[-1] // g, g)).reshape(s)
@@ -260,7 +312,8 @@ def grouped(fn, x: torch.Tensor, g: int) -> torch.Tensor:
 ROW_BASE = {"q8_0": (8, q8_0), "q5_0": (5, lambda x: q_sym(x, 5)), "q4_0": (4, lambda x: q_sym(x, 4)),
             "q3_0": (3, lambda x: q_sym(x, 3)), "iq4_nl": (4, iq4_nl), "iq4_nls": (4, iq4_nls),
             "q4_0s": (4, lambda x: q_search(x, 4)), "q3_0s": (3, lambda x: q_search(x, 3)), "lm4": (4, lambda x: lm(x, 4)),
-            "lm3": (3, lambda x: lm(x, 3)), "lm2": (2, lambda x: lm(x, 2))}
+            "lm3": (3, lambda x: lm(x, 3)), "lm2": (2, lambda x: lm(x, 2)),
+            "tcq3": (3, lambda x: tcq(x, 3)), "tcq2": (2, lambda x: tcq(x, 2))}
 
 
 def chan(x: torch.Tensor, bits: int) -> torch.Tensor:
