@@ -46,11 +46,12 @@ struct TurboConfig {
     bool half_split = false;  // n_hi = d/2 (fractional codecs); otherwise n_hi = d
     bool qjl = false;  // add the QJL residual sketch and residual norm
     TurboScale scale = TurboScale::ls;  // set by the spec's "scale=" parameter; the _qjl codecs use norm
+    int trellis = 0;   // B for tcqB (the bits fields unused), else 0
 };
 
 // params: empty or "scale=norm|ls|unbiased" (not for _qjl). Throws std::invalid_argument for a head size
-// the configuration cannot take (d must be a multiple of 8, of 16 for the split codecs, at most 4096 with
-// QJL) or for other params.
+// the configuration cannot take (d must be a multiple of 8, of 16 for the split codecs, of 32 for tcqB, at
+// most 4096 with QJL) or for other params.
 std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_view name, std::string_view params,
                                       int head_dim, uint64_t seed);
 
