@@ -140,3 +140,77 @@ TEST_CASE("tcq3 and tcq2 have 0.70x and 0.73x turbo3's and turbo2's squared erro
     CHECK(c3 <= 0.78 * t3);
     CHECK(c2 <= 0.80 * t2);
 }
+
+TEST_CASE("tcq scores are closer to the exact q·k than turbo's at the same bits") {
+    const int d = 128, n = 256, n_q = 4;
+    const auto k = kvq::test::gaussian(size_t(n) * d, 81), q = kvq::test::gaussian(size_t(n_q) * d, 82);
+    auto score_error = [&](const char* spec) {
+        const Codec c = Codec::make(spec, d);
+        std::vector<uint8_t> rows(n * c.row_bytes()), prep(n_q * c.query_bytes());
+        std::vector<float> scores(n_q * n);
+        c.quantize_rows(k.data(), n, rows.data());
+        c.prepare_queries(q.data(), n_q, prep.data());
+        c.score_rows(prep.data(), n_q, rows.data(), n, scores.data(), n);
+        double se = 0;
+        for (int i = 0; i < n_q; ++i) {
+            for (int r = 0; r < n; ++r) {
+                double exact = 0;
+                for (int j = 0; j < d; ++j) exact += double(q[i * d + j]) * k[r * d + j];
+                se += (scores[i * n + r] - exact) * (scores[i * n + r] - exact);
+            }
+        }
+        return std::sqrt(se / (n_q * n));
+    };
+    const double t2 = score_error("turbo2"), c2 = score_error("tcq2"), t3 = score_error("turbo3"), c3 = score_error("tcq3");
+    MESSAGE("score RMS error: turbo2 " << t2 << ", tcq2 " << c2 << ", turbo3 " << t3 << ", tcq3 " << c3);
+    CHECK(c2 < 0.9 * t2);
+    CHECK(c3 < 0.9 * t3);
+}
+
+TEST_CASE("tcq takes turbo's scales, needs a head_dim multiple of 32 and writes the same bytes twice") {
+    const int d = 96;
+    const auto x = kvq::test::gaussian(size_t(8) * d, 91);
+    for (const char* spec : {"tcq2", "tcq3", "tcq3:scale=norm", "tcq3:scale=ls", "tcq2:scale=unbiased"}) {
+        CAPTURE(spec);
+        const Codec c = Codec::make(spec, d);
+        CHECK(c.rotated());
+        CHECK(c.bits_per_value() == doctest::Approx((spec[3] - '0') + 16.0 / d));
+        std::vector<uint8_t> a(8 * c.row_bytes()), b(8 * c.row_bytes(), 0xFF);
+        c.quantize_rows(x.data(), 8, a.data());
+        c.quantize_rows(x.data(), 8, b.data());
+        CHECK(a == b);
+        std::vector<float> y(8 * d);
+        c.dequantize_rows(a.data(), 8, y.data());
+        double se = 0, ss = 0;
+        for (size_t i = 0; i < y.size(); ++i) se += double(y[i] - x[i]) * (y[i] - x[i]), ss += double(x[i]) * x[i];
+        CHECK(se / ss < (spec[3] == '2' ? 0.12 : 0.04));  // every scale is near the least-squares one
+    }
+    CHECK_THROWS_WITH_AS(Codec::make("tcq3", 48), doctest::Contains("multiple of 32"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Codec::make("tcq2", 16), doctest::Contains("multiple of 32"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Codec::make("tcq3:scale=max", 64), doctest::Contains("scale=norm|ls|unbiased"), std::invalid_argument);
+}
+
+TEST_CASE("tcq: a zero row is all zero codes and scale 0; NaN and Inf rows store their non-finite scale") {
+    const int d = 64;
+    for (const char* spec : {"tcq2", "tcq3"}) {
+        CAPTURE(spec);
+        const Codec c = Codec::make(spec, d);
+        std::vector<float> x(3 * d, 0.0f), y(3 * d, 1.0f);
+        for (int j = 0; j < d; ++j) x[d + j] = x[2 * d + j] = 0.5f;
+        x[d + 5] = NAN;
+        x[2 * d + 7] = INFINITY;
+        std::vector<uint8_t> rows(3 * c.row_bytes(), 0x5A);
+        c.quantize_rows(x.data(), 3, rows.data(), 0, kvq::NanPolicy::propagate);
+        for (size_t i = 0; i < c.row_bytes(); ++i) CHECK(rows[i] == 0);
+        std::vector<uint8_t> again(3 * c.row_bytes());
+        c.quantize_rows(x.data(), 3, again.data(), 0, kvq::NanPolicy::propagate);
+        CHECK(rows == again);
+        c.dequantize_rows(rows.data(), 3, y.data());
+        for (int j = 0; j < d; ++j) {
+            CHECK(y[j] == 0.0f);
+            CHECK(std::isnan(y[d + j]));
+            CHECK(!std::isfinite(y[2 * d + j]));
+        }
+        CHECK_THROWS_AS(c.quantize_rows(x.data(), 3, rows.data()), std::invalid_argument);
+    }
+}
