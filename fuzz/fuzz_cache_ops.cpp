@@ -49,9 +49,9 @@ std::string observe(const KVCache& c, const std::map<SequenceId, ModelSeq>& mode
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
-    static const char* codecs[] = {"q8_0", "q4_0", "f16", "q4_1+rot", "polar", "turbo3"};
+    static const char* codecs[] = {"q8_0", "q4_0", "f16", "q4_1+rot", "polar", "turbo3", "tcq3"};
     // Keys may also be per-channel (chanB), which a cache holds only when it seals a block at a time.
-    static const char* key_codecs[] = {"q8_0", "q4_0", "f16", "q4_1+rot", "polar", "turbo3", "chan3", "chan8"};
+    static const char* key_codecs[] = {"q8_0", "q4_0", "f16", "q4_1+rot", "polar", "turbo3", "tcq3", "chan3", "chan8"};
     CacheConfig cfg;
     cfg.n_layers = in.ConsumeIntegralInRange<int>(1, 2);
     cfg.n_kv_heads = in.ConsumeIntegralInRange<int>(1, 2);

@@ -408,7 +408,7 @@ done:
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
-    static const char* const specs[] = {"q8_0", "q4_0", "q4_1+rot", "f16", "polar", "turbo3", "q5_1", "turbo2_qjl"};
+    static const char* const specs[] = {"q8_0", "q4_0", "q4_1+rot", "f16", "polar", "turbo3", "q5_1", "turbo2_qjl", "tcq2"};
     const int op = in.ConsumeIntegralInRange<int>(0, 5);
     if (op == 5) {
         fuzz_cache(in);

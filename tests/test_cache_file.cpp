@@ -38,6 +38,7 @@ TEST_CASE("save/load: round trip is bit-exact for codec pairs, forks, open block
         {"q4_0+rot", "q4_0", false, SealPolicy::on_block_full, {}},
         {"polar", "q4_0", false, SealPolicy::on_block_full, {}},
         {"turbo3", "turbo4", false, SealPolicy::on_block_full, {}},
+        {"tcq3", "tcq3", false, SealPolicy::on_block_full, {}},
         {"q8_0", "q4_0", true, SealPolicy::on_block_full, {}},
         {"q4_1", "q8_0", false, SealPolicy::on_append, {}},
         {"q8_0", "q4_0", false, SealPolicy::on_block_full, {0, 8}},

@@ -31,10 +31,12 @@ std::vector<kvq::SimdLevel> quantize_levels() {
 
 std::vector<std::string> specs() {
     std::vector<std::string> s;
-    for (const char* t : {"turbo2", "turbo3", "turbo4", "turbo2.5", "turbo3.5", "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"}) {
+    for (const char* t : {"turbo2", "turbo3", "turbo4", "turbo2.5", "turbo3.5", "turbo2_qjl", "turbo3_qjl", "turbo4_qjl",
+                          "tcq2", "tcq3"}) {
         s.push_back(t);
     }
-    for (const char* t : {"turbo4:scale=norm", "turbo3:scale=unbiased", "turbo2.5:scale=norm", "turbo3.5:scale=unbiased"}) {
+    for (const char* t : {"turbo4:scale=norm", "turbo3:scale=unbiased", "turbo2.5:scale=norm", "turbo3.5:scale=unbiased",
+                          "tcq3:scale=norm", "tcq2:scale=unbiased"}) {
         s.push_back(t);
     }
     for (const char* p : {"polar", "polar:bits=4.3.3.3", "polar:bits=2.1.0.1", "polar:bits=8.8.8.8", "polar:bits=7.5.3",
@@ -144,7 +146,7 @@ TEST_CASE("the SIMD quantizers give the specification's bytes for 1..17 rows, a 
     size_t compared = 0;
     for (auto level : quantize_levels()) {
         CAPTURE(std::string(kvq::simd_level_name(level)));
-        for (const char* spec : {"turbo2", "turbo3", "turbo4", "turbo2.5", "turbo3.5", "turbo3_qjl", "polar",
+        for (const char* spec : {"turbo2", "turbo3", "turbo4", "turbo2.5", "turbo3.5", "turbo3_qjl", "tcq2", "tcq3", "polar",
                                  "polar:bits=4.3.3.3", "polar:bits=7.5.3", "polar:bits=3.2"}) {
             for (int d : {24, 48, 80, 128, 144, 200}) {
                 std::unique_ptr<kvq::Codec> c;

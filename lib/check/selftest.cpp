@@ -236,7 +236,8 @@ SelftestLine check_caches(SimdLevel level) {
         size_t tokens;
     };
     const char* pairs[][2] = {{"f32", "f32"}, {"f16", "f16"}, {"q8_0", "q4_0"}, {"q8_0", "q8_0"},
-                              {"q4_0+rot", "q4_1"}, {"q5_0", "q5_1"}, {"turbo4", "turbo3.5"}, {"polar", "turbo2_qjl"}};
+                              {"q4_0+rot", "q4_1"}, {"q5_0", "q5_1"}, {"turbo4", "turbo3.5"}, {"polar", "turbo2_qjl"},
+                              {"tcq3", "tcq2"}};
     for (const auto& p : pairs) {
         for (const Shape& sh : {Shape{1, 1, 64, 5}, Shape{2, 8, 128, 40}, Shape{1, 4, 256, 67}, Shape{4, 12, 96, 33}}) {
             line.run(std::string(p[0]) + "/" + p[1] + " kv_heads=" + std::to_string(sh.n_kv) + " heads=" +
@@ -264,7 +265,7 @@ SelftestResult selftest_at(const std::vector<SimdLevel>& levels, const std::func
         else families.push_back({t.name, {t.id}});
     }
     const std::vector<std::string> turbo = {"turbo2", "turbo2.5", "turbo3", "turbo3.5", "turbo4",
-                                            "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"};
+                                            "turbo2_qjl", "turbo3_qjl", "turbo4_qjl", "tcq2", "tcq3"};
     const std::vector<std::string> polar = {"polar", "polar:bits=4.3.3.3", "polar:bits=2.1.0.1", "polar:bits=6.3.2.2.2",
                                             "polar:budget=3", "polar:bits=4.2"};
     for (SimdLevel level : levels) {

@@ -17,6 +17,7 @@
 #include "../ref/qjl.hpp"
 #include "../ref/rotated_kernels.hpp"
 #include "../ref/stored_norm.hpp"
+#include "../ref/tcq.hpp"
 #include "../ref/turbo_codebook.hpp"
 #include "../ref/rotated_quantize.hpp"
 
@@ -28,8 +29,12 @@ constexpr int kMaxQjlDim = 4096;  // the sketch keeps a dim × dim float matrix
 class TurboCodec final : public CodecImpl {
 public:
     TurboCodec(const TurboConfig& cfg, std::string name, int d, uint64_t seed)
-        : name_(std::move(name)), rot_(d, seed), hi_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_hi, d))),
-          lo_(make_turbo_codebook(sphere_coordinate_codebook(cfg.bits_lo, d))), scale_(cfg.scale) {
+        : name_(std::move(name)), rot_(d, seed), hi_(codebook(cfg, cfg.bits_hi, d)), lo_(codebook(cfg, cfg.bits_lo, d)),
+          scale_(cfg.scale) {
+        if (cfg.trellis) {
+            init_trellis(cfg.trellis);
+            return;
+        }
         l_.d = d;
         l_.n_hi = cfg.half_split ? d / 2 : d;
         l_.bits_hi = hi_.bits;
@@ -54,10 +59,7 @@ public:
         }
         row_bytes_ = off;
         build_quantize_layout();
-        l_.prep_q8_off = sizeof(float) * d * (qjl_ ? 2 : 1);
-        l_.prep_scale_off = l_.prep_q8_off + (size_t(d) + 3) / 4 * 4;
-        l_.prep_sum_off = l_.prep_scale_off + sizeof(float) * ((d + 31) / 32);
-        query_bytes_ = l_.prep_sum_off + sizeof(int32_t) * ((d + 31) / 32);
+        build_query_layout();
     }
 
     int head_dim() const override { return l_.d; }
@@ -68,8 +70,16 @@ public:
     // Every code's centroid has u's sign and at least the smallest centroid magnitude c_min (the codebook
     // is symmetric with no zero), so ‖c‖ ≥ √(Σ c_min²) and ⟨c, u⟩ ≥ c_min·‖u‖₁ ≥ c_min: rows whose norm
     // keeps s within fp16 are accepted.
+    // tcqB's levels are in σ units (s ≈ ‖x‖/√d), the same bounds with c_min = its smallest level
+    // magnitude. The unbiased bound assumes each level has u's sign, as the nearest level has; the
+    // trellis may pick one against it, so that bound is not proven for tcqB.
     InputLimit input_limit() const override {
         if (scale_ == TurboScale::norm) return {65504.0f, true};
+        if (l_.trellis) {
+            const double c_min = l_.centroids_hi[tcq_alphabet(l_.trellis).n_levels / 2];
+            const double factor = scale_ == TurboScale::ls ? std::sqrt(double(l_.d)) * c_min : c_min;
+            return {static_cast<float>(65504.0 * std::min(factor, 1.0)), true};
+        }
         const double min_hi = smallest_magnitude(hi_), min_lo = smallest_magnitude(lo_);
         double factor;
         if (scale_ == TurboScale::ls) {
@@ -203,6 +213,40 @@ public:
     }
 
 private:
+    static TurboCodebook codebook(const TurboConfig& cfg, int bits, int d) {
+        return cfg.trellis ? TurboCodebook{} : make_turbo_codebook(sphere_coordinate_codebook(bits, d));
+    }
+
+    // tcqB (tcq.hpp): f codes of B − 1 bits, the u plane, the scale; the query in index order.
+    void init_trellis(int bits) {
+        const TcqAlphabet& a = tcq_alphabet(bits);
+        const int d = rot_.dim();
+        l_.d = l_.n_hi = d;
+        l_.bits_hi = l_.bits_lo = bits - 1;
+        l_.centroids_hi = l_.centroids_lo = a.levels;
+        l_.scale_hi = a.scale;
+        l_.ints_hi = a.ints;
+        l_.trellis = bits;
+        l_.plane_off = bytes_for_bits(size_t(d) * (bits - 1));
+        l_.norm_off = l_.plane_off + bytes_for_bits(d);
+        row_bytes_ = l_.norm_off + 2;
+        q_.rot = rotation_layout(rot_);
+        q_.scale_mode = static_cast<int>(scale_);
+        q_.norm_off = l_.norm_off;
+        q_.row_bytes = row_bytes_;
+        q_.trellis = bits;
+        q_.plane_off = l_.plane_off;
+        build_query_layout();
+    }
+
+    void build_query_layout() {
+        const int d = l_.d;
+        l_.prep_q8_off = sizeof(float) * d * (qjl_ ? 2 : 1);
+        l_.prep_scale_off = l_.prep_q8_off + (size_t(d) + 3) / 4 * 4;
+        l_.prep_sum_off = l_.prep_scale_off + sizeof(float) * ((d + 31) / 32);
+        query_bytes_ = l_.prep_sum_off + sizeof(int32_t) * ((d + 31) / 32);
+    }
+
     void build_quantize_layout() {
         q_.rot = rotation_layout(rot_);
         q_.scale_mode = static_cast<int>(scale_);
@@ -277,7 +321,7 @@ std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_vie
         else if (p == "scale=unbiased") cfg.scale = TurboScale::unbiased;
         else throw BadParams("codec '" + n + "' takes one parameter, scale=norm|ls|unbiased, got '" + p + "'");
     }
-    const int multiple = config.half_split ? 16 : 8;
+    const int multiple = config.trellis ? 32 : config.half_split ? 16 : 8;
     if (head_dim < multiple || head_dim % multiple != 0) {
         throw BadHeadDim("codec '" + n + "' needs a head_dim that is a multiple of " + std::to_string(multiple) +
                                     ", got " + std::to_string(head_dim));

@@ -60,6 +60,8 @@ struct TurboQuantizeLayout {
     int n_sections = 1;
     int scale_mode = 1;  // TurboScale: 0 norm, 1 ls, 2 unbiased
     size_t norm_off = 0, row_bytes = 0;
+    int trellis = 0;  // B for tcqB (tcq_quantize_row_spec; sections unused), else 0
+    size_t plane_off = 0;
 };
 
 struct PolarQuantizeLayout {
@@ -82,6 +84,11 @@ struct RotatedQuantizeKernels {
 const RotatedQuantizeKernels& scalar_rotated_quantize();
 void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row, float* residual);
 void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8_t* row);
+// tcqB: y = R·x and the norm as turbo's row, t = y·(1/‖x‖)·√d in float (u = y/‖x‖ first, as turbo's, then
+// times fl(√d)), the Viterbi codes of t (tcq.hpp), and turbo's scale of c = the chosen levels (σ units)
+// and u, so x̃ = s·Rᵀc: ls and unbiased as they are; norm stores ‖x‖/√d. A row whose 1/‖x‖ is 0 (zero,
+// too small, NaN, Inf) gets all codes 0.
+void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row);
 
 // The specification's last steps of a turbo row: the partial sums' trees, and turbo's stored scale from
 // the norm, ⟨c, u⟩ and ‖c‖² (fp16, written to row + norm_off). A SIMD level repeats them operation for

@@ -11,6 +11,7 @@
 #include "../rotation/hadamard.hpp"
 #include "bit_codes.hpp"
 #include "stored_norm.hpp"
+#include "tcq.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -30,12 +31,24 @@ void turbo_rows(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uin
                 float* residual) {
     const int d = l.rot.d;
     for (size_t r = 0; r < n_rows; ++r) {
-        turbo_quantize_row_spec(l, x + r * d, dst + r * dst_stride, residual ? residual + r * d : nullptr);
+        if (l.trellis) {
+            tcq_quantize_row_spec(l, x + r * d, dst + r * dst_stride);
+        } else {
+            turbo_quantize_row_spec(l, x + r * d, dst + r * dst_stride, residual ? residual + r * d : nullptr);
+        }
     }
 }
 
 void polar_rows(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) {
     for (size_t r = 0; r < n_rows; ++r) polar_quantize_row_spec(l, x + r * l.rot.d, dst + r * dst_stride);
+}
+
+// y = R·x into y; returns ‖x‖ (in double, 16 partial sums).
+double rotate_row(const TurboQuantizeLayout& l, const float* x, float* y) {
+    double sq[16] = {};
+    for (int j = 0; j < l.rot.d; ++j) sq[j % 16] += double(x[j]) * double(x[j]);
+    l.rot.rotation->apply(x, y);
+    return std::sqrt(sum16_double(sq));
 }
 
 }  // namespace
@@ -74,10 +87,7 @@ void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8
     std::vector<float> heap(d > kMaxRowValues ? d : 0);
     float* u = d > kMaxRowValues ? heap.data() : stack;
     std::memset(row, 0, l.row_bytes);
-    double sq[16] = {};
-    for (int j = 0; j < d; ++j) sq[j % 16] += double(x[j]) * double(x[j]);
-    const double norm = std::sqrt(sum16_double(sq));
-    l.rot.rotation->apply(x, u);
+    const double norm = rotate_row(l, x, u);
     const float inv = turbo_inverse_norm(norm);
     float cu[16] = {}, cc[16] = {};  // ⟨c, u⟩ and ‖c‖²
     for (int s = 0; s < l.n_sections; ++s) {
@@ -94,6 +104,37 @@ void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8
         }
     }
     turbo_store_scale(l, norm, sum16_float(cu), sum16_float(cc), row);
+}
+
+void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row) {
+    const int d = l.rot.d;
+    const TcqAlphabet& a = tcq_alphabet(l.trellis);
+    thread_local std::vector<float> buffer;
+    thread_local std::vector<uint8_t> path;
+    if (buffer.size() < size_t(d) * 2) buffer.resize(size_t(d) * 2), path.resize(size_t(d) * 2);
+    float* u = buffer.data();
+    float* t = u + d;
+    uint8_t* bit = path.data();
+    uint8_t* f = bit + d;
+    std::memset(row, 0, l.row_bytes);
+    const double norm = rotate_row(l, x, u);
+    const float inv = turbo_inverse_norm(norm), root_d = static_cast<float>(std::sqrt(double(d)));
+    float cu[16] = {}, cc[16] = {};  // ⟨c, u⟩ and ‖c‖²
+    if (inv != 0.0f) {
+        for (int j = 0; j < d; ++j) u[j] = u[j] * inv, t[j] = u[j] * root_d;
+        tcq_viterbi(a, t, d, bit, f);
+        for (int j = 0; j < d; ++j) {
+            put_code(row, size_t(j) * (a.bits - 1), a.bits - 1, f[j]);
+            if (bit[j]) row[l.plane_off + (j >> 3)] |= static_cast<uint8_t>(1u << (j & 7));
+        }
+        for (int j = 0; j < d; ++j) {
+            const float c = a.levels[tcq_rank(row, row + l.plane_off, a.bits, j)];
+            cu[j % 16] = cu[j % 16] + c * u[j];
+            cc[j % 16] = cc[j % 16] + c * c;
+        }
+    }
+    // c is in σ units, so the norm's own scale is ‖x‖/√d.
+    turbo_store_scale(l, l.scale_mode == 0 ? norm / std::sqrt(double(d)) : norm, sum16_float(cu), sum16_float(cc), row);
 }
 
 uint32_t polar_level1_code(float a, float b, int bits, const float* tangents) {

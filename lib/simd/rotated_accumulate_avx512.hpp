@@ -115,7 +115,7 @@ void accumulate_section_any(int bits, size_t byte0, int j0, int j1, const float*
 // sign accumulator.
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
-    if (l.d % 16 != 0 || l.n_hi % 16 != 0) {
+    if (l.trellis || l.d % 16 != 0 || l.n_hi % 16 != 0) {  // tcqB: the 256-bit one passes it to the scalar
         return avx2::turbo_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
     }
     const size_t lo_byte = size_t(l.n_hi) * l.bits_hi / 8;

@@ -347,7 +347,7 @@ void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint
 
 void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    if (l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {
+    if (l.trellis || l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {  // tcqB: scalar
         return avx2::turbo_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
     }
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {

@@ -70,7 +70,7 @@ static void test_rows_sizes(void) {
 
 /* prepare_queries, score_rows, accumulate_rows, finish_accumulate: n_q, n_rows and every stride. */
 static void test_score_and_accumulate_sizes(void) {
-    const char* specs[] = {"q8_0", "q4_0+rot", "polar", "turbo3"};
+    const char* specs[] = {"q8_0", "q4_0+rot", "polar", "turbo3", "tcq3"};
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; ++s) {
         kvq_codec* c = NULL;
         CHECK_OK(kvq_codec_create(specs[s], D, KVQ_DEFAULT_SEED, &c));

@@ -48,6 +48,7 @@ def populated(key="q8_0", value="q4_0", **kw):
     ("q4_0+rot", "q4_0", {"seed": 7}),
     ("polar", "q4_0", {}),
     ("turbo3", "q8_0", {}),
+    ("tcq3", "tcq3", {}),
     ("q8_0", "q4_0", {"center_keys": True}),
     ("q8_0", "q4_0", {"seal": "on_append"}),
     ("q8_0", "q4_0", {"sliding_window": [8, 0]}),
