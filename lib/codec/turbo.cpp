@@ -70,15 +70,13 @@ public:
     // Every code's centroid has u's sign and at least the smallest centroid magnitude c_min (the codebook
     // is symmetric with no zero), so ‖c‖ ≥ √(Σ c_min²) and ⟨c, u⟩ ≥ c_min·‖u‖₁ ≥ c_min: rows whose norm
     // keeps s within fp16 are accepted.
-    // tcqB's levels are in σ units (s ≈ ‖x‖/√d), the same bounds with c_min = its smallest level
-    // magnitude. The unbiased bound assumes each level has u's sign, as the nearest level has; the
-    // trellis may pick one against it, so that bound is not proven for tcqB.
+    // tcqB's levels are in σ units (s ≈ ‖x‖/√d), the ls bound with c_min = its smallest level magnitude.
+    // It takes no unbiased scale: the trellis may pick a level against u's sign, so ⟨c, u⟩ has no floor.
     InputLimit input_limit() const override {
         if (scale_ == TurboScale::norm) return {65504.0f, true};
         if (l_.trellis) {
             const double c_min = l_.centroids_hi[tcq_alphabet(l_.trellis).n_levels / 2];
-            const double factor = scale_ == TurboScale::ls ? std::sqrt(double(l_.d)) * c_min : c_min;
-            return {static_cast<float>(65504.0 * std::min(factor, 1.0)), true};
+            return {static_cast<float>(65504.0 * std::min(std::sqrt(double(l_.d)) * c_min, 1.0)), true};
         }
         const double min_hi = smallest_magnitude(hi_), min_lo = smallest_magnitude(lo_);
         double factor;
@@ -318,7 +316,8 @@ std::unique_ptr<CodecImpl> make_turbo(const TurboConfig& config, std::string_vie
         if (config.qjl) throw BadParams("codec '" + n + "' takes no parameters, got '" + p + "'");
         if (p == "scale=norm") cfg.scale = TurboScale::norm;
         else if (p == "scale=ls") cfg.scale = TurboScale::ls;
-        else if (p == "scale=unbiased") cfg.scale = TurboScale::unbiased;
+        else if (p == "scale=unbiased" && !config.trellis) cfg.scale = TurboScale::unbiased;
+        else if (config.trellis) throw BadParams("codec '" + n + "' takes one parameter, scale=norm|ls, got '" + p + "'");
         else throw BadParams("codec '" + n + "' takes one parameter, scale=norm|ls|unbiased, got '" + p + "'");
     }
     const int multiple = config.trellis ? 32 : config.half_split ? 16 : 8;

@@ -25,7 +25,8 @@
 // 2406.11235) in which a value decodes from its own code and the three trellis bits before it, so rows
 // decode in parallel (lib/ref/tcq.hpp). At B bits its squared error is 0.70× turboB's at 3 bits, 0.73× at
 // 2. The levels are in units of the coordinate's σ, so its scale is about ‖x‖/√d (scale=norm stores
-// exactly that); head_dim must be a multiple of 32.
+// exactly that; it takes no scale=unbiased, the trellis may pick a level against the coordinate's sign);
+// head_dim must be a multiple of 32.
 //
 // The fp16 field after the codes is the row's scale s, x̃ = s · Rᵀc (+ the QJL part). Which s is stored is
 // a parameter of the MSE codecs (same bits, same layout, same kernels; the _qjl codecs keep the norm):
