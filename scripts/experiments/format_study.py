@@ -646,7 +646,8 @@ def self_check() -> bool:
     R = rotation(256)
     for name, fn in [("q8_0", lambda t: grouped(q8_0, t, 32)), ("q5_0", lambda t: grouped(lambda u: q_sym(u, 5), t, 32)),
                      ("q4_0", lambda t: grouped(lambda u: q_sym(u, 4), t, 32)), ("iq4_nl", lambda t: grouped(iq4_nl, t, 32)),
-                     ("q4_0+rot", lambda t: grouped(lambda u: q_sym(u, 4), t @ R.T, 32) @ R)]:
+                     ("q4_0+rot", lambda t: grouped(lambda u: q_sym(u, 4), t @ R.T, 32) @ R),
+                     ("tcq3", lambda t: tcq(t @ R.T, 3) @ R), ("tcq2", lambda t: tcq(t @ R.T, 2) @ R)]:
         ref = np.asarray(kvq.dequantize(kvq.quantize(x, name), name, 256))
         got = fn(torch.from_numpy(x)).numpy()
         err = float(np.abs(got - ref).max() / np.abs(ref).max())
