@@ -160,10 +160,10 @@ __m256 sign_bits8(uint8_t byte) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srlv_epi32(_mm256_set1_epi32(byte), lanes), 31));
 }
 
-// The int8 values of the 32 B-bit codes of a block (4·B bytes), in the prepared int8 query's order
+// The 32 B-bit codes of a block (4·B bytes) as bytes, in the prepared int8 query's order
 // (rotated_kernels.hpp): B = 4, the even then the odd codes; B = 2, codes 4i, 4i+1, 4i+2, 4i+3 by turns.
 template <int B>
-__m256i int8_values32(const uint8_t* codes, __m256i table) {
+__m256i code_bytes32(const uint8_t* codes) {
     __m128i lo, hi;
     if constexpr (B == 4) {
         const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
@@ -176,16 +176,16 @@ __m256i int8_values32(const uint8_t* codes, __m256i table) {
         lo = _mm_unpacklo_epi64(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 2), m));
         hi = _mm_unpacklo_epi64(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(_mm_srli_epi16(x, 6), m));
     }
-    return _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
+    return _mm256_set_m128i(hi, lo);
 }
 
-// Σ_blocks scale_b · (int8 codes · int8 query) for G queries, ggml-style: maddubs needs one unsigned
-// operand, so |k| times q carrying k's sign; |k|, |q| <= 127 keep the int16 pair sums from saturating.
-template <int B, int G>
-void turbo_int8_dot(const TurboLayout& l, const uint8_t* row, const uint8_t* const* prep, __m256* acc) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi)));
+// Σ_blocks scale_b · (int8 values · int8 query) for G queries, values(blk) = block blk's 32 int8 values in
+// the prepared query's order; ggml-style: maddubs needs one unsigned operand, so |k| times q carrying k's
+// sign; |k|, |q| <= 127 keep the int16 pair sums from saturating.
+template <int G, class Values>
+void int8_dot(const TurboLayout& l, Values values, const uint8_t* const* prep, __m256* acc) {
     for (int blk = 0; blk < l.d / 32; ++blk) {
-        const __m256i k = int8_values32<B>(row + blk * 4 * B, table);
+        const __m256i k = values(blk);
         const __m256i abs_k = _mm256_abs_epi8(k);
         for (int i = 0; i < G; ++i) {
             const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(prep[i] + l.prep_q8_off + 32 * blk));
@@ -194,6 +194,12 @@ void turbo_int8_dot(const TurboLayout& l, const uint8_t* row, const uint8_t* con
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc[i]);
         }
     }
+}
+
+template <int B, int G>
+void turbo_int8_dot(const TurboLayout& l, const uint8_t* row, const uint8_t* const* prep, __m256* acc) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi)));
+    int8_dot<G>(l, [&](int blk) { return _mm256_shuffle_epi8(table, code_bytes32<B>(row + blk * 4 * B)); }, prep, acc);
 }
 
 template <int G>
