@@ -2,7 +2,8 @@
 // rotated_avx512.hpp. 16 codes at a time, cut from one 64-bit word with vpshufb and vpsrlvd and looked up
 // with one vpermps in the section's table repeated to 16 entries (so no mask is needed); G queries × up
 // to four groups of 16 columns stay in registers over a chunk of rows. The QJL signs go to the 256-bit
-// sign accumulator (rotated_avx2.hpp), sections not in whole groups of 16 to the 256-bit kernel.
+// sign accumulator (rotated_avx2.hpp), sections not in whole groups of 16 and tcqB rows to the 256-bit
+// kernels.
 //
 // Results equal the scalar specification (rotated_scalar.cpp) to float rounding: the products
 // (w·‖x‖)·c[code] are the specification's, added with fma.
@@ -115,7 +116,7 @@ void accumulate_section_any(int bits, size_t byte0, int j0, int j1, const float*
 // sign accumulator.
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
-    if (l.trellis || l.d % 16 != 0 || l.n_hi % 16 != 0) {  // tcqB: the 256-bit one passes it to the scalar
+    if (l.trellis || l.d % 16 != 0 || l.n_hi % 16 != 0) {  // tcqB: rotated_tcq_avx2.hpp
         return avx2::turbo_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
     }
     const size_t lo_byte = size_t(l.n_hi) * l.bits_hi / 8;

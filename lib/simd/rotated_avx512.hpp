@@ -10,8 +10,8 @@
 // query), converted and scaled by the query's block scales in one fma; four rows' sums are folded and
 // transposed together, so a row costs no horizontal reduction of its own. With VNNI, 4- and 3-bit rows go
 // 16 to a register instead (score_int4_rows16, score_int3_rows16), the one-row kernel taking the rest.
-// Other layouts (the split codecs' float path, QJL scores, head sizes the loops do not take) go to the
-// 256-bit kernels (rotated_avx2.hpp).
+// Other layouts (the split codecs' float path, QJL scores, head sizes the loops do not take, tcqB) go to
+// the 256-bit kernels (rotated_avx2.hpp, rotated_tcq_avx2.hpp).
 //
 // Results equal the scalar specification (rotated_scalar.cpp) to float rounding: a block's integer sum is
 // exact, and the float products are the specification's, summed in another order and with fma.
@@ -347,7 +347,7 @@ void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint
 
 void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    if (l.trellis || l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {  // tcqB: scalar
+    if (l.trellis || l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {
         return avx2::turbo_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
     }
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
