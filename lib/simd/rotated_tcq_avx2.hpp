@@ -25,16 +25,15 @@ namespace kvq::simd {
 namespace {
 namespace avx2 {
 
-// The s1 and s0 bits (tcq.hpp) of a run of values from their u bits `u` (bit j = value j) and the eight u
-// bits before the run, `prev` (0 at the row's start): bit j of s1 = u_j ⊕ u_{j−1} ⊕ u_{j−3}, of s0 =
-// u_{j−2}. Only the low `n` bits of the results are meant (n = the width of u).
+// The s1 and s0 bits (tcq.hpp) of a run of up to 64 values from their u bits `u` (bit j = value j) and
+// the byte of u bits before the run, `prev` (0 at the row's start): bit j of s1 = u_j ⊕ u_{j−1} ⊕ u_{j−3},
+// of s0 = u_{j−2}. Only the run's bits of the results are meant.
 struct Subsets {
-    uint32_t s1, s0;
+    uint64_t s1, s0;
 };
 
-Subsets tcq_subsets(uint32_t u, uint32_t prev) {
-    const uint64_t w = prev | uint64_t(u) << 8;
-    return {static_cast<uint32_t>((w ^ w << 1 ^ w << 3) >> 8), static_cast<uint32_t>(w >> 6)};
+Subsets tcq_subsets(uint64_t u, uint64_t prev) {
+    return {u ^ (u << 1 | prev >> 7) ^ (u << 3 | prev >> 5), u << 2 | prev >> 6};
 }
 
 // 0xFF in byte lane p where bit j = 4·(p % 8) + p / 8 of `bits` is set, else 0: int8_order 2 puts value
@@ -59,8 +58,8 @@ template <int B>
 __m256i tcq_ranks32(const TurboLayout& l, const uint8_t* row, int b) {
     const uint8_t* plane = row + l.plane_off + 4 * b;
     const Subsets s = tcq_subsets(load_u32(plane), b ? plane[-1] : 0);
-    const __m256i sub = _mm256_or_si256(_mm256_and_si256(bit_lanes(s.s1), _mm256_set1_epi8(2)),
-                                        _mm256_and_si256(bit_lanes(s.s0), _mm256_set1_epi8(1)));
+    const __m256i sub = _mm256_or_si256(_mm256_and_si256(bit_lanes(static_cast<uint32_t>(s.s1)), _mm256_set1_epi8(2)),
+                                        _mm256_and_si256(bit_lanes(static_cast<uint32_t>(s.s0)), _mm256_set1_epi8(1)));
     __m256i f4;  // 4·f
     if constexpr (B == 3) {
         f4 = _mm256_slli_epi16(code_bytes32<2>(row + 8 * b), 2);  // bytes < 4: nothing crosses into the next
@@ -123,7 +122,8 @@ struct TcqSource {
         } else {
             f = row[g];
         }
-        const __m256i x = _mm256_set1_epi32(static_cast<int>((s.s0 & 0xFF) | (s.s1 & 0xFF) << 8 | f << 16));
+        const uint32_t word = static_cast<uint32_t>((s.s0 & 0xFF) | (s.s1 & 0xFF) << 8) | f << 16;
+        const __m256i x = _mm256_set1_epi32(static_cast<int>(word));
         const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         const __m256i s0 = _mm256_and_si256(_mm256_srlv_epi32(x, j), _mm256_set1_epi32(1));
         const __m256i s1 = _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_add_epi32(j, _mm256_set1_epi32(7))),
