@@ -9,9 +9,10 @@
 // carrying k's sign. The integer sums of four queries are folded into one register (lane 4·block +
 // query), converted and scaled by the query's block scales in one fma; four rows' sums are folded and
 // transposed together, so a row costs no horizontal reduction of its own. With VNNI, 4- and 3-bit rows go
-// 16 to a register instead (score_int4_rows16, score_int3_rows16), the one-row kernel taking the rest.
-// Other layouts (the split codecs' float path, QJL scores, head sizes the loops do not take, tcqB) go to
-// the 256-bit kernels (rotated_avx2.hpp, rotated_tcq_avx2.hpp).
+// 16 to a register instead (score_int4_rows16, score_nibbles_rows16), the one-row kernel taking the rest.
+// tcqB rows take these kernels with their own indices (rotated_tcq_avx512.hpp). Other layouts (the split
+// codecs' float path, QJL scores, head sizes the loops do not take) go to the 256-bit kernels
+// (rotated_avx2.hpp).
 //
 // Results equal the scalar specification (rotated_scalar.cpp) to float rounding: a block's integer sum is
 // exact, and the float products are the specification's, summed in another order and with fma.
@@ -281,22 +282,23 @@ void score_int4_rows16(const TurboLayout& l, const uint8_t* const* prep, const u
     store_rows16<G>(l, base, row_stride, acc, out);
 }
 
-// 3-bit codes: each row's super-block is cut as the one-row kernel does (code_indices), codes t and 16 + t
-// of a block packed into byte t's nibbles, and the 16 rows' registers transposed 16 × 16 dwords (register
-// 4L + m: dword m of block L of every row).
-template <int G>
-void score_int3_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
-                       float* const* out) {
+// Table indices below 16 (3-bit codes, tcq3's ranks): each row's super-block is cut as the one-row kernel
+// does (Indices: CodeIndices, TcqIndices), indices t and 16 + t of a block packed into byte t's nibbles,
+// and the 16 rows' registers transposed 16 × 16 dwords (register 4L + m: dword m of block L of every row).
+template <int G, class Indices>
+void score_nibbles_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
+                          float* const* out) {
     const __m512i table = unsigned_table(l);
-    const int nb = l.d / 32, code_bytes = l.d * 3 / 8;
+    const Indices indices(l);
+    const int nb = l.d / 32;
     __m512 acc[G];
     for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
     for (int s = 0; 4 * s < nb; ++s) {
         __m512i p[16];
         for (int r = 0; r < 16; ++r) {
             __m512i first, second;
-            code_indices<3>(base + r * row_stride + 48 * s, code_bytes - 48 * s, first, second);
-            p[r] = _mm512_or_si512(first, _mm512_slli_epi16(second, 4));  // codes < 8: no carry between bytes
+            indices(base + r * row_stride, s, first, second);
+            p[r] = _mm512_or_si512(first, _mm512_slli_epi16(second, 4));  // indices < 16: no carry between bytes
         }
         __m512i t[16], u[16];
         for (int i = 0; i < 8; ++i) {
@@ -323,8 +325,8 @@ void score_int3_rows16(const TurboLayout& l, const uint8_t* const* prep, const u
     store_rows16<G>(l, base, row_stride, acc, out);
 }
 
-// The rows of a chunk in groups of 16 (kernel K), the rest with the one-row kernel of B bits.
-template <int B, int G, class K>
+// The rows of a chunk in groups of 16 (kernel K), the rest with the one-row kernel on the same indices.
+template <int G, class Indices, class K>
 void score_rows16_then_rest(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
                             size_t n_rows, float* const* out, K kernel) {
     size_t r0 = 0;
@@ -338,7 +340,7 @@ void score_rows16_then_rest(const TurboLayout& l, const uint8_t* const* prep, co
     }
     float* o[G];
     for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
-    score_int8_group<G, CodeIndices<B>>(l, prep, rows + r0 * row_stride, row_stride, n_rows - r0, o);
+    score_int8_group<G, Indices>(l, prep, rows + r0 * row_stride, row_stride, n_rows - r0, o);
 }
 #endif
 
@@ -347,8 +349,10 @@ void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint
                     size_t n_rows, float* const* out) {
     switch (l.int8_order) {
 #if defined(__AVX512VNNI__)
-        case 4: return score_rows16_then_rest<4, G>(l, prep, rows, row_stride, n_rows, out, score_int4_rows16<G>);
-        case 3: return score_rows16_then_rest<3, G>(l, prep, rows, row_stride, n_rows, out, score_int3_rows16<G>);
+        case 4: return score_rows16_then_rest<G, CodeIndices<4>>(l, prep, rows, row_stride, n_rows, out, score_int4_rows16<G>);
+        case 3:
+            return score_rows16_then_rest<G, CodeIndices<3>>(l, prep, rows, row_stride, n_rows, out,
+                                                            score_nibbles_rows16<G, CodeIndices<3>>);
 #else
         case 4: return score_int8_group<G, CodeIndices<4>>(l, prep, rows, row_stride, n_rows, out);
         case 3: return score_int8_group<G, CodeIndices<3>>(l, prep, rows, row_stride, n_rows, out);

@@ -3,8 +3,9 @@
 // little spreading: one vpshufb and vptestmb put them in the lanes of the int8 order, and in index order
 // tcq_subsets's words are the masks as they are.
 //
-// score: the turbo int8 kernel (score_int8_group: four rows at a time, vpdpbusd with VNNI) with the
-// super-block's rank indices from TcqIndices. accumulate: TcqValues16 in the 512-bit tiles
+// score: turbo's int8 kernels with the super-block's rank indices from TcqIndices: four rows at a time
+// (score_int8_group), with VNNI tcq3's rows 16 at a time as turbo3's (score_nibbles_rows16: its ranks fit
+// a nibble as 3-bit codes do). accumulate: TcqValues16 in the 512-bit tiles
 // (rotated_accumulate_avx512.hpp). Results equal the scalar specification to float rounding, as turbo's.
 #pragma once
 
@@ -84,7 +85,12 @@ void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int
                 out[i] = scores + (i0 + i) * score_stride + r0;
             }
             if (l.trellis == 3) {
+#if defined(__AVX512VNNI__)
+                score_rows16_then_rest<G, TcqIndices<3>>(l, p, rows + r0 * row_stride, row_stride, rn, out,
+                                                         score_nibbles_rows16<G, TcqIndices<3>>);
+#else
                 score_int8_group<G, TcqIndices<3>>(l, p, rows + r0 * row_stride, row_stride, rn, out);
+#endif
             } else {
                 score_int8_group<G, TcqIndices<2>>(l, p, rows + r0 * row_stride, row_stride, rn, out);
             }
@@ -106,7 +112,8 @@ struct TcqValues16 {
                                                        _mm512_set1_epi32(B == 3 ? 15 : 7)),
                                       _mm512_loadu_ps(layout.centroids_hi))) {}
 
-    __m512 operator()(const uint8_t* row, int g) const {
+    // Inlined into the tiles' row loop, which the compiler would otherwise call it from.
+    [[gnu::always_inline]] __m512 operator()(const uint8_t* row, int g) const {
         const uint8_t* plane = row + l.plane_off + 2 * g;
         uint16_t u;
         std::memcpy(&u, plane, 2);
