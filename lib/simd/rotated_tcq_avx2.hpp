@@ -1,7 +1,7 @@
-// AVX2 kernels of the tcqB codecs (part of rotated_avx2.hpp; format and decoding rule: lib/ref/tcq.hpp),
-// also used by the AVX-512 levels. A value's rank is 4·f + 2·s1 + s0, s1 and s0 bits of its own trellis
-// bit and the three before it; for a run of values they are a few scalar shifts and xors of the u plane
-// (tcq_subsets), one word per 32 values.
+// AVX2 kernels of the tcqB codecs (part of rotated_avx2.hpp; format and decoding rule: lib/ref/tcq.hpp;
+// the AVX-512 levels have their own, rotated_tcq_avx512.hpp, and score head sizes above 1024 here). A
+// value's rank is 4·f + 2·s1 + s0, s1 and s0 bits of its own trellis bit and the three before it; for a
+// run of values they are a few scalar shifts and xors of the u plane (tcq_subsets).
 //
 // score, on the int8 levels: the rank bytes of a 32-block are formed in the prepared int8 query's order
 // 2 (turbo.cpp sets it for tcqB): the f codes cut as turbo2's 2-bit codes are (code_bytes32<2>), the
