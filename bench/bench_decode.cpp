@@ -47,7 +47,8 @@ constexpr CodecPair kPairs[] = {{"f16", "f16"},   {"f32", "f32"},       {"q8_0",
                                 {"q4_0+rot", "q4_0+rot", nullptr, false, true, true},
                                 {"iq4_nls+rot", "turbo4", nullptr, false, true, true},
                                 {"turbo4", "turbo4", nullptr, false, true, true},
-                                {"turbo3", "turbo3", nullptr, false, true, true}};
+                                {"turbo3", "turbo3", nullptr, false, true, true},
+                                {"tcq3", "tcq3", nullptr, false, true, true}};
 constexpr size_t kContexts[] = {size_t(128) << 10, size_t(32) << 10, size_t(4) << 10};  // longest first
 constexpr int kThreads[] = {1, 2};
 constexpr int kKvHeads = 8, kHeads = 32, kHeadDim = 128;

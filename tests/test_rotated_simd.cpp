@@ -1,7 +1,8 @@
 // Every SIMD level with polar/turbo kernels against the scalar specification (rotated_scalar.cpp): scores
 // and accumulations equal to float rounding, for every turbo codec and polar configurations that take
 // each path of the kernels (level tables, lookups, gathers, levels above 4, the scalar fallback for
-// L < 4), head sizes 16..256, odd and chunk-crossing row counts, 1..6 queries and strided rows.
+// L < 4), head sizes 16..256, odd and chunk-crossing row counts, 1..6 queries (a subnormal and a NaN one
+// among 6) and strided rows.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -74,7 +75,7 @@ Result run(const kvq::Codec& c, const std::vector<uint8_t>& rows, size_t n_rows,
            const std::vector<float>& q, int n_q, const std::vector<float>& w) {
     const int d = c.head_dim();
     std::vector<uint8_t> prep(n_q * c.query_bytes());
-    c.prepare_queries(q.data(), n_q, prep.data());
+    c.prepare_queries(q.data(), n_q, prep.data(), kvq::NanPolicy::propagate);
     Result r{std::vector<float>(n_q * n_rows), std::vector<float>(n_q * d, 0.0f)};
     c.score_rows(prep.data(), n_q, rows.data(), n_rows, r.scores.data(), n_rows, stride);
     c.accumulate_rows(w.data(), n_rows, n_q, rows.data(), n_rows, r.acc.data(), stride);
@@ -96,7 +97,11 @@ TEST_CASE("every SIMD level scores and accumulates polar and turbo rows as the s
             for (int n_q : {1, 3, 6}) {
                 const size_t stride = c.row_bytes() + (n_rows % 2) * 5;
                 const auto x = rows_for(n_rows, cs.d, 100 + n_rows);
-                const auto q = kvq::test::gaussian(size_t(n_q) * cs.d, 200 + n_q);
+                auto q = kvq::test::gaussian(size_t(n_q) * cs.d, 200 + n_q);
+                if (n_q == 6) {  // a subnormal query (its int8 blocks score as zero) and a NaN one (NaN scores)
+                    for (int j = 0; j < cs.d; ++j) q[4 * cs.d + j] *= 1e-42f;
+                    q[5 * cs.d + cs.d / 3] = NAN;
+                }
                 const auto w = kvq::test::gaussian(size_t(n_q) * n_rows, 300 + n_q);
                 std::vector<uint8_t> rows(n_rows * stride, 0xEE);
                 c.quantize_rows(x.data(), n_rows, rows.data(), stride);
@@ -115,7 +120,8 @@ TEST_CASE("every SIMD level scores and accumulates polar and turbo rows as the s
                         double wx = 0;  // Σ |w|·‖x̃‖ bounds every output element's terms
                         for (size_t r = 0; r < n_rows; ++r) {
                             const double xn = norm(xd.data() + r * cs.d, cs.d);
-                            CHECK(std::fabs(got.scores[i * n_rows + r] - want.scores[i * n_rows + r]) <= 1e-5 * qn * xn + 1e-6);
+                            const float g = got.scores[i * n_rows + r], e = want.scores[i * n_rows + r];
+                            CHECK(((std::isnan(g) && std::isnan(e)) || std::fabs(g - e) <= 1e-5 * qn * xn + 1e-6));
                             wx += std::fabs(w[i * n_rows + r]) * xn;
                         }
                         for (int j = 0; j < cs.d; ++j) {

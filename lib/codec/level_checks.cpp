@@ -134,7 +134,7 @@ std::string check_rotated_codecs(SimdLevel level) {
         int n_q;
     };
     // turbo4 and turbo3: the int8 scores (17 rows: a group of 16 and a tail at avx512); turbo3.5: the
-    // float path; turbo2_qjl: the signs; tcq3: that the levels leave trellis rows to the specification.
+    // float path; turbo2_qjl: the signs; tcq3: the trellis kernels (rotated_tcq_avx2.hpp).
     for (const char* spec : {"turbo4", "turbo3", "turbo3.5", "turbo2_qjl", "tcq3", "polar"}) {
         for (const Case& k : {Case{128, 17, 7}, Case{64, 2, 2}}) {
             const std::string f = check_codec_path(level, spec, k.n, k.rows, k.n_q, 77, checks);

@@ -215,7 +215,8 @@ private:
         return cfg.trellis ? TurboCodebook{} : make_turbo_codebook(sphere_coordinate_codebook(bits, d));
     }
 
-    // tcqB (tcq.hpp): f codes of B − 1 bits, the u plane, the scale; the query in index order.
+    // tcqB (tcq.hpp): f codes of B − 1 bits, the u plane, the scale; the int8 query in order 2, as the SIMD
+    // kernels form the ranks (rotated_tcq_avx2.hpp).
     void init_trellis(int bits) {
         const TcqAlphabet& a = tcq_alphabet(bits);
         const int d = rot_.dim();
@@ -225,6 +226,7 @@ private:
         l_.scale_hi = a.scale;
         l_.ints_hi = a.ints;
         l_.trellis = bits;
+        l_.int8_order = 2;
         l_.plane_off = bytes_for_bits(size_t(d) * (bits - 1));
         l_.norm_off = l_.plane_off + bytes_for_bits(d);
         row_bytes_ = l_.norm_off + 2;

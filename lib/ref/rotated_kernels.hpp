@@ -25,8 +25,8 @@ struct TurboLayout {
     const int8_t* ints_hi = nullptr;
     int int8_order = 0;
     // tcqB (lib/ref/tcq.hpp): the value of rank k is centroids_hi[k] = scale_hi · ints_hi[k] (σ units), the
-    // rank from the f code and the u plane; int8_order is 0 and the SIMD levels leave these rows to the
-    // scalar kernels.
+    // rank from the f code and the u plane; int8_order is 2 (the SIMD kernels' order of ranks; the scalar
+    // ones score from the float q̃).
     int trellis = 0;  // 0: turbo codes; B: tcqB (f codes of B−1 bits at byte 0, the u plane at plane_off)
     size_t plane_off = 0;
     bool qjl = false;

@@ -2,7 +2,8 @@
 // rotated_avx512.hpp. 16 codes at a time, cut from one 64-bit word with vpshufb and vpsrlvd and looked up
 // with one vpermps in the section's table repeated to 16 entries (so no mask is needed); G queries × up
 // to four groups of 16 columns stay in registers over a chunk of rows. The QJL signs go to the 256-bit
-// sign accumulator (rotated_avx2.hpp), sections not in whole groups of 16 to the 256-bit kernel.
+// sign accumulator (rotated_avx2.hpp), sections not in whole groups of 16 to the 256-bit kernel. tcqB rows
+// take the same tiles with their own 16-value decoder (rotated_tcq_avx512.hpp).
 //
 // Results equal the scalar specification (rotated_scalar.cpp) to float rounding: the products
 // (w·‖x‖)·c[code] are the specification's, added with fma.
@@ -16,6 +17,7 @@
 #include <cstring>
 
 #include "rotated_avx512.hpp"
+#include "rotated_tcq_avx512.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -62,19 +64,19 @@ __m512 values16(const uint8_t* p, __m512 table) {
     return _mm512_permutexvar_ps(codes, table);
 }
 
-// acc[i][16 (g0 + k) ...] += wn[i][r]·c[code] for NG groups of 16 channels of a B-bit section (its bytes
-// from byte0, its groups from g_first) over the rows of a chunk, the accumulators in registers. wn =
-// w·‖x‖, so that each weight is one broadcast from memory.
-template <int B, int NG, int G>
-void accumulate_tile(size_t byte0, int g_first, __m512 table, const float (*wn)[kChunk], const uint8_t* rows,
-                     size_t row_stride, size_t n_rows, int g0, float* const* acc) {
+// acc[i][16 (g0 + k) ...] += wn[i][r]·v for NG groups of 16 channels over the rows of a chunk, v =
+// values(row, group), the accumulators in registers. wn = w·‖x‖, so that each weight is one broadcast
+// from memory.
+template <int NG, int G, class Values>
+void accumulate_tile(const Values& values, const float (*wn)[kChunk], const uint8_t* rows, size_t row_stride,
+                     size_t n_rows, int g0, float* const* acc) {
     __m512 a[G][NG];
     for (int i = 0; i < G; ++i)
         for (int k = 0; k < NG; ++k) a[i][k] = _mm512_loadu_ps(acc[i] + (g0 + k) * 16);
     for (size_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = rows + r * row_stride;
         __m512 v[NG];
-        for (int k = 0; k < NG; ++k) v[k] = values16<B>(row + byte0 + (g0 + k - g_first) * 2 * B, table);
+        for (int k = 0; k < NG; ++k) v[k] = values(row, g0 + k);
         for (int i = 0; i < G; ++i) {
             const __m512 wi = _mm512_set1_ps(wn[i][r]);
             for (int k = 0; k < NG; ++k) a[i][k] = _mm512_fmadd_ps(wi, v[k], a[i][k]);
@@ -84,20 +86,28 @@ void accumulate_tile(size_t byte0, int g_first, __m512 table, const float (*wn)[
         for (int k = 0; k < NG; ++k) _mm512_storeu_ps(acc[i] + (g0 + k) * 16, a[i][k]);
 }
 
-// One B-bit section (channels j0..j1, multiples of 16) over a chunk: tiles of up to four groups of 16.
+// Groups [g_begin, g_end) of 16 channels over a chunk: tiles of up to four groups.
+template <int G, class Values>
+void accumulate_tiles(const Values& values, int g_begin, int g_end, const float (*wn)[kChunk], const uint8_t* rows,
+                      size_t row_stride, size_t n_rows, float* const* acc) {
+    for (int g0 = g_begin; g0 < g_end; g0 += 4) {
+        switch (std::min(4, g_end - g0)) {
+            case 4: accumulate_tile<4, G>(values, wn, rows, row_stride, n_rows, g0, acc); break;
+            case 3: accumulate_tile<3, G>(values, wn, rows, row_stride, n_rows, g0, acc); break;
+            case 2: accumulate_tile<2, G>(values, wn, rows, row_stride, n_rows, g0, acc); break;
+            default: accumulate_tile<1, G>(values, wn, rows, row_stride, n_rows, g0, acc); break;
+        }
+    }
+}
+
+// One B-bit section (channels j0..j1, multiples of 16; its bytes from byte0) over a chunk.
 template <int B, int G>
 void accumulate_section(size_t byte0, int j0, int j1, const float* centroids, const float (*wn)[kChunk],
                         const uint8_t* rows, size_t row_stride, size_t n_rows, float* const* acc) {
     const __m512 table = table16<B>(centroids);
     const int gf = j0 / 16;
-    for (int g0 = gf; g0 < j1 / 16; g0 += 4) {
-        switch (std::min(4, j1 / 16 - g0)) {
-            case 4: accumulate_tile<B, 4, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
-            case 3: accumulate_tile<B, 3, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
-            case 2: accumulate_tile<B, 2, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
-            default: accumulate_tile<B, 1, G>(byte0, gf, table, wn, rows, row_stride, n_rows, g0, acc); break;
-        }
-    }
+    const auto values = [&](const uint8_t* row, int g) { return values16<B>(row + byte0 + (g - gf) * 2 * B, table); };
+    accumulate_tiles<G>(values, gf, j1 / 16, wn, rows, row_stride, n_rows, acc);
 }
 
 template <int G>
@@ -115,7 +125,7 @@ void accumulate_section_any(int bits, size_t byte0, int j0, int j1, const float*
 // sign accumulator.
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
-    if (l.trellis || l.d % 16 != 0 || l.n_hi % 16 != 0) {  // tcqB: the 256-bit one passes it to the scalar
+    if (l.d % 16 != 0 || l.n_hi % 16 != 0) {
         return avx2::turbo_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
     }
     const size_t lo_byte = size_t(l.n_hi) * l.bits_hi / 8;
@@ -132,7 +142,13 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
                 for (size_t r = 0; r < rn; ++r) wn[i][r] = wi[r] * norms[r];
                 ap[i] = acc + size_t(i0 + i) * l.d;
             }
-            accumulate_section_any<G>(l.bits_hi, 0, 0, l.n_hi, l.centroids_hi, wn, chunk, row_stride, rn, ap);
+            if (l.trellis == 3) {
+                accumulate_tiles<G>(TcqValues16<3>(l), 0, l.d / 16, wn, chunk, row_stride, rn, ap);
+            } else if (l.trellis) {
+                accumulate_tiles<G>(TcqValues16<2>(l), 0, l.d / 16, wn, chunk, row_stride, rn, ap);
+            } else {
+                accumulate_section_any<G>(l.bits_hi, 0, 0, l.n_hi, l.centroids_hi, wn, chunk, row_stride, rn, ap);
+            }
             if (l.n_hi < l.d) {
                 accumulate_section_any<G>(l.bits_lo, lo_byte, l.n_hi, l.d, l.centroids_lo, wn, chunk, row_stride, rn, ap);
             }

@@ -160,10 +160,10 @@ __m256 sign_bits8(uint8_t byte) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srlv_epi32(_mm256_set1_epi32(byte), lanes), 31));
 }
 
-// The int8 values of the 32 B-bit codes of a block (4·B bytes), in the prepared int8 query's order
+// The 32 B-bit codes of a block (4·B bytes) as bytes, in the prepared int8 query's order
 // (rotated_kernels.hpp): B = 4, the even then the odd codes; B = 2, codes 4i, 4i+1, 4i+2, 4i+3 by turns.
 template <int B>
-__m256i int8_values32(const uint8_t* codes, __m256i table) {
+__m256i code_bytes32(const uint8_t* codes) {
     __m128i lo, hi;
     if constexpr (B == 4) {
         const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
@@ -176,16 +176,16 @@ __m256i int8_values32(const uint8_t* codes, __m256i table) {
         lo = _mm_unpacklo_epi64(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 2), m));
         hi = _mm_unpacklo_epi64(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(_mm_srli_epi16(x, 6), m));
     }
-    return _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
+    return _mm256_set_m128i(hi, lo);
 }
 
-// Σ_blocks scale_b · (int8 codes · int8 query) for G queries, ggml-style: maddubs needs one unsigned
-// operand, so |k| times q carrying k's sign; |k|, |q| <= 127 keep the int16 pair sums from saturating.
-template <int B, int G>
-void turbo_int8_dot(const TurboLayout& l, const uint8_t* row, const uint8_t* const* prep, __m256* acc) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi)));
+// Σ_blocks scale_b · (int8 values · int8 query) for G queries, values(blk) = block blk's 32 int8 values in
+// the prepared query's order; ggml-style: maddubs needs one unsigned operand, so |k| times q carrying k's
+// sign; |k|, |q| <= 127 keep the int16 pair sums from saturating.
+template <int G, class Values>
+void int8_dot(const TurboLayout& l, Values values, const uint8_t* const* prep, __m256* acc) {
     for (int blk = 0; blk < l.d / 32; ++blk) {
-        const __m256i k = int8_values32<B>(row + blk * 4 * B, table);
+        const __m256i k = values(blk);
         const __m256i abs_k = _mm256_abs_epi8(k);
         for (int i = 0; i < G; ++i) {
             const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(prep[i] + l.prep_q8_off + 32 * blk));
@@ -194,6 +194,12 @@ void turbo_int8_dot(const TurboLayout& l, const uint8_t* row, const uint8_t* con
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc[i]);
         }
     }
+}
+
+template <int B, int G>
+void turbo_int8_dot(const TurboLayout& l, const uint8_t* row, const uint8_t* const* prep, __m256* acc) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi)));
+    int8_dot<G>(l, [&](int blk) { return _mm256_shuffle_epi8(table, code_bytes32<B>(row + blk * 4 * B)); }, prep, acc);
 }
 
 template <int G>
@@ -255,12 +261,15 @@ void for_groups(int n_q, F&& f) {
     }
 }
 
+// tcqB rows (rotated_tcq_avx2.hpp, included below).
+void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+               size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+void tcq_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                    size_t row_stride, size_t n_rows, float* acc);
+
 void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    if (l.trellis) {  // tcqB rows: the scalar specification until a SIMD version exists
-        return detail::scalar_rotated_kernels().turbo.score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows,
-                                                           scores, score_stride);
-    }
+    if (l.trellis) return tcq_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
         const size_t rn = std::min(kChunk, n_rows - r0);
         for_groups(n_q, [&]<int G>(int i0) {
@@ -363,10 +372,7 @@ void turbo_accumulate_any(int bits, const TurboLayout& l, size_t byte0, int j0, 
 
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
-    if (l.trellis) {  // tcqB rows: the scalar specification until a SIMD version exists
-        return detail::scalar_rotated_kernels().turbo.accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc,
-                                                                sketch);
-    }
+    if (l.trellis) return tcq_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
     const size_t lo_byte = size_t(l.n_hi) * l.bits_hi / 8;
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
         const size_t rn = std::min(kChunk, n_rows - r0);
@@ -388,3 +394,4 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
 }  // namespace kvq::simd
 
 #include "rotated_polar_avx2.hpp"
+#include "rotated_tcq_avx2.hpp"

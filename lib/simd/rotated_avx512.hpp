@@ -9,9 +9,10 @@
 // carrying k's sign. The integer sums of four queries are folded into one register (lane 4·block +
 // query), converted and scaled by the query's block scales in one fma; four rows' sums are folded and
 // transposed together, so a row costs no horizontal reduction of its own. With VNNI, 4- and 3-bit rows go
-// 16 to a register instead (score_int4_rows16, score_int3_rows16), the one-row kernel taking the rest.
-// Other layouts (the split codecs' float path, QJL scores, head sizes the loops do not take) go to the
-// 256-bit kernels (rotated_avx2.hpp).
+// 16 to a register instead (score_int4_rows16, score_nibbles_rows16), the one-row kernel taking the rest.
+// tcqB rows take these kernels with their own indices (rotated_tcq_avx512.hpp). Other layouts (the split
+// codecs' float path, QJL scores, head sizes the loops do not take) go to the 256-bit kernels
+// (rotated_avx2.hpp).
 //
 // Results equal the scalar specification (rotated_scalar.cpp) to float rounding: a block's integer sum is
 // exact, and the float products are the specification's, summed in another order and with fma.
@@ -141,14 +142,25 @@ __m512i fold_queries(const __m512i* x) {
     return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
 }
 
-// Lane 4L + i: query i's Σ_b scale_b·(block b's integer sum) over the blocks b ≡ L (mod 4) of one row.
-template <int B, int G>
-__m512 row_sums(const TurboLayout& l, const QueryGroup<G>& g, const __m512i table, const uint8_t* row) {
-    const int code_bytes = l.d * B / 8;
+// A super-block's table indices from a row's B-bit codes (code_indices).
+template <int B>
+struct CodeIndices {
+    int code_bytes;
+    explicit CodeIndices(const TurboLayout& l) : code_bytes(l.d * B / 8) {}
+    void operator()(const uint8_t* row, int s, __m512i& first, __m512i& second) const {
+        code_indices<B>(row + 16 * B * s, code_bytes - 16 * B * s, first, second);
+    }
+};
+
+// Lane 4L + i: query i's Σ_b scale_b·(block b's integer sum) over the blocks b ≡ L (mod 4) of one row,
+// indices(row, s, first, second) its table indices of super-block s.
+template <int G, class Indices>
+__m512 row_sums(const TurboLayout& l, const QueryGroup<G>& g, const Indices& indices, const __m512i table,
+                const uint8_t* row) {
     __m512 acc = _mm512_setzero_ps();
     for (int s = 0; s * 128 < l.d; ++s) {
         __m512i k_first, k_second;
-        code_indices<B>(row + 16 * B * s, code_bytes - 16 * B * s, k_first, k_second);
+        indices(row, s, k_first, k_second);
         k_first = _mm512_shuffle_epi8(table, k_first);
         k_second = _mm512_shuffle_epi8(table, k_second);
         __m512i x[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -161,9 +173,10 @@ __m512 row_sums(const TurboLayout& l, const QueryGroup<G>& g, const __m512i tabl
 // Scores of G queries against rows on their int8 codes: four rows at a time, their sums folded over the
 // four lanes (128-bit lane r = row r's four queries), times scale_hi·‖x‖, transposed (lane i = query
 // i's four rows) and stored. A short last step repeats the last row and stores only the live ones.
-template <int B, int G>
+template <int G, class Indices>
 void score_int8_group(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
                       size_t n_rows, float* const* out) {
+    const Indices indices(l);
     QueryGroup<G> g;
     arrange_queries<G>(l, prep, g);
     __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(l.ints_hi));
@@ -177,7 +190,7 @@ void score_int8_group(const TurboLayout& l, const uint8_t* const* prep, const ui
         alignas(16) float norms[4];
         for (int k = 0; k < 4; ++k) {
             const uint8_t* row = rows + std::min(r0 + k, n_rows - 1) * row_stride;
-            f[k] = row_sums<B, G>(l, g, table, row);
+            f[k] = row_sums<G>(l, g, indices, table, row);
             norms[k] = avx2::half_at(row + l.norm_off) * l.scale_hi;
         }
         const __m512 f01 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
@@ -269,22 +282,23 @@ void score_int4_rows16(const TurboLayout& l, const uint8_t* const* prep, const u
     store_rows16<G>(l, base, row_stride, acc, out);
 }
 
-// 3-bit codes: each row's super-block is cut as the one-row kernel does (code_indices), codes t and 16 + t
-// of a block packed into byte t's nibbles, and the 16 rows' registers transposed 16 × 16 dwords (register
-// 4L + m: dword m of block L of every row).
-template <int G>
-void score_int3_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
-                       float* const* out) {
+// Table indices below 16 (3-bit codes, tcq3's ranks): each row's super-block is cut as the one-row kernel
+// does (Indices: CodeIndices, TcqIndices), indices t and 16 + t of a block packed into byte t's nibbles,
+// and the 16 rows' registers transposed 16 × 16 dwords (register 4L + m: dword m of block L of every row).
+template <int G, class Indices>
+void score_nibbles_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
+                          float* const* out) {
     const __m512i table = unsigned_table(l);
-    const int nb = l.d / 32, code_bytes = l.d * 3 / 8;
+    const Indices indices(l);
+    const int nb = l.d / 32;
     __m512 acc[G];
     for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
     for (int s = 0; 4 * s < nb; ++s) {
         __m512i p[16];
         for (int r = 0; r < 16; ++r) {
             __m512i first, second;
-            code_indices<3>(base + r * row_stride + 48 * s, code_bytes - 48 * s, first, second);
-            p[r] = _mm512_or_si512(first, _mm512_slli_epi16(second, 4));  // codes < 8: no carry between bytes
+            indices(base + r * row_stride, s, first, second);
+            p[r] = _mm512_or_si512(first, _mm512_slli_epi16(second, 4));  // indices < 16: no carry between bytes
         }
         __m512i t[16], u[16];
         for (int i = 0; i < 8; ++i) {
@@ -311,8 +325,8 @@ void score_int3_rows16(const TurboLayout& l, const uint8_t* const* prep, const u
     store_rows16<G>(l, base, row_stride, acc, out);
 }
 
-// The rows of a chunk in groups of 16 (kernel K), the rest with the one-row kernel of B bits.
-template <int B, int G, class K>
+// The rows of a chunk in groups of 16 (kernel K), the rest with the one-row kernel on the same indices.
+template <int G, class Indices, class K>
 void score_rows16_then_rest(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* rows, size_t row_stride,
                             size_t n_rows, float* const* out, K kernel) {
     size_t r0 = 0;
@@ -326,7 +340,7 @@ void score_rows16_then_rest(const TurboLayout& l, const uint8_t* const* prep, co
     }
     float* o[G];
     for (int i = 0; i < G; ++i) o[i] = out[i] + r0;
-    score_int8_group<B, G>(l, prep, rows + r0 * row_stride, row_stride, n_rows - r0, o);
+    score_int8_group<G, Indices>(l, prep, rows + r0 * row_stride, row_stride, n_rows - r0, o);
 }
 #endif
 
@@ -335,19 +349,28 @@ void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint
                     size_t n_rows, float* const* out) {
     switch (l.int8_order) {
 #if defined(__AVX512VNNI__)
-        case 4: return score_rows16_then_rest<4, G>(l, prep, rows, row_stride, n_rows, out, score_int4_rows16<G>);
-        case 3: return score_rows16_then_rest<3, G>(l, prep, rows, row_stride, n_rows, out, score_int3_rows16<G>);
+        case 4: return score_rows16_then_rest<G, CodeIndices<4>>(l, prep, rows, row_stride, n_rows, out, score_int4_rows16<G>);
+        case 3:
+            return score_rows16_then_rest<G, CodeIndices<3>>(l, prep, rows, row_stride, n_rows, out,
+                                                            score_nibbles_rows16<G, CodeIndices<3>>);
 #else
-        case 4: return score_int8_group<4, G>(l, prep, rows, row_stride, n_rows, out);
-        case 3: return score_int8_group<3, G>(l, prep, rows, row_stride, n_rows, out);
+        case 4: return score_int8_group<G, CodeIndices<4>>(l, prep, rows, row_stride, n_rows, out);
+        case 3: return score_int8_group<G, CodeIndices<3>>(l, prep, rows, row_stride, n_rows, out);
 #endif
-        default: return score_int8_group<2, G>(l, prep, rows, row_stride, n_rows, out);
+        default: return score_int8_group<G, CodeIndices<2>>(l, prep, rows, row_stride, n_rows, out);
     }
 }
 
+// tcqB rows (rotated_tcq_avx512.hpp, included below).
+void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+               size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+
 void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    if (l.trellis || l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {  // tcqB: scalar
+    if (l.trellis && l.d <= 128 * kMaxSuper) {
+        return tcq_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
+    }
+    if (l.trellis || l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {
         return avx2::turbo_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
     }
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
@@ -369,4 +392,5 @@ void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, i
 }  // namespace
 }  // namespace kvq::simd
 
+#include "rotated_tcq_avx512.hpp"
 #include "rotated_accumulate_avx512.hpp"
