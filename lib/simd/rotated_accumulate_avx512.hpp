@@ -3,7 +3,7 @@
 // with one vpermps in the section's table repeated to 16 entries (so no mask is needed); G queries × up
 // to four groups of 16 columns stay in registers over a chunk of rows. The QJL signs go to the 256-bit
 // sign accumulator (rotated_avx2.hpp), sections not in whole groups of 16 to the 256-bit kernel. tcqB rows
-// take the same tiles with their own 16-value decoder (rotated_tcq_avx512.hpp).
+// take the same tiles over their ranks decoded per chunk (rotated_tcq_avx512.hpp).
 //
 // Results equal the scalar specification (rotated_scalar.cpp) to float rounding: the products
 // (w·‖x‖)·c[code] are the specification's, added with fma.
@@ -17,7 +17,6 @@
 #include <cstring>
 
 #include "rotated_avx512.hpp"
-#include "rotated_tcq_avx512.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -123,8 +122,13 @@ void accumulate_section_any(int bits, size_t byte0, int j0, int j1, const float*
 
 // Sections whose channels are not in whole groups of 16 go to the 256-bit kernel; the QJL signs to its
 // sign accumulator.
+// tcqB rows (rotated_tcq_avx512.hpp, included after this file).
+void tcq_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                    size_t row_stride, size_t n_rows, float* acc);
+
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
+    if (l.trellis) return tcq_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
     if (l.d % 16 != 0 || l.n_hi % 16 != 0) {
         return avx2::turbo_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
     }
@@ -142,13 +146,7 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
                 for (size_t r = 0; r < rn; ++r) wn[i][r] = wi[r] * norms[r];
                 ap[i] = acc + size_t(i0 + i) * l.d;
             }
-            if (l.trellis == 3) {
-                accumulate_tiles<G>(TcqValues16<3>(l), 0, l.d / 16, wn, chunk, row_stride, rn, ap);
-            } else if (l.trellis) {
-                accumulate_tiles<G>(TcqValues16<2>(l), 0, l.d / 16, wn, chunk, row_stride, rn, ap);
-            } else {
-                accumulate_section_any<G>(l.bits_hi, 0, 0, l.n_hi, l.centroids_hi, wn, chunk, row_stride, rn, ap);
-            }
+            accumulate_section_any<G>(l.bits_hi, 0, 0, l.n_hi, l.centroids_hi, wn, chunk, row_stride, rn, ap);
             if (l.n_hi < l.d) {
                 accumulate_section_any<G>(l.bits_lo, lo_byte, l.n_hi, l.d, l.centroids_lo, wn, chunk, row_stride, rn, ap);
             }

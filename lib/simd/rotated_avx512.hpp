@@ -150,6 +150,14 @@ struct CodeIndices {
     void operator()(const uint8_t* row, int s, __m512i& first, __m512i& second) const {
         code_indices<B>(row + 16 * B * s, code_bytes - 16 * B * s, first, second);
     }
+    // For score_nibbles_rows16 (codes below 16): indices t and 16 + t of a block in byte t's nibbles.
+    void nibbles16(const uint8_t* base, size_t row_stride, int s, __m512i* p) const {
+        for (int r = 0; r < 16; ++r) {
+            __m512i first, second;
+            (*this)(base + r * row_stride, s, first, second);
+            p[r] = _mm512_or_si512(first, _mm512_slli_epi16(second, 4));  // indices < 16: no carry between bytes
+        }
+    }
 };
 
 // Lane 4L + i: query i's Σ_b scale_b·(block b's integer sum) over the blocks b ≡ L (mod 4) of one row,
@@ -282,9 +290,8 @@ void score_int4_rows16(const TurboLayout& l, const uint8_t* const* prep, const u
     store_rows16<G>(l, base, row_stride, acc, out);
 }
 
-// Table indices below 16 (3-bit codes, tcq3's ranks): each row's super-block is cut as the one-row kernel
-// does (Indices: CodeIndices, TcqIndices), indices t and 16 + t of a block packed into byte t's nibbles,
-// and the 16 rows' registers transposed 16 × 16 dwords (register 4L + m: dword m of block L of every row).
+// Table indices below 16 (3-bit codes, tcq3's ranks): the 16 rows' super-blocks as nibble pairs
+// (Indices::nibbles16: indices t and 16 + t of a block in byte t), the registers transposed 16 × 16 dwords (register 4L + m: dword m of block L of every row).
 template <int G, class Indices>
 void score_nibbles_rows16(const TurboLayout& l, const uint8_t* const* prep, const uint8_t* base, size_t row_stride,
                           float* const* out) {
@@ -295,11 +302,7 @@ void score_nibbles_rows16(const TurboLayout& l, const uint8_t* const* prep, cons
     for (int i = 0; i < G; ++i) acc[i] = _mm512_setzero_ps();
     for (int s = 0; 4 * s < nb; ++s) {
         __m512i p[16];
-        for (int r = 0; r < 16; ++r) {
-            __m512i first, second;
-            indices(base + r * row_stride, s, first, second);
-            p[r] = _mm512_or_si512(first, _mm512_slli_epi16(second, 4));  // indices < 16: no carry between bytes
-        }
+        indices.nibbles16(base, row_stride, s, p);
         __m512i t[16], u[16];
         for (int i = 0; i < 8; ++i) {
             t[2 * i] = _mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]);
@@ -392,5 +395,5 @@ void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, i
 }  // namespace
 }  // namespace kvq::simd
 
-#include "rotated_tcq_avx512.hpp"
 #include "rotated_accumulate_avx512.hpp"
+#include "rotated_tcq_avx512.hpp"
