@@ -36,7 +36,8 @@ std::vector<Case> cases() {
         for (int d : {16, 64, 96, 128, 256}) c.push_back({t, d});
     }
     for (const char* t : {"tcq2", "tcq3"}) {
-        for (int d : {32, 64, 96, 128, 256, 640}) c.push_back({t, d});  // 640: accumulate slices past the first
+        // 640: accumulate slices past the first; 2048: past the avx512 scores' super-blocks (AVX2's kernel then)
+        for (int d : {32, 64, 96, 128, 256, 640, 2048}) c.push_back({t, d});
     }
     for (const char* p : {"polar", "polar:bits=4.3.3.3", "polar:bits=3.4.4.4", "polar:bits=2.1.0.1", "polar:bits=8.8.8.8",
                           "polar:bits=6.3.2.2.2", "polar:budget=3", "polar:budget=5", "polar:bits=4.2"}) {
