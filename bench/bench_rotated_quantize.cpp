@@ -5,6 +5,7 @@
 // (the time ÷ the time to read the input at one thread's read bandwidth, bandwidth.hpp).
 //   ./build/bench/kvq_bench --benchmark_filter='quantize_rotated/'
 //   ./build/bench/kvq_bench --benchmark_filter='quantize_rotated/(turbo4|polar)/'
+//   ./build/bench/kvq_bench --benchmark_filter='quantize_rotated/(turbo3|tcq3)/'
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -58,7 +59,8 @@ void quantize_rotated(benchmark::State& state, const std::string& spec, SimdLeve
 
 void register_all() {
     for (const char* spec : {"turbo2", "turbo3", "turbo4", "turbo4:scale=norm", "turbo2.5", "turbo3.5", "turbo3_qjl",
-                             "polar", "polar:budget=3", "polar:budget=3.875", "q4_0+rot", "q4_0"}) {
+                             "tcq2", "tcq3", "polar", "polar:budget=3", "polar:budget=3.875", "q4_0+rot",
+                             "q4_0"}) {
         for (auto level : available_simd_levels()) {
             for (NanPolicy nan : {NanPolicy::propagate, NanPolicy::reject}) {
                 const std::string name = std::string("quantize_rotated/") + spec + "/" + std::string(simd_level_name(level)) +

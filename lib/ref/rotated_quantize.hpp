@@ -32,6 +32,7 @@ namespace kvq::detail {
 
 class Rotation;
 class QjlSketch;
+struct TcqAlphabet;
 
 // The seeded rotation as a SIMD level reads it: y = H·D·x with H block-diagonal over power-of-two blocks.
 struct RotationLayout {
@@ -73,11 +74,16 @@ struct PolarQuantizeLayout {
     size_t radius_off = 0, row_bytes = 0;
 };
 
+// The signature of tcq_viterbi (tcq.hpp).
+using TcqViterbi = float (*)(const TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f);
+
 // residual (turbo, may be null): n_rows × d floats, u − c of each row (the QJL stage's input).
 struct RotatedQuantizeKernels {
     void (*turbo)(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
                   float* residual) = nullptr;
     void (*polar)(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) = nullptr;
+    // tcqB's Viterbi encoder: the specification (tcq_viterbi, tcq.hpp) or a level's, the same u and f.
+    TcqViterbi tcq_viterbi = nullptr;
 };
 
 // The specification: whole calls, and one row (for the rows a SIMD level leaves to it).
@@ -87,8 +93,10 @@ void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8
 // tcqB: y = R·x and the norm as turbo's row, t = y·(1/‖x‖)·√d in float (u = y/‖x‖ first, as turbo's, then
 // times fl(√d)), the Viterbi codes of t (tcq.hpp), and turbo's scale of c = the chosen levels (σ units)
 // and u, so x̃ = s·Rᵀc: ls and unbiased as they are; norm stores ‖x‖/√d. A row whose 1/‖x‖ is 0 (zero,
-// too small, NaN, Inf) gets all codes 0.
+// too small, NaN, Inf) gets all codes 0, so the encoder sees only finite t.
 void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row);
+// The same row with another encoder in tcq_viterbi's place (a SIMD level's, which writes the same codes).
+void tcq_quantize_row(const TurboQuantizeLayout& l, const float* x, uint8_t* row, TcqViterbi viterbi);
 
 // The specification's last steps of a turbo row: the partial sums' trees, and turbo's stored scale from
 // the norm, ⟨c, u⟩ and ‖c‖² (fp16, written to row + norm_off). A SIMD level repeats them operation for

@@ -107,6 +107,10 @@ void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8
 }
 
 void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row) {
+    tcq_quantize_row(l, x, row, tcq_viterbi);
+}
+
+void tcq_quantize_row(const TurboQuantizeLayout& l, const float* x, uint8_t* row, TcqViterbi viterbi) {
     const int d = l.rot.d;
     const TcqAlphabet& a = tcq_alphabet(l.trellis);
     thread_local std::vector<float> buffer;
@@ -122,7 +126,7 @@ void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t
     float cu[16] = {}, cc[16] = {};  // ⟨c, u⟩ and ‖c‖²
     if (inv != 0.0f) {
         for (int j = 0; j < d; ++j) u[j] = u[j] * inv, t[j] = u[j] * root_d;
-        tcq_viterbi(a, t, d, bit, f);
+        viterbi(a, t, d, bit, f);
         for (int j = 0; j < d; ++j) {
             put_code(row, size_t(j) * (a.bits - 1), a.bits - 1, f[j]);
             if (bit[j]) row[l.plane_off + (j >> 3)] |= static_cast<uint8_t>(1u << (j & 7));
@@ -207,7 +211,7 @@ RotationLayout rotation_layout(const Rotation& r) {
 }
 
 const RotatedQuantizeKernels& scalar_rotated_quantize() {
-    static const RotatedQuantizeKernels k{turbo_rows, polar_rows};
+    static const RotatedQuantizeKernels k{turbo_rows, polar_rows, tcq_viterbi};
     return k;
 }
 

@@ -59,6 +59,7 @@ bool has(const LevelKernels& k, OtherKernel o) {
         case OtherKernel::turbo_score: return k.rotated.turbo.score;
         case OtherKernel::turbo_accumulate: return k.rotated.turbo.accumulate;
         case OtherKernel::turbo_quantize: return k.rotated_quantize.turbo;
+        case OtherKernel::tcq_viterbi: return k.rotated_quantize.tcq_viterbi;
         case OtherKernel::polar_score: return k.rotated.polar.score;
         case OtherKernel::polar_accumulate: return k.rotated.polar.accumulate;
         case OtherKernel::polar_quantize: return k.rotated_quantize.polar;
@@ -139,6 +140,7 @@ void fill_missing(LevelKernels& k, const LevelKernels& ref) {
     fill(k.rotated.polar.score, ref.rotated.polar.score);
     fill(k.rotated.polar.accumulate, ref.rotated.polar.accumulate);
     fill(k.rotated_quantize.turbo, ref.rotated_quantize.turbo);
+    fill(k.rotated_quantize.tcq_viterbi, ref.rotated_quantize.tcq_viterbi);
     fill(k.rotated_quantize.polar, ref.rotated_quantize.polar);
     fill(k.softmax, ref.softmax);
     fill(k.channel_score, ref.channel_score);

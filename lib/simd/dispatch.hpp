@@ -27,7 +27,7 @@ inline constexpr const char* kKernelOpNames[] = {"quantize",   "dequantize",    
 // A level's other kernels, each named by (codec, op) in the table: the polar and turbo codecs', the online
 // softmax's, the chanB keys' score, the float checks and the primitives' contract check.
 enum class OtherKernel : int {
-    turbo_score, turbo_accumulate, turbo_quantize, polar_score, polar_accumulate, polar_quantize,
+    turbo_score, turbo_accumulate, turbo_quantize, tcq_viterbi, polar_score, polar_accumulate, polar_quantize,
     softmax_update, chan_score, all_finite, finite_max_abs, check_ops, count
 };
 struct OtherKernelName {
@@ -35,7 +35,8 @@ struct OtherKernelName {
     const char* op;
 };
 inline constexpr OtherKernelName kOtherKernelNames[] = {
-    {"turbo", "score"},   {"turbo", "accumulate"},  {"turbo", "quantize"},        {"polar", "score"},
+    {"turbo", "score"},   {"turbo", "accumulate"},  {"turbo", "quantize"},        {"tcqB", "viterbi"},
+    {"polar", "score"},
     {"polar", "accumulate"}, {"polar", "quantize"}, {"softmax", "update"},        {"chanB", "score"},
     {"floats", "all_finite"}, {"floats", "finite_max_abs"}, {"primitives", "check_ops"},
 };
@@ -82,6 +83,7 @@ struct LevelKernels {
         if constexpr (K == OtherKernel::turbo_score) return rotated.turbo.score;
         else if constexpr (K == OtherKernel::turbo_accumulate) return rotated.turbo.accumulate;
         else if constexpr (K == OtherKernel::turbo_quantize) return rotated_quantize.turbo;
+        else if constexpr (K == OtherKernel::tcq_viterbi) return rotated_quantize.tcq_viterbi;
         else if constexpr (K == OtherKernel::polar_score) return rotated.polar.score;
         else if constexpr (K == OtherKernel::polar_accumulate) return rotated.polar.accumulate;
         else if constexpr (K == OtherKernel::polar_quantize) return rotated_quantize.polar;

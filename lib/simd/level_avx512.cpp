@@ -12,6 +12,7 @@
 #include "channel_avx512.hpp"
 #include "quantize_polar_impl.hpp"
 #include "rotated_avx512.hpp"
+#include "tcq_viterbi_avx2.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -80,7 +81,8 @@ detail::LevelKernels make() {
     k.set<K::turbo_accumulate>(avx512::turbo_accumulate, "turbo_accumulate_avx512");
     k.set<K::polar_score>(avx2::polar_score, "polar_score_avx2");
     k.set<K::polar_accumulate>(avx2::polar_accumulate, "polar_accumulate_avx2");
-    k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<K::turbo_quantize>(avx2::turbo_quantize<A>, "turbo_quantize (tcqB: tcq_viterbi_avx2)");
+    k.set<K::tcq_viterbi>(avx2::tcq_viterbi, "tcq_viterbi_avx2");
     k.set<K::polar_quantize>(PolarQuantize<A>::polar, "polar_quantize");
     k.set<K::chan_score>(channel_score_avx512, "channel_score_avx512");  // chanB key scores
     k.set<K::softmax_update>(softmax_update_lanes, "softmax_update_lanes");
