@@ -485,7 +485,8 @@ static void test_exact_tail(void) {
     float* v = make_rows(N, 41);
     static float q[QH * D], out[3][QH * D];
     fill_gaussian(q, QH * D, 42);
-    const char* path = "kvq_capi_tail_test.kvq";
+    char path[64];  /* per process: ctest runs this program at several SIMD levels at once */
+    snprintf(path, sizeof path, "/tmp/kvq_capi_tail_%d.kvq", (int)getpid());
     for (int run = 0; run < 3; ++run) {
         kvq_cache_params p = small_params();
         p.key_codec = run == 2 ? "f32" : "q4_0";
