@@ -13,7 +13,7 @@
 #include "channel_avx512.hpp"
 #include "quantize_polar_impl.hpp"
 #include "rotated_avx512.hpp"
-#include "tcq_viterbi_avx2.hpp"
+#include "quantize_tcq_avx2.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -83,7 +83,7 @@ detail::LevelKernels make() {
     k.set<K::turbo_accumulate>(avx512::turbo_accumulate, "turbo_accumulate_avx512");
     k.set<K::polar_score>(avx2::polar_score, "polar_score_avx2");
     k.set<K::polar_accumulate>(avx2::polar_accumulate, "polar_accumulate_avx2");
-    k.set<K::turbo_quantize>(avx2::turbo_quantize<A>, "turbo_quantize (tcqB: tcq_viterbi_avx2)");
+    k.set<K::turbo_quantize>(avx2::turbo_quantize<A>, "turbo_quantize (tcqB: quantize_tcq_avx2)");
     k.set<K::tcq_viterbi>(avx2::tcq_viterbi, "tcq_viterbi_avx2");
     k.set<K::polar_quantize>(PolarQuantize<A>::polar, "polar_quantize");
     k.set<K::chan_score>(channel_score_avx512, "channel_score_avx512");  // chanB key scores

@@ -1,5 +1,5 @@
-// tcqB's Viterbi encoder in 256-bit registers (the avx2 level; the avx512 levels call it too), and turbo's
-// quantize with it for tcqB rows. It writes the specification's u and f (tcq_viterbi, lib/ref/tcq.hpp)
+// tcqB's Viterbi encoder in 256-bit registers (the avx2 level; the avx512 levels call it too; the rest of
+// a tcqB row: quantize_tcq_avx2.hpp). It writes the specification's u and f (tcq_viterbi, lib/ref/tcq.hpp)
 // for any input, NaN and Inf included, because it does the same float operations on the same operands
 // and decides as the specification's compares do:
 // - each subset's least e·e (e = t − level, no fma) is a chain over the subset's levels in rank order,
@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "../ref/tcq.hpp"
-#include "quantize_turbo_impl.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -81,9 +80,11 @@ inline void tcq_subset_errors8(const detail::TcqAlphabet& a, const float* t, int
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(nearest + 4 * j0), f);
 }
 
-// tcq_viterbi's contract (tcq.hpp): the same u, f and returned cost. Uses buffers of this thread, grown
-// once (25 bytes per value).
-inline float tcq_viterbi(const detail::TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f) {
+// tcq_viterbi's contract (tcq.hpp): the same u, f and returned cost; and, where rank is not null, each
+// value's rank 4·f + subset, which the traceback has at hand (tcq_rank's, without reading it back from the
+// packed row). Uses buffers of this thread, grown once (25 bytes per value).
+inline float tcq_viterbi_ranks(const detail::TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f,
+                               int32_t* rank) {
     static const TcqTrellis tr;
     thread_local std::vector<float> err_buffer;
     thread_local std::vector<uint8_t> byte_buffer;
@@ -115,20 +116,17 @@ inline float tcq_viterbi(const detail::TcqAlphabet& a, const float* t, int n, ui
     const float total = last[state];
     for (int j = n - 1; j >= 0; --j) {
         const int bit = state & 1, prev = (state >> 1) | ((from[j] >> state) & 1) << 2;
+        const int subset = tr.subset[prev][bit];
         u[j] = static_cast<uint8_t>(bit);
-        f[j] = nearest[4 * j + tr.subset[prev][bit]];
+        f[j] = nearest[4 * j + subset];
+        if (rank) rank[j] = 4 * f[j] + subset;
         state = prev;
     }
     return total;
 }
 
-// turbo's quantize at the x86 levels: tcqB rows are the specification's rows with the Viterbi above
-// (no residual: tcqB has no QJL stage), the others TurboQuantize's.
-template <class A>
-void turbo_quantize(const detail::TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
-                    size_t dst_stride, float* residual) {
-    if (!l.trellis) return TurboQuantize<A>::turbo(l, x, n_rows, dst, dst_stride, residual);
-    for (size_t r = 0; r < n_rows; ++r) detail::tcq_quantize_row(l, x + r * l.rot.d, dst + r * dst_stride, tcq_viterbi);
+inline float tcq_viterbi(const detail::TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f) {
+    return tcq_viterbi_ranks(a, t, n, u, f, nullptr);
 }
 
 }  // namespace avx2
