@@ -27,20 +27,24 @@ namespace avx2 {
 
 // Values j..j + 31 of u (bytes 0/1) and f into the row: plane bits at `plane`, f codes at `codes`.
 inline void tcq_pack32(int bits, const uint8_t* u, const uint8_t* f, uint8_t* codes, uint8_t* plane) {
-    const uint32_t u_bits = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(u)), 7)));
+    // A byte's bit 0 to its sign, then a bit per byte.
+    auto low_bits = [](__m256i b) { return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(b, 7))); };
+    const uint32_t u_bits = low_bits(_mm256_load_si256(reinterpret_cast<const __m256i*>(u)));
     std::memcpy(plane, &u_bits, 4);
     const __m256i fb = _mm256_load_si256(reinterpret_cast<const __m256i*>(f));
     if (bits == 2) {
-        const uint32_t f_bits = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(fb, 7)));
+        const uint32_t f_bits = low_bits(fb);
         std::memcpy(codes, &f_bits, 4);
         return;
     }
     // Per dword of four codes: (f0 + 4·f1) + 16·(f2 + 4·f3), then the low byte of each dword.
     const __m256i pairs = _mm256_maddubs_epi16(fb, _mm256_set1_epi16(0x0401));
     const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x00100001));
-    const __m256i bytes = _mm256_shuffle_epi8(quads, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                      0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
-    const uint32_t lo = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 0)), hi = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 4));
+    const __m256i low = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                         0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i bytes = _mm256_shuffle_epi8(quads, low);
+    const uint32_t lo = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 0));
+    const uint32_t hi = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 4));
     std::memcpy(codes, &lo, 4);
     std::memcpy(codes + 4, &hi, 4);
 }
@@ -76,7 +80,9 @@ struct TcqQuantize : TurboQuantize<A> {
             alignas(64) uint8_t bit[kMaxD], f[kMaxD];
             alignas(64) int32_t rank[kMaxD];
             tcq_viterbi_ranks(a, t, d, bit, f, rank);
-            for (int j = 0; j < d; j += 32) tcq_pack32(a.bits, bit + j, f + j, row + j * (a.bits - 1) / 8, row + l.plane_off + j / 8);
+            for (int j = 0; j < d; j += 32) {
+                tcq_pack32(a.bits, bit + j, f + j, row + j * (a.bits - 1) / 8, row + l.plane_off + j / 8);
+            }
             for (int j0 = 0; j0 < d; j0 += 16) {
                 for (int p = 0; p < kSumRegs; ++p) {
                     const int j = j0 + p * N;
