@@ -7,6 +7,7 @@
 #include "ops_neon.hpp"
 #include "kernels_impl.hpp"
 #include "quantize_polar_impl.hpp"
+#include "rotated_portable.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -70,6 +71,9 @@ detail::LevelKernels make() {
     k.set<Op::prepare_query>(C::iq4_nl, prepare_query_q8<A>, "prepare_query_q8");
     k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL>::score, "score_blocks<iq4_nl>");
     k.set<Op::accumulate>(C::iq4_nl, accumulate_scaled<A, LayoutIQ4_NL>, "accumulate_scaled<iq4_nl>");
+    // turbo and tcq: rows decoded to floats through pair tables, then batches (rotated_portable.hpp)
+    k.set<K::turbo_score>(portable::turbo_score<A>, "turbo_score_portable");
+    k.set<K::turbo_accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
     k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
     // polar quantize: the specification. This level's gives other bytes than the specification on the
     // selftest's extreme rows under qemu-aarch64 (not yet understood).
