@@ -280,12 +280,13 @@ TEST_CASE("finite_max_abs: the largest |x|, or NaN for any NaN or Inf, at every 
 }
 
 // The chanB score kernel of every level against its specification, bit for bit: every code width, head
-// sizes with and without a last group of 8 codes, one row to a few chunks, 1 to 5 queries (a query with
-// a -0 first value), rows at a stride one byte past their end.
+// sizes with and without a last group of 8 codes and past 256 (the portable kernel decodes 256 values at
+// a time), one row to a few chunks, 1 to 5 queries (a query with a -0 first value), rows at a stride one
+// byte past their end.
 TEST_CASE("every SIMD level scores chanB codes as the scalar specification, bit for bit") {
     for (auto level : simd_levels()) {
         for (int bits = 2; bits <= 8; ++bits) {
-            for (int d : {8, 16, 24, 120, 128, 136, 256}) {
+            for (int d : {8, 16, 24, 120, 128, 136, 256, 264, 520}) {
                 for (size_t rows : {size_t(1), size_t(2), size_t(33)}) {
                     for (int n_q : {1, 4, 5}) {
                         size_t checks = 0;

@@ -52,23 +52,12 @@ void CenteredKeys::read_rows(const ConstKeyHead& head, size_t lo, size_t n, floa
 const float* CenteredKeys::score(const uint8_t* prep, const float* q, int g, const ConstKeyHead& head, size_t lo, size_t n,
                                  float* scores, size_t stride, float* scratch) const {
     const float* inner_offsets = inner_->score(prep, q, g, inner_head(head), lo, n, scores, stride, scratch);
-    const int d = head_dim();
-    float* mean = scratch + inner_->scratch_floats(g);
-    float* offsets = mean + d;
-    means_.dequantize_rows(head.side, 1, mean);  // exact, as f16_to_f32 at every level
-    // q·mean per query head in eight partial sums: one running sum is a chain of head_dim dependent adds,
-    // which cost as much as scoring the block's rows; eight independent ones the compiler vectorizes.
-    constexpr int kParts = 8;
-    for (int i = 0; i < g; ++i) {
-        const float* qi = q + static_cast<size_t>(i) * d;
-        float part[kParts] = {};
-        int j = 0;
-        for (; j + kParts <= d; j += kParts) {
-            for (int l = 0; l < kParts; ++l) part[l] += qi[j + l] * mean[j + l];
-        }
-        float dot = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-        for (; j < d; ++j) dot += qi[j] * mean[j];
-        offsets[i] = inner_offsets ? inner_offsets[i] + dot : dot;
+    // q·mean for the g queries by the f16 codec's score kernel at this level: its prepared query is the
+    // float query as it is (prepare_query_f32), so q serves as one.
+    float* offsets = scratch + inner_->scratch_floats(g);
+    impl_of(means_).score_rows(reinterpret_cast<const uint8_t*>(q), g, head.side, means_bytes(), 1, offsets, 1);
+    if (inner_offsets) {
+        for (int i = 0; i < g; ++i) offsets[i] += inner_offsets[i];
     }
     return offsets;
 }

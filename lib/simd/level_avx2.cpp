@@ -11,6 +11,7 @@
 #include "quantize_polar_impl.hpp"
 #include "rotated_avx2.hpp"
 #include "quantize_tcq_avx2.hpp"
+#include "channel_portable.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -82,6 +83,7 @@ detail::LevelKernels make() {
     k.set<K::turbo_quantize>(avx2::turbo_quantize<A>, "turbo_quantize (tcqB: quantize_tcq_avx2)");
     k.set<K::tcq_viterbi>(avx2::tcq_viterbi, "tcq_viterbi_avx2");
     k.set<K::polar_quantize>(PolarQuantize<A>::polar, "polar_quantize");
+    k.set<K::chan_score>(portable::channel_score<A>, "channel_score_portable");  // chanB key scores
     k.set<K::softmax_update>(softmax_update_lanes, "softmax_update_lanes");
     k.set<K::all_finite>(all_finite<A>, "all_finite");
     k.set<K::finite_max_abs>(finite_max_abs<A>, "finite_max_abs");

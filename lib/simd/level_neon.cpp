@@ -7,7 +7,7 @@
 #include "ops_neon.hpp"
 #include "kernels_impl.hpp"
 #include "quantize_polar_impl.hpp"
-#include "rotated_portable.hpp"
+#include "channel_portable.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -75,6 +75,7 @@ detail::LevelKernels make() {
     k.set<K::turbo_score>(portable::turbo_score<A>, "turbo_score_portable");
     k.set<K::turbo_accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
     k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<K::chan_score>(portable::channel_score<A>, "channel_score_portable");  // chanB key scores
     // polar quantize: the specification. This level's gives other bytes than the specification on the
     // selftest's extreme rows under qemu-aarch64 (not yet understood).
     k.set<K::softmax_update>(softmax_update_lanes, "softmax_update_lanes");

@@ -7,7 +7,7 @@
 #include "ops_sse2.hpp"
 #include "kernels_impl.hpp"
 #include "quantize_polar_impl.hpp"
-#include "rotated_portable.hpp"
+#include "channel_portable.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -75,6 +75,7 @@ detail::LevelKernels make() {
     k.set<K::turbo_score>(portable::turbo_score<A>, "turbo_score_portable");
     k.set<K::turbo_accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
     k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<K::chan_score>(portable::channel_score<A>, "channel_score_portable");  // chanB key scores
     k.set<K::polar_quantize>(PolarQuantize<A>::polar, "polar_quantize");
     k.set<K::softmax_update>(softmax_update_lanes, "softmax_update_lanes");
     k.set<K::all_finite>(all_finite<A>, "all_finite");
