@@ -87,11 +87,12 @@ struct RotatedKernels {
 // The scalar specification (rotated_scalar.cpp).
 const RotatedKernels& scalar_rotated_kernels();
 
-// Row decoding shared by dequantize and the scalar kernels. turbo: c[j] = centroid of code j (not yet
+// Row decoding shared by dequantize and the kernels. turbo: c[j] = centroid of code j (not yet
 // times the norm); signs[k] = ±1. polar: the row in the rotated basis.
 void turbo_decode_centroids(const TurboLayout& l, const uint8_t* row, float* c);
 void turbo_decode_signs(const TurboLayout& l, const uint8_t* row, float* signs);
 void polar_decode_rotated(const PolarLayout& l, const uint8_t* row, float* y);
+void polar_decode_group(const PolarLayout& l, const uint8_t* row, int g, float* v);  // group g: 2^levels values
 
 // Functions in headers that SIMD files include must not be inline (the linker could keep a copy compiled
 // with wider instructions for everyone), which is why everything here is out of line.

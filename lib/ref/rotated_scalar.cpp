@@ -100,28 +100,6 @@ void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, i
     }
 }
 
-// Group g of a row in the rotated basis (2^L values): the radius down the tree, a·cos ψ to the left and
-// a·sin ψ to the right, then (a·cos θ, a·sin θ) for each level-1 pair.
-void polar_decode_group(const PolarLayout& l, const uint8_t* row, int g, float* v) {
-    const int leaves = 1 << (l.levels - 1);
-    float a[128];
-    a[0] = half_at(row + l.radius_off + 2 * g);
-    for (int level = l.levels, nodes = 1; level >= 2; --level, nodes *= 2) {
-        const float* cs = l.cossin[level - 1];
-        for (int k = nodes - 1; k >= 0; --k) {  // downwards, so a[k] is read before a[2k], a[2k+1] are written
-            const uint32_t c = polar_code(l, row, level, g * nodes + k);
-            const float parent = a[k];
-            a[2 * k] = parent * cs[2 * c];
-            a[2 * k + 1] = parent * cs[2 * c + 1];
-        }
-    }
-    for (int j = 0; j < leaves; ++j) {
-        const uint32_t c = polar_code(l, row, 1, g * leaves + j);
-        v[2 * j] = a[j] * l.cos1[c];
-        v[2 * j + 1] = a[j] * l.sin1[c];
-    }
-}
-
 void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc) {
     const int group = 1 << l.levels;
@@ -147,6 +125,28 @@ void turbo_decode_centroids(const TurboLayout& l, const uint8_t* row, float* c) 
 
 void turbo_decode_signs(const TurboLayout& l, const uint8_t* row, float* signs) {
     for (int k = 0; k < l.d; ++k) signs[k] = sign_at(row + l.sign_off, k);
+}
+
+// Group g of a row in the rotated basis (2^L values): the radius down the tree, a·cos ψ to the left and
+// a·sin ψ to the right, then (a·cos θ, a·sin θ) for each level-1 pair.
+void polar_decode_group(const PolarLayout& l, const uint8_t* row, int g, float* v) {
+    const int leaves = 1 << (l.levels - 1);
+    float a[128];
+    a[0] = half_at(row + l.radius_off + 2 * g);
+    for (int level = l.levels, nodes = 1; level >= 2; --level, nodes *= 2) {
+        const float* cs = l.cossin[level - 1];
+        for (int k = nodes - 1; k >= 0; --k) {  // downwards, so a[k] is read before a[2k], a[2k+1] are written
+            const uint32_t c = polar_code(l, row, level, g * nodes + k);
+            const float parent = a[k];
+            a[2 * k] = parent * cs[2 * c];
+            a[2 * k + 1] = parent * cs[2 * c + 1];
+        }
+    }
+    for (int j = 0; j < leaves; ++j) {
+        const uint32_t c = polar_code(l, row, 1, g * leaves + j);
+        v[2 * j] = a[j] * l.cos1[c];
+        v[2 * j + 1] = a[j] * l.sin1[c];
+    }
 }
 
 void polar_decode_rotated(const PolarLayout& l, const uint8_t* row, float* y) {

@@ -71,9 +71,11 @@ detail::LevelKernels make() {
     k.set<Op::prepare_query>(C::iq4_nl, prepare_query_q8<A>, "prepare_query_q8");
     k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL>::score, "score_blocks<iq4_nl>");
     k.set<Op::accumulate>(C::iq4_nl, accumulate_scaled<A, LayoutIQ4_NL>, "accumulate_scaled<iq4_nl>");
-    // turbo and tcq: rows decoded to floats through pair tables, then batches (rotated_portable.hpp)
+    // turbo, tcq, polar: rows decoded to floats (pair tables; polar's tree), then batches (rotated_portable.hpp)
     k.set<K::turbo_score>(portable::turbo_score<A>, "turbo_score_portable");
     k.set<K::turbo_accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
+    k.set<K::polar_score>(portable::polar_score<A>, "polar_score_portable");
+    k.set<K::polar_accumulate>(portable::polar_accumulate<A>, "polar_accumulate_portable");
     k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
     k.set<K::chan_score>(portable::channel_score<A>, "channel_score_portable");  // chanB key scores
     k.set<K::polar_quantize>(PolarQuantize<A>::polar, "polar_quantize");

@@ -1,5 +1,5 @@
-// Score and accumulate of the turbo and tcq codecs (layouts: lib/ref/rotated_kernels.hpp) for the levels
-// without AVX2: sse2 and neon, written once over the level's xsimd float batches (Ops<A> for fp16).
+// Score and accumulate of the turbo, tcq and polar codecs (layouts: lib/ref/rotated_kernels.hpp) for the
+// levels without AVX2: sse2 and neon, written once over the level's xsimd float batches (Ops<A> for fp16).
 //
 // A row's values are decoded once, into floats on the stack, two at a time: a code pair's bits index a
 // table of value pairs made per call from the layout's centroids (2^(2B) pairs for B-bit codes; for tcqB
@@ -26,6 +26,7 @@ namespace {
 
 namespace portable {
 
+using detail::PolarLayout;
 using detail::TurboLayout;
 
 constexpr int kSlice = 256;  // values of a row decoded at a time (a multiple of 32)
@@ -231,10 +232,13 @@ void accumulate_rows(const float* wn, const float (*x)[kSlice], int rn, int n, f
         }
         for (int k = 0; k < T; ++k) a[k].store_unaligned(acc + j + k * W);
     }
-    for (; j < n; j += W) {  // n is a multiple of 8
+    for (; j + W <= n; j += W) {
         F a = F::load_unaligned(acc + j);
         for (int r = 0; r < rn; ++r) a = fmadd(F(wn[r]), F::load_aligned(x[r] + j), a);
         a.store_unaligned(acc + j);
+    }
+    for (; j < n; ++j) {  // a polar row's last values, fewer than a batch
+        for (int r = 0; r < rn; ++r) acc[j] += wn[r] * x[r][j];
     }
 }
 
@@ -265,6 +269,69 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
             for (int i = 0; i < n_q; ++i) {
                 for (int r = 0; r < rn; ++r) wn[r] = w[i * w_stride + r0 + r] * norm[r] * gamma[r];
                 accumulate_rows<A>(wn, x, rn, n, sketch + size_t(i) * l.d + j0);
+            }
+        }
+    }
+}
+
+
+// ---- polar ----
+// A row is decoded group by group by the specification's own decode (polar_decode_group: the radius down
+// the angle tree, then each level-1 pair), kSlice values at a time; then the batches above.
+
+// The values of the row's whole groups (the specification's extent).
+int polar_extent(const PolarLayout& l) { return l.d >> l.levels << l.levels; }
+
+// Values [j0, j1) (whole groups) of a polar row into out, in the rotated basis.
+void polar_slice(const PolarLayout& l, const uint8_t* row, int j0, int j1, float* out) {
+    const int group = 1 << l.levels;
+    for (int j = j0; j < j1; j += group) detail::polar_decode_group(l, row, j / group, out + (j - j0));
+}
+
+// score = q′ · row: the prepared query holds each whole 16-value batch of the row as its 8 even then its
+// 8 odd values, so the decoded slice is put in that order first.
+template <class A>
+void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                 size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
+    static_assert(kSlice % 256 == 0);  // whole groups (2^levels ≤ 256 values) and batches
+    const int d = polar_extent(l), batches = l.d / detail::kPolarBatch;
+    alignas(64) float y[kSlice], yp[kSlice];
+    for (size_t r = 0; r < n_rows; ++r) {
+        const uint8_t* row = rows + r * row_stride;
+        for (int i = 0; i < n_q; ++i) scores[i * score_stride + r] = 0.0f;
+        for (int j0 = 0; j0 < d; j0 += kSlice) {
+            const int j1 = std::min(d, j0 + kSlice), n = j1 - j0;
+            polar_slice(l, row, j0, j1, y);
+            int j = j0;
+            for (; j + detail::kPolarBatch <= j1 && j / detail::kPolarBatch < batches; j += detail::kPolarBatch) {
+                for (int t = 0; t < detail::kPolarBatch / 2; ++t) {
+                    yp[j - j0 + t] = y[j - j0 + 2 * t];
+                    yp[j - j0 + detail::kPolarBatch / 2 + t] = y[j - j0 + 2 * t + 1];
+                }
+            }
+            for (; j < j1; ++j) yp[j - j0] = y[j - j0];
+            for (int i = 0; i < n_q; ++i) {
+                scores[i * score_stride + r] += dot<A>(yp, reinterpret_cast<const float*>(prep + i * prep_bytes) + j0, n);
+            }
+        }
+    }
+}
+
+template <class A>
+void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                      size_t row_stride, size_t n_rows, float* acc) {
+    const int d = polar_extent(l);
+    alignas(64) float x[kRows][kSlice];
+    float wr[kRows];
+    for (size_t r0 = 0; r0 < n_rows; r0 += kRows) {
+        const int rn = static_cast<int>(std::min<size_t>(kRows, n_rows - r0));
+        const uint8_t* chunk = rows + r0 * row_stride;
+        for (int j0 = 0; j0 < d; j0 += kSlice) {
+            const int j1 = std::min(d, j0 + kSlice);
+            for (int r = 0; r < rn; ++r) polar_slice(l, chunk + r * row_stride, j0, j1, x[r]);
+            for (int i = 0; i < n_q; ++i) {
+                for (int r = 0; r < rn; ++r) wr[r] = w[i * w_stride + r0 + r];
+                accumulate_rows<A>(wr, x, rn, j1 - j0, acc + size_t(i) * l.d + j0);
             }
         }
     }
