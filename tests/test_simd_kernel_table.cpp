@@ -94,6 +94,12 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
         // (avx512's VNNI build: score_blocks<iq4_nl,Rows16>, 16 rows per register)
         CHECK(kernel(level, "iq4_nl", "score").rfind(level == SimdLevel::scalar ? "spec" : "score_blocks<iq4_nl", 0) == 0);
         CHECK(kernel(level, "iq4_nl", "dequantize") == (level == SimdLevel::scalar ? "spec" : "dequantize_blocks<iq4_nl>"));
+        // The turbo/tcq, polar and chanB decode kernels: a level's own at every SIMD level.
+        for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"polar", "score"},
+                                 {"polar", "accumulate"}, {"chanB", "score"}}) {
+            CAPTURE(name.first);
+            CHECK((kernel(level, name.first, name.second) == "spec") == (level == SimdLevel::scalar));
+        }
     }
     const auto levels = kvq::available_simd_levels();
     auto has = [&](SimdLevel l) { return std::find(levels.begin(), levels.end(), l) != levels.end(); };
@@ -109,7 +115,10 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
         CHECK(kernel(SimdLevel::avx512, "chanB", "score") == "channel_score_avx512");
         CHECK(kernel(SimdLevel::avx512, "iq4_nl", "accumulate") == "accumulate_sym_avx512<iq4_nl>");
     }
+    if (has(SimdLevel::avx2)) CHECK(kernel(SimdLevel::avx2, "chanB", "score") == "channel_score_portable");
     if (has(SimdLevel::sse2)) {
+        CHECK(kernel(SimdLevel::sse2, "turbo", "score") == "turbo_score_portable");
+        CHECK(kernel(SimdLevel::sse2, "chanB", "score") == "channel_score_portable");
         CHECK(kernel(SimdLevel::sse2, "q4_0", "accumulate") == "accumulate_scaled<q4_0>");
         CHECK(kernel(SimdLevel::sse2, "iq4_nl", "accumulate") == "accumulate_scaled<iq4_nl>");
     }
