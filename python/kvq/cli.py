@@ -191,11 +191,11 @@ def _bits(text: str) -> float:
     return x
 
 
-def _budget_pairs() -> list[str]:
-    # model_eval imports numpy only; the default list for the help text
-    from .model_eval import DEFAULT_BUDGET_PAIRS
+def _budget_sides() -> tuple[list[str], list[str]]:
+    # model_eval imports numpy only; the default lists for the help text
+    from .model_eval import DEFAULT_BUDGET_KEYS, DEFAULT_BUDGET_VALUES
 
-    return DEFAULT_BUDGET_PAIRS
+    return DEFAULT_BUDGET_KEYS, DEFAULT_BUDGET_VALUES
 
 
 def _model_path(spec: str) -> str:
@@ -367,14 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plot", metavar="FILE.png", help="draw the per-layer KL (with --per-layer; matplotlib)")
     e.add_argument("--budget", action="append", type=_bits, metavar="BITS",
                    help="propose one pair per layer within BITS bits per value (mean over layers), from the "
-                        "per-layer KL of --budget-pairs, and evaluate it; may be repeated")
+                        "per-layer KL of the candidates, and evaluate it; may be repeated")
     e.add_argument("--budget-pairs", action="append", metavar="K/V,...",
-                   help="candidates of --budget (default: " + ",".join(_budget_pairs()) + ")")
+                   help="--budget: candidate pairs (instead of --budget-keys/--budget-values)")
     e.add_argument("--budget-keys", action="append", metavar="K,...", help="--budget: candidate key codecs, each "
                    "paired with every --budget-values codec; measured per layer as K/f32 and f32/V, a pair's KL "
-                   "the sum of its sides' (instead of --budget-pairs)")
+                   "the sum of its sides' (default: " + ",".join(_budget_sides()[0]) + ")")
     e.add_argument("--budget-values", action="append", metavar="V,...", help="--budget: candidate value codecs "
-                   "(with --budget-keys)")
+                   "(with --budget-keys; default: " + ",".join(_budget_sides()[1]) + ")")
     e.add_argument("--sensitivity", metavar="FILE.json", help="--budget: the per-layer KLs from an earlier "
                    "kvq eval --per-layer (or --budget) --format json, instead of measuring them")
     e.add_argument("--sensitivity-chunks", type=_positive, metavar="N", help="--budget: measure the per-layer KLs on this "

@@ -49,7 +49,13 @@ DEFAULT_EVAL_PAIRS = [
 
 # The candidates of kvq eval --budget, cheap to dear (bits per value at head_dim 256, blocks of 32): 3.0,
 # 3.5, 4.5, 4.75, 5.25, 6.5, 8.5.
-DEFAULT_BUDGET_PAIRS = [
+# The --budget candidates when none are given: every key codec with every value codec, measured per layer
+# as their sides (K/f32 and f32/V): the rungs of docs/eval.md's best proposals (issue 39), 2.6 to 8.5 bits.
+DEFAULT_BUDGET_KEYS = ["tcq2+center", "tcq3+center", "turbo4+center", "iq4_nls+rot", "iq4_nls+rot+center",
+                       "q5_0+rot+center", "q8_0"]
+DEFAULT_BUDGET_VALUES = ["tcq2", "tcq3", "turbo4", "iq4_nls+rot", "q8_0"]
+# The candidate pairs of the first --budget runs (docs/eval.md, "Bits where they matter"), for --budget-pairs.
+LADDER_BUDGET_PAIRS = [
     "chan2/polar:budget=3", "chan3/polar:budget=3", "q5_0+rot+center/polar:budget=3", "q4_0+rot+center/q4_0",
     "q5_0+rot+center/q4_0", "q8_0/q4_0", "q8_0/q8_0",
 ]
@@ -178,20 +184,23 @@ def eval_model(model, tokenizer=None, *, text: str | None = None, tokens: Sequen
     switched);
     ``text`` (with ``tokenizer``) or ``tokens``; ``cache_config``: kvq.KVCache keywords for every cache.
 
-    ``budget``: bits per value (one or a list): propose per-layer pairs from ``budget_pairs`` (default
-    DEFAULT_BUDGET_PAIRS) and evaluate them after ``pairs`` (default: the candidates, as uniform pairs). The
+    ``budget``: bits per value (one or a list): propose per-layer pairs from ``budget_pairs`` and evaluate
+    them after ``pairs`` (default: the candidates, as uniform pairs). The
     sensitivity is measured first (per-layer runs of the candidates on ``sensitivity_chunks`` chunks, default
     ``max_chunks``; they become ``per_layer`` of the result, followed by those of ``per_layer_pairs`` if
     given) unless ``sensitivity`` gives per-layer rows. ``budget_keys`` and ``budget_values`` (instead of
     ``budget_pairs``): the candidates are every key codec with every value codec, measured per layer as
     K/f32 and f32/V (n + m runs per layer for n·m pairs; ``side_pair_rows``); ``pairs`` then defaults to
-    none (only the proposals are evaluated)."""
+    none (only the proposals are evaluated). With none of the three and no ``sensitivity``, the candidates
+    are DEFAULT_BUDGET_KEYS with DEFAULT_BUDGET_VALUES."""
     if (text is None) == (tokens is None):
         raise ValueError("eval_model: give text (with a tokenizer) or tokens")
     if (budget_keys is None) != (budget_values is None) or (budget_keys is not None and budget is None):
         raise ValueError("eval_model: budget_keys and budget_values go together, with a budget")
     if budget is not None:
         sides = None if budget_keys is None else (list(budget_keys), list(budget_values))
+        if sides is None and budget_pairs is None and sensitivity is None:
+            sides = (list(DEFAULT_BUDGET_KEYS), list(DEFAULT_BUDGET_VALUES))
         return _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baseline, per_layer,
                             per_layer_pairs, budget, budget_pairs, sensitivity, sensitivity_chunks, progress,
                             cache_config, budget_sides=sides)
@@ -352,7 +361,7 @@ def _eval_budget(model, tokenizer, text, tokens, pairs, ctx, max_chunks, baselin
         if cands is None:
             cands = list(dict.fromkeys(r["pair"] for r in sens))
     else:
-        cands = cands if cands is not None else list(DEFAULT_BUDGET_PAIRS)
+        assert cands is not None  # eval_model gives the default sides
     pairs = list(pairs) if pairs is not None else list(cands)
     # Progress over both evaluations; the second's size is known before the first runs (a proposal that
     # repeats a pair is not run twice, so it may end early: it then jumps to the end).

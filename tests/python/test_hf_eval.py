@@ -237,6 +237,20 @@ def test_eval_budget_proposes_and_evaluates_per_layer_pairs(loaded, tiny_dir):
         kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, pairs=["q8_0/q4_0;q4_0/q4_0"])
 
 
+def test_eval_budget_without_candidates_takes_the_default_sides(loaded, tiny_dir):
+    model, tok = loaded
+    text = (tiny_dir / "text.txt").read_text()
+    keys, values = model_eval.DEFAULT_BUDGET_KEYS, model_eval.DEFAULT_BUDGET_VALUES
+    assert "tcq3+center" in keys and "tcq3" in values  # the rungs of docs/eval.md's best proposals
+    r = kvq.eval_model(model, tok, text=text, ctx=64, max_chunks=1, budget=3.5)
+    sides = [f"{k}/f32" for k in keys] + [f"f32/{v}" for v in values]
+    assert [(x["pair"], x["layer"]) for x in r.per_layer] == [(p, l) for p in sides for l in range(3)]
+    prop = r.budget[0]
+    assert prop["candidates"] == [f"{k}/{v}" for k in keys for v in values]
+    assert prop["bits_per_value"] <= 3.5
+    assert [x["pair"] for x in r.rows] == ["f32/f32 (baseline)", prop["spec"]]  # only the proposal is evaluated
+
+
 def test_eval_budget_over_key_and_value_sides(loaded, tiny_dir, tmp_path):
     model, tok = loaded
     text = (tiny_dir / "text.txt").read_text()
