@@ -8,6 +8,7 @@
 #include "kernels_impl.hpp"
 #include "quantize_polar_impl.hpp"
 #include "channel_portable.hpp"
+#include "tcq_viterbi_portable.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -76,7 +77,8 @@ detail::LevelKernels make() {
     k.set<K::turbo_accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
     k.set<K::polar_score>(portable::polar_score<A>, "polar_score_portable");
     k.set<K::polar_accumulate>(portable::polar_accumulate<A>, "polar_accumulate_portable");
-    k.set<K::turbo_quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<K::turbo_quantize>(portable::turbo_quantize<A, TurboQuantize<A>>, "turbo_quantize (tcqB: tcq_viterbi_portable)");
+    k.set<K::tcq_viterbi>(portable::tcq_viterbi<A>, "tcq_viterbi_portable");
     k.set<K::chan_score>(portable::channel_score<A>, "channel_score_portable");  // chanB key scores
     k.set<K::polar_quantize>(PolarQuantize<A>::polar, "polar_quantize");
     k.set<K::softmax_update>(softmax_update_lanes, "softmax_update_lanes");
