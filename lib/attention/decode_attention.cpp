@@ -53,11 +53,12 @@ void soft_cap(float* s, size_t n, float softcap) {
 struct KeyBlocks {
     const RowSource& src;
     int g, d;
-    size_t bt, krb, krs, qb;
+    size_t bt, krb, krs, qb, side_bytes;
 
     KeyBlocks(const AttentionShape& shape, const RowSource& s)
         : src(s), g(shape.n_heads / shape.n_kv_heads), d(shape.head_dim), bt(static_cast<size_t>(s.layout.block_tokens)),
-          krb(s.key->row_bytes()), krs(s.layout.k_row_stride ? s.layout.k_row_stride : krb), qb(s.key->query_bytes()) {}
+          krb(s.key->row_bytes()), krs(s.layout.k_row_stride ? s.layout.k_row_stride : krb), qb(s.key->query_bytes()),
+          side_bytes(s.key->side_bytes()) {}
 
     // Floats of scratch the key format's score needs.
     size_t scratch_floats() const { return src.key->scratch_floats(g); }
@@ -133,7 +134,11 @@ void attend_blocks(const AttentionShape& shape, const RowSource& src, const uint
             // 32k and 128k tokens; to L1, or only a block's first lines, was slower; two blocks ahead no
             // faster). Spreading them, and the values' L1 prefetch below, was 1.04-1.11× faster again.
             const size_t n1 = b + 1 < b1 ? kb.rows(b + 1) : 0, lo1 = b + 1 < b1 ? kb.lo(b + 1) : 0;
-            if (n1) prefetch_rows<kToL2>(kb.keys(b + 1, h, lo1), n1, krb, krs);
+            if (n1) {
+                prefetch_rows<kToL2>(kb.keys(b + 1, h, lo1), n1, krb, krs);
+                // and its side data (centered keys' means, chanB's minimums and steps), read by the format's score
+                if (const uint8_t* side = kb.head(b + 1, h).side) prefetch_rows<kToL2>(side, 1, kb.side_bytes, 0);
+            }
             const float* offsets = kb.score(prep, q, b, h, lo, n, scores, n, block_scratch);
             // The values are read after the softmax: ask for them now, so that their first touch overlaps it
             // instead of stalling the accumulate (measured: 6-10% of a q8_0/q4_0 step at 4k and 32k tokens;

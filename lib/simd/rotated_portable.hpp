@@ -40,7 +40,6 @@ struct Pair {
 // The pair tables of one call.
 struct Tables {
     Pair hi[256], lo[256];  // turbo: index c0 | c1 << B; tcqB: see decode_tcq
-    int bits_hi = 0, bits_lo = 0;
     bool pairs_hi = false, pairs_lo = false;  // whether the section's width has a pair table (B ≤ 4)
 
     static bool make_codes(Pair* t, const float* centroids, int b) {
@@ -51,7 +50,7 @@ struct Tables {
         return true;
     }
 
-    explicit Tables(const TurboLayout& l) : bits_hi(l.bits_hi), bits_lo(l.bits_lo) {
+    explicit Tables(const TurboLayout& l) {
         if (l.trellis) {
             // index: f0 | f1 << (B−1) | s1_0 << 2(B−1) | s1_1 << (2B−1) | s0_0 << 2B | s0_1 << (2B+1)
             const int fb = l.trellis - 1, n = 1 << (2 * fb + 4);
