@@ -87,10 +87,11 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
         const auto* k = find(table, l, codec, op);
         return k ? k->kernel : std::string("(none)");
     };
-    // iq4_nl: the int8 kernels through its layout at every SIMD level; its quantize is the specification's.
+    // iq4_nl: the int8 kernels through its layout at every SIMD level, and a quantize of its own (iq4_nls's too).
     for (SimdLevel level : kvq::available_simd_levels()) {
         CAPTURE(kvq::simd_level_name(level));
-        CHECK(kernel(level, "iq4_nl", "quantize") == "spec");
+        CHECK(kernel(level, "iq4_nl", "quantize") == (level == SimdLevel::scalar ? "spec" : "quantize_iq4_nl"));
+        CHECK(kernel(level, "iq4_nls", "quantize") == (level == SimdLevel::scalar ? "spec" : "quantize_iq4_nls"));
         // (avx512's VNNI build: score_blocks<iq4_nl,Rows16>, 16 rows per register)
         CHECK(kernel(level, "iq4_nl", "score").rfind(level == SimdLevel::scalar ? "spec" : "score_blocks<iq4_nl", 0) == 0);
         CHECK(kernel(level, "iq4_nl", "dequantize") == (level == SimdLevel::scalar ? "spec" : "dequantize_blocks<iq4_nl>"));

@@ -15,6 +15,7 @@
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
 #include "simd/dispatch.hpp"
+#include "ref/blocks.hpp"
 #include "ref/half.hpp"
 #include "ref/weight_grid.hpp"
 #include "simd/level_check.hpp"
@@ -214,6 +215,23 @@ std::vector<float> edge_blocks() {
             for (int j = 0; j < 32; ++j) b[j] = m * (j % 5 - 2) / 2.0f;
         });
         block([&](float* b) { for (int j = 0; j < 32; ++j) b[j] *= std::fabs(m) / 4.0f; b[11] = m; });
+    }
+    // iq4_nl, iq4_nls: at an extreme of ±127 the inverse scale (iq4_nls: its first candidate's) is exactly
+    // ∓1 or ±1, so values on the levels and on the midpoints between them are the nearest-level rule's
+    // ties; and blocks of every size the vector path takes, and just past it.
+    for (float extreme : {127.0f, -127.0f}) {
+        for (float sign : {1.0f, -1.0f}) {
+            block([&](float* b) {
+                for (int j = 0; j < 32; ++j) {
+                    const float lo = kvq::detail::kIQ4NLValues[j % 15], hi = kvq::detail::kIQ4NLValues[j % 15 + 1];
+                    b[j] = sign * (j < 15 ? (lo + hi) / 2 : j < 30 ? lo : hi);
+                }
+                b[31] = extreme;
+            });
+        }
+    }
+    for (float s : {1e-15f, 1e-12f, 1e-6f, 0.01f, 1.0f, 3.0f, 1e3f, 1e6f, 1e8f, 5e8f, 1e9f}) {
+        block([&](float* b) { for (int j = 0; j < 32; ++j) b[j] *= s; });
     }
     while (x.size() % (16 * 32) != 0) block([](float*) {});
     return x;

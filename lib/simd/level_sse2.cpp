@@ -1,10 +1,10 @@
 // The sse2 level: SSE2, the x86-64 baseline (compiled with the default flags).
 // The one place that chooses this level's kernels: one line per (codec, op), naming the kernel (from
 // kernels_impl.hpp and the headers included here) and what `kvq info --kernels` calls it. Slots not set
-// here take the scalar specification (dispatch.cpp; "spec" in the table): iq4_nl's quantize, and any
-// other a line below does not name.
+// here take the scalar specification (dispatch.cpp; "spec" in the table): any a line below does not name.
 #include "dispatch.hpp"
 #include "ops_sse2.hpp"
+#include "quantize_iq4nl_impl.hpp"
 #include "kernels_impl.hpp"
 #include "quantize_polar_impl.hpp"
 #include "channel_portable.hpp"
@@ -66,8 +66,10 @@ detail::LevelKernels make() {
     k.set<Op::prepare_query>(C::q5_1, prepare_query_q8<A>, "prepare_query_q8");
     k.set<Op::score>(C::q5_1, ScoreBlocks<A, LayoutQ5_1>::score, "score_blocks<q5_1>");
     k.set<Op::accumulate>(C::q5_1, accumulate_tiles<A, LayoutQ5_1>, "accumulate_tiles<q5_1>");
-    // iq4_nl: its levels looked up in registers (load_iq4_nl), then q8_0's int8 kernels. quantize: the
-    // specification (its least-squares scale sums 32 products in order; its bytes depend on that order).
+    // iq4_nl: its levels looked up in registers (load_iq4_nl), then q8_0's int8 kernels. quantize (and
+    // iq4_nls's): a block per lane (quantize_iq4nl_impl.hpp), each summing its 32 products in order.
+    k.set<Op::quantize>(C::iq4_nl, QuantizeIQ4NL<A, false>::quantize, "quantize_iq4_nl");
+    k.set<Op::quantize>(C::iq4_nls, QuantizeIQ4NL<A, true>::quantize, "quantize_iq4_nls");
     k.set<Op::dequantize>(C::iq4_nl, dequantize_blocks<A, LayoutIQ4_NL>, "dequantize_blocks<iq4_nl>");
     k.set<Op::prepare_query>(C::iq4_nl, prepare_query_q8<A>, "prepare_query_q8");
     k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL>::score, "score_blocks<iq4_nl>");
