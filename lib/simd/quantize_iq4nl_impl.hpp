@@ -4,14 +4,17 @@
 // over j = 0..31 one after the other, w·q·x as (w·q)·x, no fma), so the bytes are the specification's.
 // The nearest level (ggml's best_index_int8) without a branch: with x > v₀ and x < v₁₅ the binary search
 // ends at lo = #{k = 1..14 : v_k ≤ x}, and the compares that count it also carry v_lo and v_lo+1; the
-// ends fall out of the same count (x ≤ v₀: 0 and v₀ nearer; x ≥ v₁₅: 14 and v₁₅ not farther).
+// ends fall out of the same count (x ≤ v₀: 0 and v₀ nearer; x ≥ v₁₅: 14 and v₁₅ not farther). AVX-512
+// counts by binary lifting over the 16 levels in one register instead (four permutes and compares).
 // Blocks holding NaN or Inf, below ggml's eps or of 1e9 and more are the specification's own, block by
 // block; a row's last blocks, fewer than W, fill the other lanes with one of theirs.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../ref/blocks.hpp"
 #include "../ref/half.hpp"
@@ -33,6 +36,32 @@ struct QuantizeIQ4NL {
     // The nearest level's index (as floats) and value for finite or infinite x, a tie where ggml's compare
     // x − v_lo < v_hi − x sends it (to the upper level).
     static void nearest(F x, F& index, F& value) {
+#if defined(__AVX512F__)
+        if constexpr (std::is_base_of_v<xsimd::avx512f, A>) {
+            // The same count by binary lifting over the 16 levels in one register: the largest k with
+            // v_k ≤ x (0 when there is none), at most 14.
+            static constexpr auto kLevels = [] {
+                std::array<float, 16> t{};
+                for (int j = 0; j < 16; ++j) t[j] = detail::kIQ4NLValues[j];
+                return t;
+            }();
+            const __m512 table = _mm512_loadu_ps(kLevels.data());
+            __m512i k = _mm512_setzero_si512();
+            for (int step = 8; step >= 1; step /= 2) {
+                const __m512i t = _mm512_add_epi32(k, _mm512_set1_epi32(step));
+                const __mmask16 ge = _mm512_cmp_ps_mask(x, _mm512_permutexvar_ps(t, table), _CMP_GE_OQ);
+                k = _mm512_mask_mov_epi32(k, ge, t);
+            }
+            k = _mm512_min_epi32(k, _mm512_set1_epi32(14));
+            const __m512 lo = _mm512_permutexvar_ps(k, table);
+            const __m512 hi = _mm512_permutexvar_ps(_mm512_add_epi32(k, _mm512_set1_epi32(1)), table);
+            const __mmask16 lower = _mm512_cmp_ps_mask(_mm512_sub_ps(x, lo), _mm512_sub_ps(hi, x), _CMP_LT_OQ);
+            const __m512 count = _mm512_cvtepi32_ps(k);
+            index = _mm512_mask_blend_ps(lower, _mm512_add_ps(count, _mm512_set1_ps(1.0f)), count);
+            value = _mm512_mask_blend_ps(lower, hi, lo);
+            return;
+        }
+#endif
         F count(0.0f), lo(level(0)), hi(level(1));
         for (int k = 1; k < 15; ++k) {
             const auto ge = x >= F(level(k));
