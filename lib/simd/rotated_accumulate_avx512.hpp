@@ -122,6 +122,18 @@ void accumulate_section_any(int bits, size_t byte0, int j0, int j1, const float*
 
 // Sections whose channels are not in whole groups of 16 go to the 256-bit kernel; the QJL signs to its
 // sign accumulator.
+// Query group i0's weights of a chunk's rows [r0, r0 + rn) times the rows' norms (wn), and its accumulator
+// rows (ap).
+template <int G>
+void chunk_weights(const float* w, size_t w_stride, int i0, size_t r0, size_t rn, const float* norms, float* acc, int d,
+                   float (*wn)[kChunk], float** ap) {
+    for (int i = 0; i < G; ++i) {
+        const float* wi = w + (i0 + i) * w_stride + r0;
+        for (size_t r = 0; r < rn; ++r) wn[i][r] = wi[r] * norms[r];
+        ap[i] = acc + size_t(i0 + i) * d;
+    }
+}
+
 // tcqB rows (rotated_tcq_avx512.hpp, included after this file).
 void tcq_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                     size_t row_stride, size_t n_rows, float* acc);
@@ -141,11 +153,7 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
         avx2::for_groups(n_q, [&]<int G>(int i0) {
             alignas(64) float wn[G][kChunk];
             float* ap[G];
-            for (int i = 0; i < G; ++i) {
-                const float* wi = w + (i0 + i) * w_stride + r0;
-                for (size_t r = 0; r < rn; ++r) wn[i][r] = wi[r] * norms[r];
-                ap[i] = acc + size_t(i0 + i) * l.d;
-            }
+            chunk_weights<G>(w, w_stride, i0, r0, rn, norms, acc, l.d, wn, ap);
             accumulate_section_any<G>(l.bits_hi, 0, 0, l.n_hi, l.centroids_hi, wn, chunk, row_stride, rn, ap);
             if (l.n_hi < l.d) {
                 accumulate_section_any<G>(l.bits_lo, lo_byte, l.n_hi, l.d, l.centroids_lo, wn, chunk, row_stride, rn, ap);

@@ -261,6 +261,26 @@ void for_groups(int n_q, F&& f) {
     }
 }
 
+// The rows of a score call kChunk at a time, the queries in groups of up to 4:
+// f.template operator()<G>(p, chunk, rn, out) with p the group's prepared queries, chunk the chunk's first
+// row and out the group's score rows from it.
+template <class F>
+void for_score_groups(const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows, size_t row_stride,
+                      size_t n_rows, float* scores, size_t score_stride, F&& f) {
+    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
+        const size_t rn = std::min(kChunk, n_rows - r0);
+        for_groups(n_q, [&]<int G>(int i0) {
+            const uint8_t* p[G];
+            float* out[G];
+            for (int i = 0; i < G; ++i) {
+                p[i] = prep + (i0 + i) * prep_bytes;
+                out[i] = scores + (i0 + i) * score_stride + r0;
+            }
+            f.template operator()<G>(p, rows + r0 * row_stride, rn, out);
+        });
+    }
+}
+
 // tcqB rows (rotated_tcq_avx2.hpp, included below).
 void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                size_t row_stride, size_t n_rows, float* scores, size_t score_stride);

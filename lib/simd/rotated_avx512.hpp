@@ -376,18 +376,10 @@ void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, i
     if (l.trellis || l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {
         return avx2::turbo_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
     }
-    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
-        const size_t rn = std::min(kChunk, n_rows - r0);
-        avx2::for_groups(n_q, [&]<int G>(int i0) {
-            const uint8_t* p[G];
-            float* out[G];
-            for (int i = 0; i < G; ++i) {
-                p[i] = prep + (i0 + i) * prep_bytes;
-                out[i] = scores + (i0 + i) * score_stride + r0;
-            }
-            score_int8_any<G>(l, p, rows + r0 * row_stride, row_stride, rn, out);
-        });
-    }
+    avx2::for_score_groups(prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride,
+                           [&]<int G>(const uint8_t* const* p, const uint8_t* chunk, size_t rn, float* const* out) {
+                               score_int8_any<G>(l, p, chunk, row_stride, rn, out);
+                           });
 }
 
 }  // namespace avx512

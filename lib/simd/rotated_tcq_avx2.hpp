@@ -115,22 +115,11 @@ void tcq_score_group(const TurboLayout& l, const uint8_t* const* prep, const uin
 
 void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
-        const size_t rn = std::min(kChunk, n_rows - r0);
-        for_groups(n_q, [&]<int G>(int i0) {
-            const uint8_t* p[G];
-            float* out[G];
-            for (int i = 0; i < G; ++i) {
-                p[i] = prep + (i0 + i) * prep_bytes;
-                out[i] = scores + (i0 + i) * score_stride + r0;
-            }
-            if (l.trellis == 3) {
-                tcq_score_group<3, G>(l, p, rows + r0 * row_stride, row_stride, rn, out);
-            } else {
-                tcq_score_group<2, G>(l, p, rows + r0 * row_stride, row_stride, rn, out);
-            }
-        });
-    }
+    for_score_groups(prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride,
+                     [&]<int G>(const uint8_t* const* p, const uint8_t* chunk, size_t rn, float* const* out) {
+                         if (l.trellis == 3) return tcq_score_group<3, G>(l, p, chunk, row_stride, rn, out);
+                         tcq_score_group<2, G>(l, p, chunk, row_stride, rn, out);
+                     });
 }
 
 // accumulate: super-blocks kTcqSlice at a time, the chunk's ranks of a slice decoded once to a scratch row

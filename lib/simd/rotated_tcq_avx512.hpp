@@ -114,27 +114,18 @@ struct TcqIndices {
 
 void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
-        const size_t rn = std::min(kChunk, n_rows - r0);
-        avx2::for_groups(n_q, [&]<int G>(int i0) {
-            const uint8_t* p[G];
-            float* out[G];
-            for (int i = 0; i < G; ++i) {
-                p[i] = prep + (i0 + i) * prep_bytes;
-                out[i] = scores + (i0 + i) * score_stride + r0;
-            }
-            if (l.trellis == 3) {
+    avx2::for_score_groups(prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride,
+                           [&]<int G>(const uint8_t* const* p, const uint8_t* chunk, size_t rn, float* const* out) {
+                               if (l.trellis == 3) {
 #if defined(__AVX512VNNI__)
-                score_rows16_then_rest<G, TcqIndices<3>>(l, p, rows + r0 * row_stride, row_stride, rn, out,
-                                                         score_nibbles_rows16<G, TcqIndices<3>>);
+                                   return score_rows16_then_rest<G, TcqIndices<3>>(l, p, chunk, row_stride, rn, out,
+                                                                                   score_nibbles_rows16<G, TcqIndices<3>>);
 #else
-                score_int8_group<G, TcqIndices<3>>(l, p, rows + r0 * row_stride, row_stride, rn, out);
+                                   return score_int8_group<G, TcqIndices<3>>(l, p, chunk, row_stride, rn, out);
 #endif
-            } else {
-                score_int8_group<G, TcqIndices<2>>(l, p, rows + r0 * row_stride, row_stride, rn, out);
-            }
-        });
-    }
+                               }
+                               score_int8_group<G, TcqIndices<2>>(l, p, chunk, row_stride, rn, out);
+                           });
 }
 
 // accumulate: super-blocks kSlice at a time, the chunk's ranks of a slice decoded once (64 bytes a row's
@@ -199,11 +190,7 @@ void tcq_accumulate_rows(const TurboLayout& l, const float* w, size_t w_stride, 
             avx2::for_groups(n_q, [&]<int G>(int i0) {
                 alignas(64) float wn[G][kChunk];
                 float* ap[G];
-                for (int i = 0; i < G; ++i) {
-                    const float* wi = w + (i0 + i) * w_stride + r0;
-                    for (size_t r = 0; r < rn; ++r) wn[i][r] = wi[r] * norms[r];
-                    ap[i] = acc + size_t(i0 + i) * l.d;
-                }
+                chunk_weights<G>(w, w_stride, i0, r0, rn, norms, acc, l.d, wn, ap);
                 accumulate_tiles<G>(TcqRankValues{table, g_begin}, g_begin, g_end, wn, ranks[0], sizeof ranks[0], rn, ap);
             });
         }
