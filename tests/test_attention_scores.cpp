@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "attention/decode_attention.hpp"
+#include "attention/engine.hpp"
 #include "codec/centering.hpp"
 #include "codec/key_formats.hpp"
 #include "ref/half.hpp"

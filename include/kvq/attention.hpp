@@ -6,11 +6,18 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
-#include "kvq/cache.hpp"  // Executor
 #include "kvq/codec.hpp"
 
 namespace kvq {
+
+// An engine's own threads: runs task(i) once for every i in [0, n), on any threads (the calling one
+// included or not) in any order, and returns when every call has returned. task does not throw. It may
+// run other work between the tasks, on the calling thread too, other kvq calls included (each call leases
+// buffers of its own). An index outside [0, n), an index run twice (neither is run) or one never run
+// makes the call throw ExecutorError once the executor returns; calling task after returning is undefined.
+using Executor = std::function<void(int n, const std::function<void(int)>& task)>;
 
 struct RowsView {
     const void* data = nullptr;
@@ -18,8 +25,10 @@ struct RowsView {
     size_t head_stride = 0;   // bytes from kv head h to h + 1; 0: one row
 };
 
-// out (n_heads × head_dim) = softmax(scale · q·k) · v over n_tokens tokens; row of kv head h, token t
-// at data + t·token_stride + h·head_stride. scale 0 means 1/sqrt(head_dim); softcap c > 0 maps each
+// out (n_heads × value head_dim) = softmax(scale · q·k) · v over n_tokens tokens; row of kv head h, token t
+// at data + t·token_stride + h·head_stride. q has the key codec's head_dim per head, out the value codec's
+// (they may differ: DeepSeek's latent attention reads 576-value keys and 512-value values, and k and v may
+// be views of the same rows). scale 0 means 1/sqrt(key head_dim); softcap c > 0 maps each
 // scaled score s to c·tanh(s/c). Throws std::invalid_argument for a bad shape, stride or head size, or
 // a query that is not finite; n_tokens = 0 gives zeros. The rows must hold finite values as the codecs
 // store them (what Codec::quantize_rows writes).

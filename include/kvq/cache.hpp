@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/attention.hpp"  // Executor
 #include "kvq/codec.hpp"
 
 namespace kvq::detail {
@@ -94,12 +95,6 @@ enum class HalfType {
     bf16,
 };
 
-// An engine's own threads: runs task(i) once for every i in [0, n), on any threads (the calling one
-// included or not) in any order, and returns when every call has returned. task does not throw. It may
-// run other work between the tasks, on the calling thread too, other kvq calls included (each call leases
-// buffers of its own). An index outside [0, n), an index run twice (neither is run) or one never run
-// makes the call throw ExecutorError once the executor returns; calling task after returning is undefined.
-using Executor = std::function<void(int n, const std::function<void(int)>& task)>;
 
 // One layer's own codecs (CacheConfig::layer_codecs); an empty name means the cache's default codec.
 struct LayerCodecs {

@@ -1,311 +1,64 @@
 // kvq::attend_rows (include/kvq/attention.hpp): attention over caller-owned rows (a ggml KV tensor's),
-// for one or several query rows, with an additive mask and threads.
-//
-// The work is cut into items: a tile of query rows (all heads) × a part of the token range. An item
-// gathers its queries per kv head (the g heads of each query row that share it, row after row), prepares
-// them once in the key codec, then walks its tokens in virtual blocks of kChunkTokens: per kv head and
-// block, one score call for the tile's g·rows queries, the scale (and soft-cap) and the mask, the online
-// softmax of each query row, and one accumulate call for all of them. Masks are read per block: tokens
-// that every query row of the tile removes are neither scored nor read, so a causal or sliding-window
-// mask costs only what it keeps. Parts of a tile keep their own (max, sum, accumulator) and are merged
-// in part order after the parallel run (flash-decoding), so the result does not depend on the threads.
-//
-// With one query row, no mask and one thread, the calls are those of the decode engine
-// (decode_attention.cpp) on the same blocks, in the same order: the same bits as KVCache::attend.
+// for one or several query rows, with an additive mask and threads: the checks, and the caller's tensors
+// as a row source of the attention engine (lib/attention/engine.hpp) in virtual blocks of kBlockTokens
+// tokens. The engine is the cache's: with one query row, no mask and one thread, rows a cache of
+// kBlockTokens-token blocks stores give KVCache::attend's bits.
 #include "kvq/attention.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
-#include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "../ref/half.hpp"
+#include "../codec/row_keys.hpp"
 #include "../util/checked_size.hpp"
-#include "decode_attention.hpp"
-#include "online_softmax.hpp"
+#include "engine.hpp"
 #include "scratch_pool.hpp"
 #include "thread_pool.hpp"
 
 namespace kvq {
 namespace {
 
-using detail::SoftmaxState;
-
-constexpr size_t kChunkTokens = 256;
-constexpr size_t kLine = 64;
-// Queries scored together per kv head and block (g heads × the tile's query rows): enough to amortize a
-// block's key reads over many queries, few enough that the tile's scores stay in L1/L2.
-constexpr size_t kTileQueries = 32;
-// Parts of one tile's token range at most, and items aimed at per thread (threads take items as they
-// come free, so several per thread keep one that starts late from idling the others at the end).
-constexpr size_t kMaxParts = 64;
-constexpr size_t kItemsPerThread = 4;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr uint16_t kF16NegInf = 0xFC00;
+// Tokens of a virtual block: the unit of the engine's loop, its prefetch and its split into parts.
+constexpr int kBlockTokens = 256;
 
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument("attend_rows: " + what); }
 
-size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
-template <class T>
-T* align_line(T* p) {
-    const auto a = reinterpret_cast<uintptr_t>(p);
-    return reinterpret_cast<T*>((a + kLine - 1) / kLine * kLine);
-}
-
-template <class T>
-T* grow(std::vector<T>& v, size_t n) {  // n elements on a cache line (v keeps its largest size)
-    const size_t need = n + kLine / sizeof(T) + 1;
-    if (v.size() < need) v.resize(need);
-    return align_line(v.data());
-}
-
-// The mask rows, as the engine reads them.
-struct Mask {
-    const uint8_t* base = nullptr;
-    MaskType type = MaskType::f16;
-    size_t row_bytes = 0;  // the row stride in bytes
-
-    explicit operator bool() const { return base != nullptr; }
-    bool removed(size_t row, size_t t) const {
-        const uint8_t* p = base + row * row_bytes;
-        if (type == MaskType::f16) {
-            uint16_t h;
-            std::memcpy(&h, p + 2 * t, 2);
-            return h == kF16NegInf;
-        }
-        float f;
-        std::memcpy(&f, p + 4 * t, 4);
-        return f == kNegInf;
-    }
-    float value(size_t row, size_t t) const {
-        const uint8_t* p = base + row * row_bytes;
-        if (type == MaskType::f16) {
-            uint16_t h;
-            std::memcpy(&h, p + 2 * t, 2);
-            return detail::f16_to_f32(h);
-        }
-        float f;
-        std::memcpy(&f, p + 4 * t, 4);
-        return f;
-    }
-    // The tokens of [a, b) that row keeps lie in [*lo, *hi) (empty: *lo == *hi); scans from both ends.
-    void kept(size_t row, size_t a, size_t b, size_t* lo, size_t* hi) const {
-        size_t l = a;
-        while (l < b && removed(row, l)) ++l;
-        size_t h = b;
-        while (h > l && removed(row, h - 1)) --h;
-        *lo = l;
-        *hi = h;
-    }
+// The engine's formats of a row codec, made once per thread and codec and kept (the last few): a call
+// in a steady state allocates nothing. A format holds a copy of its codec, so a codec's implementation
+// stays alive (and its address unique) while an entry names it.
+struct RowFormats {
+    const detail::CodecImpl* keys = nullptr;
+    const detail::CodecImpl* values = nullptr;
+    std::unique_ptr<const detail::KeyFormat> key_format;
+    std::unique_ptr<const detail::ValueFormat> value_format;
 };
 
-// Everything a call resolved: shapes, strides in bytes or elements, the plan.
-struct Call {
-    const detail::CodecImpl* key = nullptr;
-    const detail::CodecImpl* value = nullptr;
-    int n_heads = 0, n_kv_heads = 0, g = 0, d = 0;
-    size_t qb = 0;  // bytes of a prepared query
-    const uint8_t* k = nullptr;
-    const uint8_t* v = nullptr;
-    size_t k_token = 0, k_head = 0, v_token = 0, v_head = 0, k_row_bytes = 0, v_row_bytes = 0;
-    size_t n_tokens = 0;
-    const float* q = nullptr;
-    size_t q_row = 0, q_head = 0;
-    float* out = nullptr;
-    size_t out_row = 0, out_head = 0;
-    Mask mask;
-    const float* sinks = nullptr;
-    float scale = 0, softcap = 0;
-    size_t n_queries = 0, tile_rows = 0, n_tiles = 0, parts = 1;
+const RowFormats& formats_for(const Codec& keys, const Codec& values) {
+    thread_local std::array<RowFormats, 4> kept;
+    thread_local size_t next = 0;
+    const detail::CodecImpl* ki = &detail::impl_of(keys);
+    const detail::CodecImpl* vi = &detail::impl_of(values);
+    for (const RowFormats& f : kept) {
+        if (f.keys == ki && f.values == vi) return f;
+    }
+    RowFormats& f = kept[next++ % kept.size()];
+    f.key_format = std::make_unique<detail::RowKeys>(keys, kBlockTokens);
+    f.value_format = detail::make_value_format(values, false);
+    f.keys = ki;
+    f.values = vi;
+    return f;
+}
+
+// A call's block tables (leased: an executor may run another call on this thread meanwhile).
+struct BlockTables {
+    std::vector<uint8_t*> k, v;
 };
-
-// This thread's buffers for the items it runs, grown once and kept.
-struct ItemScratch {
-    std::vector<float> queries;
-    std::vector<uint8_t> prep;
-    std::vector<float> scores;
-    std::vector<float> mask;  // a block's mask values, tile row after tile row
-    std::vector<uint8_t> any;
-    std::vector<SoftmaxState> states;
-    std::vector<float> accs;
-};
-
-// The calling thread's buffers: the plan's per-item states and accumulators when tiles are split.
-struct CallScratch {
-    std::vector<SoftmaxState> states;
-    std::vector<float> accs;
-};
-
-// Rows ahead of use, to L2 (locality 2): one span where packed, row by row where other heads sit between.
-void prefetch_rows(const uint8_t* p, size_t n, size_t row_bytes, size_t stride) {
-    const bool packed = stride == row_bytes;
-    const size_t span = packed ? n * row_bytes : row_bytes;
-    for (size_t r = 0; r < (packed ? 1 : n); ++r) {
-        for (size_t o = 0; o < span; o += kLine) __builtin_prefetch(p + r * stride + o, 0, 2);
-    }
-}
-
-// The token range that the rows of tile `tile` keep (all tokens without a mask), and part `part` of it.
-void part_range(const Call& c, size_t tile, size_t part, size_t* a, size_t* b) {
-    size_t lo = 0, hi = c.n_tokens;
-    if (c.mask) {
-        const size_t r0 = tile * c.tile_rows, r1 = std::min(r0 + c.tile_rows, c.n_queries);
-        lo = c.n_tokens;
-        hi = 0;
-        for (size_t r = r0; r < r1; ++r) {
-            size_t l, h;
-            c.mask.kept(r, 0, c.n_tokens, &l, &h);
-            if (l < h) {
-                lo = std::min(lo, l);
-                hi = std::max(hi, h);
-            }
-        }
-        if (lo >= hi) lo = hi = 0;
-    }
-    *a = lo + (hi - lo) * part / c.parts;
-    *b = lo + (hi - lo) * (part + 1) / c.parts;
-}
-
-// One item: the queries of tile `tile` over part `part` of its tokens, into st (n_heads · rows states,
-// per kv head its g·rows queries, row after row) and acc (d floats each, in the value codec's basis).
-void run_item(const Call& c, size_t tile, size_t part, SoftmaxState* st, float* acc, ItemScratch& sc) {
-    const size_t r0 = tile * c.tile_rows, nr = std::min(c.tile_rows, c.n_queries - r0);
-    const size_t g = static_cast<size_t>(c.g), d = static_cast<size_t>(c.d);
-    const size_t gq = g * nr;  // queries per kv head
-    const size_t nq = gq * static_cast<size_t>(c.n_kv_heads);
-    std::fill(st, st + nq, SoftmaxState{});
-    std::fill(acc, acc + nq * d, 0.0f);
-    size_t a, b;
-    part_range(c, tile, part, &a, &b);
-    if (a >= b) return;
-
-    // The queries, kv head by kv head, row by row, head by head (query head kvh·g + i).
-    float* qs = grow(sc.queries, nq * d);
-    for (size_t kvh = 0, at = 0; kvh < static_cast<size_t>(c.n_kv_heads); ++kvh) {
-        for (size_t j = 0; j < nr; ++j) {
-            for (size_t i = 0; i < g; ++i, at += d) {
-                const float* src = c.q + (r0 + j) * c.q_row + (kvh * g + i) * c.q_head;
-                std::copy(src, src + d, qs + at);
-            }
-        }
-    }
-    const size_t prep_head = gq * c.qb;
-    uint8_t* prep = grow(sc.prep, round_up(nq * c.qb, kLine));
-    c.key->prepare_queries(qs, static_cast<int>(nq), prep);
-
-    const size_t bt = kChunkTokens;
-    float* scores = grow(sc.scores, gq * bt);
-    float* mvals = c.mask ? grow(sc.mask, nr * bt) : nullptr;  // the block's mask, tile row after tile row
-    uint8_t* any = c.mask ? grow(sc.any, bt) : nullptr;         // token kept by some tile row
-    const bool plain = !c.mask && c.softcap == 0;
-    const float inv_cap = c.softcap > 0 ? 1.0f / c.softcap : 0.0f;
-
-    for (size_t kvh = 0; kvh < static_cast<size_t>(c.n_kv_heads); ++kvh) {
-        const uint8_t* prep_h = prep + kvh * prep_head;
-        SoftmaxState* st_h = st + kvh * gq;
-        float* acc_h = acc + kvh * gq * d;
-        for (size_t t0 = a; t0 < b; t0 += bt) {
-            const size_t n = std::min(bt, b - t0);
-            if (c.mask) {
-                std::fill(any, any + n, uint8_t{0});
-                for (size_t j = 0; j < nr; ++j) {
-                    float* mj = mvals + j * bt;
-                    for (size_t r = 0; r < n; ++r) {
-                        mj[r] = c.mask.removed(r0 + j, t0 + r) ? kNegInf : c.mask.value(r0 + j, t0 + r);
-                        any[r] |= mj[r] != kNegInf;
-                    }
-                }
-            }
-            // The next block's keys into L2 while this one is scored (blocks of a strided tensor are not
-            // one stream for the hardware prefetcher).
-            if (t0 + bt < b) {
-                prefetch_rows(c.k + (t0 + bt) * c.k_token + kvh * c.k_head, std::min(bt, b - t0 - bt), c.k_row_bytes, c.k_token);
-            }
-            // Runs of tokens that some tile row keeps (the whole block without a mask): the others are
-            // neither scored nor read.
-            for (size_t lo = 0; lo < n;) {
-                if (c.mask && !any[lo]) {
-                    ++lo;
-                    continue;
-                }
-                size_t hi = lo + 1;
-                if (c.mask) {
-                    while (hi < n && any[hi]) ++hi;
-                } else {
-                    hi = n;
-                }
-                const size_t m = hi - lo;
-                const uint8_t* keys = c.k + (t0 + lo) * c.k_token + kvh * c.k_head;
-                const uint8_t* values = c.v + (t0 + lo) * c.v_token + kvh * c.v_head;
-                c.key->score_rows(prep_h, static_cast<int>(gq), keys, c.k_token, m, scores, m);
-                prefetch_rows(values, m, c.v_row_bytes, c.v_token);  // read after the softmax
-                if (plain) {
-                    detail::softmax_update(scores, static_cast<int>(gq), m, nullptr, c.scale, st_h, acc_h, c.d);
-                } else {
-                    for (size_t j = 0; j < nr; ++j) {
-                        float* s = scores + j * g * m;
-                        const float* mj = c.mask ? mvals + j * bt + lo : nullptr;
-                        if (mj && std::all_of(mj, mj + m, [](float x) { return x == kNegInf; })) {
-                            std::fill(s, s + g * m, 0.0f);  // this row keeps none of the run: weight 0
-                            continue;
-                        }
-                        for (size_t i = 0; i < g; ++i) {
-                            float* row = s + i * m;
-                            for (size_t r = 0; r < m; ++r) row[r] = (row[r] + 0.0f) * c.scale;
-                            if (c.softcap > 0) {
-                                for (size_t r = 0; r < m; ++r) row[r] = c.softcap * std::tanh(row[r] * inv_cap);
-                            }
-                            if (mj) {
-                                for (size_t r = 0; r < m; ++r) row[r] = mj[r] == kNegInf ? kNegInf : row[r] + mj[r];
-                            }
-                        }
-                        detail::softmax_update(s, static_cast<int>(g), m, nullptr, 1.0f, st_h + j * g, acc_h + j * g * d, c.d);
-                        if (mj) {  // a removed token's weight is exactly 0 (the softmax gave it exp(-87.3))
-                            for (size_t r = 0; r < m; ++r) {
-                                if (mj[r] == kNegInf) {
-                                    for (size_t i = 0; i < g; ++i) s[i * m + r] = 0.0f;
-                                }
-                            }
-                        }
-                    }
-                }
-                c.value->accumulate_rows(scores, m, static_cast<int>(gq), values, c.v_token, m, acc_h);
-                lo = hi;
-            }
-        }
-    }
-}
-
-// The finished states of tile `tile` into out (zeros for a query row that kept no token).
-void write_tile(const Call& c, size_t tile, const SoftmaxState* st, float* acc) {
-    const size_t r0 = tile * c.tile_rows, nr = std::min(c.tile_rows, c.n_queries - r0);
-    const size_t g = static_cast<size_t>(c.g), d = static_cast<size_t>(c.d);
-    const size_t nq = g * nr * static_cast<size_t>(c.n_kv_heads);
-    c.value->finish_accumulate(acc, static_cast<int>(nq));
-    for (size_t kvh = 0, at = 0; kvh < static_cast<size_t>(c.n_kv_heads); ++kvh) {
-        for (size_t j = 0; j < nr; ++j) {
-            for (size_t i = 0; i < g; ++i, ++at) {
-                const size_t h = kvh * g + i;
-                float* dst = c.out + (r0 + j) * c.out_row + h * c.out_head;
-                float sum = st[at].sum, factor = 1.0f;
-                if (c.sinks) {  // a token of score sinks[h] and no value: rescales to the new max, adds to the sum
-                    const float m = std::max(st[at].max, c.sinks[h]);
-                    factor = st[at].max == kNegInf ? 0.0f : std::exp(st[at].max - m);
-                    sum = sum * factor + std::exp(c.sinks[h] - m);
-                }
-                const float inv = sum > 0 ? factor / sum : 0.0f;
-                const float* src = acc + at * d;
-                for (size_t x = 0; x < d; ++x) dst[x] = src[x] * inv;
-            }
-        }
-    }
-}
 
 // Checks that the n_a × n_b result vectors of d floats at strides sa, sb do not overlap.
 bool disjoint(size_t sa, size_t n_a, size_t sb, size_t n_b, size_t d) {
@@ -330,13 +83,12 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
 
 void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_heads, const float* q, RowsView k,
                  RowsView v, size_t n_tokens, float* out, const AttendOptions& o) {
-    const int d = keys.head_dim();
+    // Keys and queries have the key codec's head size, values and results the value codec's (DeepSeek's
+    // latent attention: 576 and 512).
+    const int dk = keys.head_dim(), dv = values.head_dim();
     if (keys.info().per_channel || values.info().per_channel) {
         bad("'" + (keys.info().per_channel ? keys : values).name() +
             "' is a per-channel key codec: its rows need their block's minimums and steps, which only a KVCache holds");
-    }
-    if (values.head_dim() != d) {
-        bad("the key codec has head_dim " + std::to_string(d) + ", the value codec " + std::to_string(values.head_dim()));
     }
     if (n_kv_heads <= 0 || n_heads <= 0 || n_heads % n_kv_heads != 0) {
         bad("n_heads (" + std::to_string(n_heads) + ") must be a positive multiple of n_kv_heads (" +
@@ -350,19 +102,19 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     const size_t nq = o.n_queries;
     if (nq == 0) return;
     if (!q || !out || (n_tokens > 0 && (!k.data || !v.data))) bad("null pointer");
-    const size_t heads = static_cast<size_t>(n_heads), dd = static_cast<size_t>(d);
-    const size_t q_head = o.q_head_stride ? o.q_head_stride : dd;
+    const size_t heads = static_cast<size_t>(n_heads), dq = static_cast<size_t>(dk), dout = static_cast<size_t>(dv);
+    const size_t q_head = o.q_head_stride ? o.q_head_stride : dq;
     const size_t q_row = o.q_row_stride ? o.q_row_stride : heads * q_head;
-    const size_t out_head = o.out_head_stride ? o.out_head_stride : dd;
+    const size_t out_head = o.out_head_stride ? o.out_head_stride : dout;
     const size_t out_row = o.out_row_stride ? o.out_row_stride : heads * out_head;
-    if (!disjoint(out_head, heads, out_row, nq, dd)) {
+    if (!disjoint(out_head, heads, out_row, nq, dout)) {
         bad("the result strides (head " + std::to_string(out_head) + ", row " + std::to_string(out_row) +
             " floats) make results overlap");
     }
     if (o.nan == NanPolicy::reject) {
         for (size_t r = 0; r < nq; ++r) {
             for (size_t h = 0; h < heads; ++h) {
-                if (!all_finite(q + r * q_row + h * q_head, dd)) {
+                if (!all_finite(q + r * q_row + h * q_head, dq)) {
                     throw NonFiniteInput("attend_rows: the query of row " + std::to_string(r) + ", head " +
                                          std::to_string(h) + " is not finite (NaN or Inf)");
                 }
@@ -395,107 +147,59 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     }
     if (n_tokens == 0) {
         for (size_t r = 0; r < nq; ++r) {
-            for (size_t h = 0; h < heads; ++h) std::fill_n(out + r * out_row + h * out_head, dd, 0.0f);
+            for (size_t h = 0; h < heads; ++h) std::fill_n(out + r * out_row + h * out_head, dout, 0.0f);
         }
         return;
     }
 
-    Call c;
-    c.key = &detail::impl_of(keys);
-    c.value = &detail::impl_of(values);
-    c.n_heads = n_heads;
-    c.n_kv_heads = n_kv_heads;
-    c.g = n_heads / n_kv_heads;
-    c.d = d;
-    c.qb = c.key->query_bytes();
-    c.k = static_cast<const uint8_t*>(k.data);
-    c.v = static_cast<const uint8_t*>(v.data);
-    c.k_token = k.token_stride;
-    c.k_head = k.head_stride;
-    c.v_token = v.token_stride;
-    c.v_head = v.head_stride;
-    c.k_row_bytes = keys.row_bytes();
-    c.v_row_bytes = values.row_bytes();
-    c.n_tokens = n_tokens;
-    c.q = q;
-    c.q_row = q_row;
-    c.q_head = q_head;
-    c.out = out;
-    c.out_row = out_row;
-    c.out_head = out_head;
-    if (o.mask) {
-        const size_t esize = o.mask_type == MaskType::f16 ? 2 : 4;
-        c.mask = Mask{static_cast<const uint8_t*>(o.mask), o.mask_type, esize * (o.mask_row_stride ? o.mask_row_stride : n_tokens)};
+    const size_t nb = (n_tokens + kBlockTokens - 1) / kBlockTokens;
+    static auto* const tables = new detail::ScratchPool<BlockTables>;  // never freed: calls may outlive statics
+    const auto lease = tables->lease();
+    BlockTables& bt = *lease;
+    bt.k.resize(std::max(bt.k.size(), nb));
+    bt.v.resize(std::max(bt.v.size(), nb));
+    for (size_t b = 0; b < nb; ++b) {  // the engine only reads through them
+        bt.k[b] = const_cast<uint8_t*>(static_cast<const uint8_t*>(k.data)) + b * kBlockTokens * k.token_stride;
+        bt.v[b] = const_cast<uint8_t*>(static_cast<const uint8_t*>(v.data)) + b * kBlockTokens * v.token_stride;
     }
-    c.sinks = o.sinks;
-    c.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(d));
-    c.softcap = o.softcap;
-    c.n_queries = nq;
-    c.tile_rows = nq == 1 ? 1 : std::clamp<size_t>(kTileQueries / static_cast<size_t>(c.g), 1, nq);
-    c.n_tiles = (nq + c.tile_rows - 1) / c.tile_rows;
-    const int threads = o.threads;
-    if (threads > 1) {
-        // Enough items for the threads: tiles first, then parts of each tile's tokens (a block at least).
-        const size_t want = kItemsPerThread * static_cast<size_t>(threads);
-        const size_t blocks = (n_tokens + kChunkTokens - 1) / kChunkTokens;
-        c.parts = std::clamp<size_t>((want + c.n_tiles - 1) / c.n_tiles, 1, std::min(kMaxParts, blocks));
-        if (c.n_tiles >= want) c.parts = 1;
-    }
-    const size_t n_items = c.n_tiles * c.parts;
-    const size_t tile_queries = heads * c.tile_rows;
+    const RowFormats& f = formats_for(keys, values);
+    detail::RowSource src;
+    src.key = f.key_format.get();
+    src.value = f.value_format.get();
+    src.layout.block_tokens = kBlockTokens;
+    src.layout.k_head_stride = k.head_stride;
+    src.layout.v_head_stride = v.head_stride;
+    src.layout.k_row_stride = k.token_stride;
+    src.layout.v_row_stride = v.token_stride;
+    src.blocks = std::span<uint8_t* const>(bt.k.data(), nb);
+    src.value_blocks = std::span<uint8_t* const>(bt.v.data(), nb);
+    src.end_row = n_tokens - (nb - 1) * kBlockTokens;
 
-    // Split tiles keep every part's state in the caller's buffers until the merge; whole tiles use the
-    // running thread's and write their result at once.
-    // Leased per call, not thread_local: an engine's executor may run another attend_rows on this thread
-    // while this call waits for its parts (issue #36); tasks do not nest, so each task's ItemScratch may
-    // be its thread's.
-    static auto* const call_scratch = new detail::ScratchPool<CallScratch>;  // never freed: calls may outlive statics
-    const auto lease = call_scratch->lease();
-    CallScratch& cs = *lease;
-    SoftmaxState* part_states = nullptr;
-    float* part_accs = nullptr;
-    const size_t acc_stride = round_up(tile_queries * dd, kLine / sizeof(float));
-    const size_t state_stride = round_up(tile_queries, kLine / sizeof(SoftmaxState));
-    if (c.parts > 1) {
-        part_states = grow(cs.states, n_items * state_stride);
-        part_accs = grow(cs.accs, n_items * acc_stride);
-    }
-    auto run = [&](int i) {
-        thread_local ItemScratch item_scratch;
-        ItemScratch& sc = item_scratch;
-        const size_t tile = static_cast<size_t>(i) / c.parts, part = static_cast<size_t>(i) % c.parts;
-        if (c.parts > 1) {
-            run_item(c, tile, part, part_states + i * state_stride, part_accs + i * acc_stride, sc);
+    detail::AttendTask task{std::span<const detail::RowSource>(&src, 1), {}};
+    detail::QueryRows& r = task.rows;
+    r.q = q;
+    r.n_rows = nq;
+    r.row_stride = q_row;
+    r.head_stride = q_head;
+    r.out = out;
+    r.out_row_stride = out_row;
+    r.out_head_stride = out_head;
+    r.mask = o.mask;
+    r.mask_type = o.mask_type;
+    r.mask_row_stride = o.mask_row_stride ? o.mask_row_stride : n_tokens;
+    r.sinks = o.sinks;
+    const detail::AttentionShape shape{n_heads, n_kv_heads, dk, o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(dk)),
+                                       o.softcap, dv};
+    // The parts run on the engine's executor (its contract checked: ExecutorError) or kvq's shared pool. The
+    // function holds one pointer: a std::function keeps it without allocating.
+    const detail::ParallelRun run = [op = &o](int n, const std::function<void(int)>& part) {
+        if (op->executor) {
+            detail::run_checked(op->executor, n, part);
         } else {
-            SoftmaxState* st = grow(sc.states, tile_queries);
-            float* acc = grow(sc.accs, tile_queries * dd);
-            run_item(c, tile, 0, st, acc, sc);
-            write_tile(c, tile, st, acc);
+            detail::shared_pool().run(n, part, op->threads);
         }
     };
-    if (threads > 1 && n_items > 1) {
-        // By reference: a std::function of the lambda itself would allocate; of a reference_wrapper never.
-        if (o.executor) {
-            detail::run_checked(o.executor, static_cast<int>(n_items), std::ref(run));  // ExecutorError on a broken contract
-        } else {
-            detail::shared_pool().run(static_cast<int>(n_items), run, threads);
-        }
-    } else {
-        for (size_t i = 0; i < n_items; ++i) run(static_cast<int>(i));
-    }
-    if (c.parts > 1) {  // merge each tile's parts in order, then finish it
-        for (size_t tile = 0; tile < c.n_tiles; ++tile) {
-            const size_t first = tile * c.parts;
-            SoftmaxState* st = part_states + first * state_stride;
-            float* acc = part_accs + first * acc_stride;
-            for (size_t p = 1; p < c.parts; ++p) {
-                const SoftmaxState* st_p = part_states + (first + p) * state_stride;
-                const float* acc_p = part_accs + (first + p) * acc_stride;
-                for (size_t x = 0; x < tile_queries; ++x) detail::merge_softmax(st[x], acc + x * dd, st_p[x], acc_p + x * dd, d);
-            }
-            write_tile(c, tile, st, acc);
-        }
-    }
+    detail::attend(shape, std::span<const detail::AttendTask>(&task, 1), &run, o.threads);
 }
 
 }  // namespace kvq

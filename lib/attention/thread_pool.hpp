@@ -25,7 +25,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kvq/cache.hpp"  // Executor
+#include "kvq/attention.hpp"  // Executor
 
 namespace kvq::detail {
 

@@ -210,14 +210,23 @@ void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q,
     q = check_query("attend_prefill", q, n_queries * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
     std::optional<detail::ScratchPool<std::vector<float>>::Lease> scaled;  // q ⊘ s (CacheConfig::key_scales)
     if (scales_keys(layer)) q = scale_queries("attend_prefill", layer, q, n_queries, *scaled.emplace(query_scratch));
-    auto one_query = [&](int i) {
-        const size_t p = n - n_queries + i;
-        attend_range(kind(layer), st, window_start(p), p + 1, q + i * vec, out + i * vec, 1);
-    };
-    if (runner && n_queries > 1) {
-        runner(static_cast<int>(n_queries), one_query);
-    } else {
-        for (size_t i = 0; i < n_queries; ++i) one_query(static_cast<int>(i));
+    // One engine call: query i keeps positions [window_start(p), p] of those from the first query's window.
+    const size_t p0 = n - n_queries, lo = window_start(p0);
+    detail::RowSource sources[2];
+    uint8_t* slots_here[8];
+    std::vector<uint8_t*> slots_heap(staging_blocks > 8 ? staging_blocks : 0);
+    const size_t n_sources = row_sources(kind(layer), st, lo, n, sources, staging_blocks > 8 ? slots_heap.data() : slots_here);
+    detail::AttendTask task{std::span<const detail::RowSource>(sources, n_sources), {}};
+    task.rows.q = q;
+    task.rows.out = out;
+    task.rows.n_rows = n_queries;
+    task.rows.causal_end = p0 + 1 - lo;
+    task.rows.window = w;
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    detail::attend(shape, std::span<const detail::AttendTask>(&task, 1), run(), cfg.threads, &decode_scratch);
+    for (size_t i = 0; i < n_queries; ++i) {
+        const size_t p = p0 + i;
+        finish_output(kind(layer), st, window_start(p), p + 1, q + i * vec, out + i * vec);
     }
     for (size_t h = 0; h < nan_head.size(); ++h) {
         if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
@@ -288,10 +297,12 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
         ranges[i] = {w && n > w ? n - w : 0, n};
         const size_t count = row_sources(kind(layer), *layers[i], ranges[i].first, ranges[i].second, &sources[2 * i],
                                          &staging[i * staging_blocks]);
-        tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), q + i * vec, out + i * vec};
+        tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), {}};
+        tasks[i].rows.q = q + i * vec;
+        tasks[i].rows.out = out + i * vec;
     }
     const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
-    detail::decode_attention_batch(shape, tasks, run(), cfg.threads, &decode_scratch);
+    detail::attend(shape, tasks, run(), cfg.threads, &decode_scratch);
     for (size_t i = 0; i < ids.size(); ++i) finish_output(kind(layer), *layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
     for (size_t h = 0; h < nan_head.size(); ++h) {
         if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);

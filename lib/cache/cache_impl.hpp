@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "../attention/decode_attention.hpp"
+#include "../attention/engine.hpp"
 #include "../attention/thread_pool.hpp"
 #include "../attention/scratch_pool.hpp"
 #include "block_pool.hpp"
@@ -106,17 +106,10 @@ struct LayerKind {
     // reading, scoring and accumulating.
     std::shared_ptr<const KeyFormat> keys;
     std::shared_ptr<const ValueFormat> values;
-    uint8_t* value_rows(uint8_t* block, int h) const { return block + layout.v_offset + h * layout.v_head_stride; }
-    const uint8_t* value_rows(const uint8_t* block, int h) const { return block + layout.v_offset + h * layout.v_head_stride; }
-    KeyHead key_head(uint8_t* block, int h) const {
-        return {block + layout.k_offset + h * layout.k_head_stride,
-                layout.k_side_offset == kNoKeySide ? nullptr : block + layout.k_side_offset + h * layout.k_side_stride,
-                key.row_bytes()};
-    }
-    ConstKeyHead key_head(const uint8_t* block, int h) const {
-        const KeyHead k = key_head(const_cast<uint8_t*>(block), h);
-        return {k.rows, k.side, k.row_stride};
-    }
+    uint8_t* value_rows(uint8_t* block, int h) const { return layout.value_rows(block, h); }
+    const uint8_t* value_rows(const uint8_t* block, int h) const { return layout.value_rows(block, h); }
+    KeyHead key_head(uint8_t* block, int h) const { return layout.key_head(block, h, key.row_bytes()); }
+    ConstKeyHead key_head(const uint8_t* block, int h) const { return layout.key_head(block, h, key.row_bytes()); }
 };
 
 // Everything a KVCache holds (kvq/cache.hpp keeps only a pointer to it).
@@ -163,7 +156,7 @@ struct CacheImpl {
         std::vector<const detail::LayerState*> layers;
         std::vector<detail::RowSource> sources;
         std::vector<uint8_t*> staging;
-        std::vector<detail::DecodeTask> tasks;
+        std::vector<detail::AttendTask> tasks;
         std::vector<std::pair<size_t, size_t>> ranges;
     };
     mutable detail::ScratchPool<BatchScratch> batch_scratch;

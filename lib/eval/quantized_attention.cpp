@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "attention/decode_attention.hpp"
+#include "attention/engine.hpp"
 
 namespace kvq::detail {
 namespace {

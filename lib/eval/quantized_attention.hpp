@@ -1,7 +1,7 @@
 // Decode attention on quantized rows for the sweep's error measurement: keys sealed block by block by their
 // key format (lib/codec/key_format.hpp; centered, per-channel, ... as the cache seals them), one kv head
 // per block, and values laid out as row sources of the cache's decode engine
-// (lib/attention/decode_attention.hpp), which computes the output; its scoring step gives the scores.
+// (lib/attention/engine.hpp), which computes the output; its scoring step gives the scores.
 #pragma once
 
 #include <cstddef>
