@@ -6,7 +6,8 @@ quietly() {
   local log=$1 start status=0
   shift
   mkdir -p "$(dirname "$log")"
-  start=$(($(wc -l <"$log" 2>/dev/null || echo 0) + 1))
+  start=1
+  [ ! -f "$log" ] || start=$(($(wc -l <"$log") + 1))
   "$@" >>"$log" 2>&1 || status=$?
   if [ "$status" != 0 ]; then
     tail -n "+$start" "$log" | awk '/^(FAILED:|ERROR:|E: )/ { found = 1 } found' | head -n 150 >"$log.why" || true
