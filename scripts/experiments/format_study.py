@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-off experiment (issue 39, "Formats studied by fake quantization" in docs/eval.md): which K/V formats
+"""One-off experiment (issue 39, "Formats studied by fake quantization" in docs/eval-log.md): which K/V formats
 would close the distance to issue 39's targets, measured on the model by fake quantization (quantize, then
 dequantize, in torch) before any of them is built in C++. Not a permanent tool and not a cache format: it
 emulates formats.
@@ -9,7 +9,7 @@ emulates formats.
         --calib /usr/share/common-licenses/GPL-2 \
         --pairs 'q4_0+rot+center/q4_0,q4_0+rot+center+qk/lm4+rot+g256' --json build/eval/formats.json
     build/venv/bin/python scripts/experiments/format_study.py --self-check   # the quantizers, no model
-    # one key and one value format per layer within a budget (docs/eval.md has the candidates used):
+    # one key and one value format per layer within a budget (docs/eval-log.md has the candidates used):
     build/venv/bin/python scripts/experiments/format_study.py gemma3-270m --text ... --calib ... \
         --budget 3.5,4.5 --budget-keys K1,K2,... --budget-values V1,V2,... --sensitivity-chunks 1 --json out.json
     # the same allocations on other chunks, another calibration text or another seed, without re-measuring:
@@ -74,7 +74,7 @@ budget; the choice is then evaluated with the --pairs.
 Checks: --self-check tests the quantizers against kvq's own codecs on random rows (q8_0, q5_0, q4_0, iq4_nl,
 rotation), and the "fake f32/f32" row (no quantization through this attention function) is the plumbing's
 floor against the kvq f32/f32 cache. The anchor: q4_0+rot+center/q4_0 here against `kvq eval`'s 0.0376 on
-the same text and chunks (docs/eval.md). As sink_tokens.py found, the emulation differs from the cache by
+the same text and chunks (docs/eval-log.md). As sink_tokens.py found, the emulation differs from the cache by
 float rounding (~1e-7), which moves later layers' values across rounding boundaries: a realization noise of
 ~5-10% per chunk that the ± (per-token standard error) does not include. --seed changes the rotation's signs
 (another realization).
@@ -818,7 +818,7 @@ def main(argv=None) -> int:
             sens = evaluate(model, tok, srun, tokens, sa, kl_stats)
         table = {(r["pair"], r["layer"]): r for r in sens}
         # Candidates: every key format with every value format; the per-layer KL of a pair is its key's KL
-        # (values f32) plus its value's (keys f32) on that layer (the two add: docs/eval.md's table).
+        # (values f32) plus its value's (keys f32) on that layer (the two add: docs/eval-log.md's table).
         cands = [f"{k}/{v}" for k in keys for v in vals]
         kl = [[table[f"{k}/f32", l]["kl_mean"] + table[f"f32/{v}", l]["kl_mean"] for k in keys for v in vals]
               for l in range(n)]

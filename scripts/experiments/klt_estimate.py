@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-off experiment (docs/eval.md, "What did not pay"): how much a calibrated transform (format_study.py's
+"""One-off experiment (docs/eval-log.md, "What did not pay"): how much a calibrated transform (format_study.py's
 +klt: the eigenbasis of the query- or o_proj-weighted second moments, bit widths by water-filling) could gain
 over the rotation on Gemma 3 270M's keys and values, before measuring it on the model. Captures q, k, v per
 layer on 1024 tokens of GPL-2 (calibration) and of GPL-3 (evaluation), then prints per layer

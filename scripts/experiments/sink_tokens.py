@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-off experiment (issue 39, "Sink tokens: measured" in docs/eval.md): does keeping the first S tokens of
+"""One-off experiment (issue 39, "Sink tokens: measured" in docs/eval-log.md): does keeping the first S tokens of
 a sequence (the attention sinks: BOS and the next few) in f16 lower the model-level KL enough to pay for their
 bits? Not a permanent tool and not a cache format: it emulates one.
 
@@ -35,7 +35,7 @@ relative difference ~3e-7, float32 rounding). `--check-cache` computes each S = 
 prints the largest relative difference (5e-7 on Gemma 3 270M) and goes on with the cache's result, so its
 KL is `kvq eval`'s own. The emulation's S = 0 KL is not `kvq eval`'s to float noise: differences of 5e-7 move
 later layers' values across the codes' rounding boundaries, and a chunk's KL moves by ~5-10% with them
-(docs/eval.md, "Sink tokens: measured"); compare S > 0 with the emulation's own S = 0. The row "fake f32/f32"
+(docs/eval-log.md, "Sink tokens: measured"); compare S > 0 with the emulation's own S = 0. The row "fake f32/f32"
 (the emulation with f32 codecs against the kvq f32/f32 cache, ~4e-8) is the plumbing's noise floor.
 
 Variants: --full-only (sinks on the full-attention layers only), --sinks-in-stats (block 0 stored with its
@@ -43,7 +43,7 @@ sink rows), --seed (the codecs' rotations), --first-chunk (other chunks of the t
 
 bits/value: each layer's key and value bits (KVQCache.bits_per_value(layer=l)), with min(S, m) of the m tokens
 the layer holds at ctx (m = ctx, or its sliding window if shorter) at 16 bits instead, averaged over the
-layers: (1 - S/m) * b + S/m * 16 (the convention of --exact-tail in docs/eval.md).
+layers: (1 - S/m) * b + S/m * 16 (the convention of --exact-tail in docs/eval-log.md).
 """
 
 from __future__ import annotations
