@@ -95,11 +95,12 @@ bool supports_flash_attn(const ggml_tensor* op) {
     const int32_t prec = op->op_params[3];
     if (prec != GGML_PREC_DEFAULT && prec != GGML_PREC_F32) return false;
     if (q->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op)) return false;
-    // One head size for keys and values (kvq's codecs of a call share it), rows contiguous.
-    const int64_t d = k->ne[0];
-    if (v->ne[0] != d || q->ne[0] != d || op->ne[0] != d) return false;
+    // Queries and keys of one head size, values and results of theirs (DeepSeek's latent attention: 576
+    // and 512, V a view of K's leading values); rows contiguous.
+    const int64_t dk = k->ne[0], dv = v->ne[0];
+    if (q->ne[0] != dk || op->ne[0] != dv) return false;
     if (!row_contiguous(q) || !row_contiguous(k) || !row_contiguous(v)) return false;
-    if (!codec_for(k->type, d) || !codec_for(v->type, d)) return false;
+    if (!codec_for(k->type, dk) || !codec_for(v->type, dv)) return false;
     // Shapes: tokens k->ne[1] == v->ne[1]; kv heads dividing the query heads (GQA); one batch of
     // sequences per dim 3 (ggml asserts equal ne[3]).
     if (k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2] || k->ne[2] <= 0 || q->ne[2] % k->ne[2] != 0) return false;
@@ -142,9 +143,8 @@ void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
     float scale = 0.0f, softcap = 0.0f;
     std::memcpy(&scale, reinterpret_cast<const float*>(dst->op_params) + 0, sizeof(float));
     std::memcpy(&softcap, reinterpret_cast<const float*>(dst->op_params) + 2, sizeof(float));
-    const int64_t d = k->ne[0];
-    const kvq::Codec& keys = *codec_for(k->type, d);
-    const kvq::Codec& values = *codec_for(v->type, d);
+    const kvq::Codec& keys = *codec_for(k->type, k->ne[0]);
+    const kvq::Codec& values = *codec_for(v->type, v->ne[0]);
     const int n_heads = static_cast<int>(q->ne[2]);
     const int n_kv_heads = static_cast<int>(k->ne[2]);
     const size_t n_rows = static_cast<size_t>(q->ne[1]);
@@ -187,16 +187,16 @@ void check_flash_attn(const ggml_tensor* dst) {
     float scale = 0.0f, softcap = 0.0f;
     std::memcpy(&scale, reinterpret_cast<const float*>(dst->op_params) + 0, sizeof(float));
     std::memcpy(&softcap, reinterpret_cast<const float*>(dst->op_params) + 2, sizeof(float));
-    const int64_t d = k->ne[0], n_kv = k->ne[1], g = q->ne[2] / k->ne[2];
+    const int64_t d = k->ne[0], dv = v->ne[0], n_kv = k->ne[1], g = q->ne[2] / k->ne[2];
     const auto to_float_k = ggml_get_type_traits(k->type)->to_float;
     const auto to_float_v = ggml_get_type_traits(v->type)->to_float;
-    std::vector<float> kr(d), vr(d);
+    std::vector<float> kr(d), vr(dv);
     double max_err = 0, max_ref = 0;
     for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
         for (int64_t i1 = 0; i1 < q->ne[1]; ++i1) {
             for (int64_t h = 0; h < q->ne[2]; ++h) {
                 const auto* qr = reinterpret_cast<const float*>(static_cast<const char*>(q->data) + i1 * q->nb[1] + h * q->nb[2] + i3 * q->nb[3]);
-                std::vector<double> s(n_kv, -INFINITY), acc(d, 0.0);
+                std::vector<double> s(n_kv, -INFINITY), acc(dv, 0.0);
                 double mx = -INFINITY;
                 for (int64_t t = 0; t < n_kv; ++t) {
                     float m = 0.0f;
@@ -222,11 +222,11 @@ void check_flash_attn(const ggml_tensor* dst) {
                     if (s[t] == -INFINITY) continue;
                     const double w = std::exp(s[t] - mx);
                     sum += w;
-                    to_float_v(static_cast<const char*>(v->data) + t * v->nb[1] + (h / g) * v->nb[2] + i3 * v->nb[3], vr.data(), d);
-                    for (int64_t j = 0; j < d; ++j) acc[j] += w * vr[j];
+                    to_float_v(static_cast<const char*>(v->data) + t * v->nb[1] + (h / g) * v->nb[2] + i3 * v->nb[3], vr.data(), dv);
+                    for (int64_t j = 0; j < dv; ++j) acc[j] += w * vr[j];
                 }
                 const auto* o = reinterpret_cast<const float*>(static_cast<const char*>(dst->data) + h * dst->nb[1] + i1 * dst->nb[2] + i3 * dst->nb[3]);
-                for (int64_t j = 0; j < d; ++j) {
+                for (int64_t j = 0; j < dv; ++j) {
                     const double want = sum > 0 ? acc[j] / sum : 0.0;
                     max_err = std::max(max_err, std::fabs(o[j] - want));
                     max_ref = std::max(max_ref, std::fabs(want));

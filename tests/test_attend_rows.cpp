@@ -41,7 +41,22 @@ struct Rows {
             }
         }
     }
+    Rows() = default;
     kvq::RowsView view() const { return {bytes.data(), token_stride, head_stride}; }
+};
+
+// The values of DeepSeek's latent attention: the leading dv values of each key row, read in place (a view
+// of the key rows, as llama.cpp's V of an MLA layer); block codecs only, whose leading blocks are those values.
+struct LatentValues {
+    const Rows& keys;
+    int dk, dv;
+    Rows decoded_view() const {
+        Rows v;
+        const size_t rows = keys.decoded.size() / static_cast<size_t>(dk);
+        v.decoded.resize(rows * dv);
+        for (size_t r = 0; r < rows; ++r) std::copy_n(&keys.decoded[r * dk], dv, &v.decoded[r * dv]);
+        return v;
+    }
 };
 
 // The float reference (in double): per query row i and head h, softmax over the tokens the mask keeps of
@@ -50,7 +65,8 @@ std::vector<float> reference(const kvq::Codec& keys, const Rows& k, const Rows& 
                              const std::vector<float>& q, size_t n_rows, const std::vector<float>& mask, float scale,
                              float softcap, const float* sinks = nullptr) {
     const int d = keys.head_dim(), g = n_heads / n_kv;
-    std::vector<float> out(n_rows * n_heads * d, 0.0f), qe(d);
+    const int dv = static_cast<int>(v.decoded.size() / (n * n_kv));  // the values' head size (may differ)
+    std::vector<float> out(n_rows * n_heads * dv, 0.0f), qe(d);
     for (size_t i = 0; i < n_rows; ++i) {
         for (int h = 0; h < n_heads; ++h) {
             keys.effective_query(&q[(i * n_heads + h) * d], qe.data());
@@ -70,14 +86,14 @@ std::vector<float> reference(const kvq::Codec& keys, const Rows& k, const Rows& 
             if (mx == -INFINITY) continue;  // keeps nothing: zeros
             if (sinks) mx = std::max(mx, double(sinks[h]));
             double sum = sinks ? std::exp(sinks[h] - mx) : 0.0;  // the sink: a token without a value
-            std::vector<double> acc(d, 0.0);
+            std::vector<double> acc(dv, 0.0);
             for (size_t t = 0; t < n; ++t) {
                 if (s[t] == -INFINITY) continue;
                 const double w = std::exp(s[t] - mx);
                 sum += w;
-                for (int j = 0; j < d; ++j) acc[j] += w * v.decoded[(t * n_kv + kvh) * d + j];
+                for (int j = 0; j < dv; ++j) acc[j] += w * v.decoded[(t * n_kv + kvh) * dv + j];
             }
-            for (int j = 0; j < d; ++j) out[(i * n_heads + h) * d + j] = static_cast<float>(acc[j] / sum);
+            for (int j = 0; j < dv; ++j) out[(i * n_heads + h) * dv + j] = static_cast<float>(acc[j] / sum);
         }
     }
     return out;
@@ -391,4 +407,47 @@ TEST_CASE("attend_rows with options: attention sinks join each head's softmax as
     CHECK_THROWS_AS(kvq::attend_rows(keys, values, n_heads, n_kv, q.data(), k.view(), v.view(), n, out.data(), o),
                     std::invalid_argument);
     CHECK(out[0] == 7.0f);
+}
+
+TEST_CASE("attend_rows with options: keys and values of different head sizes, and values that are a view of the keys (MLA)") {
+    const int n_heads = 8, n_kv = 1;
+    const size_t n = 600, n_rows = 5;
+    // DeepSeek's latent cache (576-value latents whose first 512 are the value) and llama.cpp's other
+    // hsk != hsv cases (192/128, 64/128) on separate value rows.
+    struct Case {
+        int dk, dv;
+        const char* keys;
+        const char* values;
+        bool latent;
+    };
+    for (const Case c : {Case{576, 512, "q8_0", "q8_0", true}, Case{576, 512, "q4_0", "q4_0", true}, Case{576, 512, "f16", "f16", true},
+                         Case{192, 128, "q8_0", "q4_0", false}, Case{64, 128, "f16", "q5_0", false}}) {
+        CAPTURE(c.dk);
+        CAPTURE(c.keys);
+        CAPTURE(c.latent);
+        const auto keys = kvq::Codec::make(c.keys, c.dk);
+        const auto values = kvq::Codec::make(c.values, c.dv);
+        const Rows k(keys, n, n_kv, 11);
+        const Rows v = c.latent ? LatentValues{k, c.dk, c.dv}.decoded_view() : Rows(values, n, n_kv, 12);
+        const kvq::RowsView vv = c.latent ? k.view() : v.view();  // the latent: the keys' own bytes
+        const auto q = kvq::test::gaussian(n_rows * n_heads * c.dk, 13, 0.3f);
+        const auto mask = make_mask(n_rows, n, n - n_rows, 0, n_rows, 14);
+        const auto mask16 = to_f16(mask);
+        const float scale = 1.0f / std::sqrt(float(c.dk));
+        const auto want = reference(keys, k, v, n_heads, n_kv, n, q, n_rows, mask, scale, 0.0f);
+        for (const int threads : {1, 2}) {
+            kvq::AttendOptions o;
+            o.n_queries = n_rows;
+            o.mask = mask16.data();
+            o.threads = threads;
+            std::vector<float> got(n_rows * n_heads * c.dv, NAN);
+            kvq::attend_rows(keys, values, n_heads, n_kv, q.data(), k.view(), vv, n, got.data(), o);
+            CHECK(max_abs_diff(got, want) < 2e-5f);
+            // one query row, no mask: the decode step
+            std::vector<float> one(n_heads * c.dv, NAN);
+            kvq::attend_rows(keys, values, n_heads, n_kv, q.data(), k.view(), vv, n, one.data());
+            const auto want1 = reference(keys, k, v, n_heads, n_kv, n, q, 1, {}, scale, 0.0f);
+            CHECK(max_abs_diff(one, want1) < 2e-5f);
+        }
+    }
 }
