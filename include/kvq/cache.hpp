@@ -117,7 +117,17 @@ struct CacheConfig {
     int n_layers = 1;
     int n_kv_heads = 1;
     int n_heads = 0;      // query heads; 0 means n_kv_heads. Must be a multiple of n_kv_heads (GQA)
-    int head_dim = 128;
+    int head_dim = 128;   // of keys and queries
+    // Of values and attention results; 0 means head_dim. DeepSeek's latent attention (MLA) attends with
+    // 576-value keys and 512-value values.
+    int head_dim_v = 0;
+    // MLA's latent cache: per token and kv head one stored row of head_dim values (the latent and its
+    // rotary part) serves as the key, and its first head_dim_v values, read in place, as the value; no
+    // value bytes are stored, and append takes v = null. Needs a key codec whose leading head_dim_v values
+    // are rows of their own: f32, f16, bf16 or a block codec of ggml's (q8_0, q4_0, q4_1, q5_0, q5_1,
+    // iq4_nl, iq4_nls; not rotated), head_dim_v a multiple of its block and at most head_dim, value_codec
+    // (and each layer's) empty or the key codec's, and no center_keys, key_scales, chanB or +sinkN keys.
+    bool latent_values = false;
     // A codec spec of the codec table (kvq/codec.hpp), or, for keys only, "chan2" .. "chan8": per-channel
     // keys (KIVI-style), per block and kv head an fp16 minimum and step per channel and a B-bit code per
     // value, scored as q·min + (q ⊙ step)·codes. They need seal = on_block_full (a block's ranges are known
@@ -257,7 +267,8 @@ public:
     // the pool: PoolExhausted, with nothing changed, where a limit leaves no room).
     void truncate(SequenceId seq, size_t n_tokens);
 
-    // k, v: n_tokens × n_kv_heads × head_dim floats (C order). n_tokens whose buffers could not exist
+    // k: n_tokens × n_kv_heads × head_dim floats, v: n_tokens × n_kv_heads × head_dim_v (C order; null with
+    // latent_values, whose values are the keys' leading values). n_tokens whose buffers could not exist
     // (their byte size overflows) or that would take the sequence past kMaxSequenceTokens throw
     // std::invalid_argument before anything is read.
     void append(int layer, SequenceId seq, const float* k, const float* v, size_t n_tokens);
@@ -267,15 +278,16 @@ public:
     void append(int layer, SequenceId seq, const uint16_t* k, const uint16_t* v, size_t n_tokens, HalfType type);
 
     // Decode attention over every token of the sequence in this layer (its window, if it has one).
-    // q, out: n_heads × head_dim floats. Finite queries over finite keys and values give a finite output:
+    // q: n_heads × head_dim floats, out: n_heads × head_dim_v. Finite queries over finite keys and values give a finite output:
     // a head whose scores overflow float (a query of 1e38, say) is recomputed in double precision.
     void attend(int layer, SequenceId seq, const float* q, float* out) const;
     // Causal attention for the last n_queries tokens of the sequence (prefill): query i sees the tokens
     // up to and including its own position (within the layer's window). With a window, the queries may
-    // reach back to the first token of the latest append. q, out: n_queries × n_heads × head_dim floats.
+    // reach back to the first token of the latest append. q: n_queries × n_heads × head_dim floats, out:
+    // n_queries × n_heads × head_dim_v.
     void attend_prefill(int layer, SequenceId seq, const float* q, size_t n_queries, float* out) const;
-    // Decode attention of many sequences of one layer in one call: q, out: seqs.size() × n_heads ×
-    // head_dim floats (sequence i's query vectors at i·n_heads·head_dim). The work is split across
+    // Decode attention of many sequences of one layer in one call: q: seqs.size() × n_heads × head_dim
+    // floats (sequence i's query vectors at i·n_heads·head_dim), out: seqs.size() × n_heads × head_dim_v. The work is split across
     // sequences, block ranges and kv heads; each result is bit-identical to attend() of that sequence.
     // A sequence may appear once.
     void attend_batch(int layer, std::span<const SequenceId> seqs, const float* q, float* out) const;

@@ -72,10 +72,10 @@ bool re_quantizes_on_reopen(const detail::CacheImpl& c, const detail::LayerKind&
 }
 
 // The first n key and value rows of kv head h of a block as attention reads them (the key format's
-// exact read-back), into keys and values (n × head_dim each).
+// exact read-back), into keys (n × head_dim) and values (n × head_dim_v; null: not read).
 void read_block_rows(const detail::LayerKind& kind, const uint8_t* block, int h, size_t n, float* keys, float* values) {
     kind.keys->read_rows(kind.key_head(block, h), 0, n, keys);
-    kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), 0, n, values);
+    if (values) kind.values->read_rows(kind.value_rows(block, h), kind.layout.v_row_stride ? kind.layout.v_row_stride : kind.value.row_bytes(), 0, n, values);
 }
 
 // A row as a block reads it may pass the limit append admits by a rounding (an fp16 step, scale or mean
@@ -144,8 +144,8 @@ AppendPlan plan_append(const detail::CacheImpl& c, const detail::LayerState& st,
 void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, detail::LayerState& st, const AppendPlan& p,
                   const float* k, const float* v) {
     const size_t bt = c.bt();
-    const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim;
-    const size_t token_floats = static_cast<size_t>(n_kv) * d;
+    const int n_kv = c.cfg.n_kv_heads, d = c.cfg.head_dim, dv = c.dv();
+    const size_t token_floats = static_cast<size_t>(n_kv) * d, token_floats_v = static_cast<size_t>(n_kv) * dv;
     // Staged blocks are sealed in position order as soon as they are full and due, before the next
     // block's rows are written (its ring slot may be theirs: staging_blocks is large enough that a
     // block's slot is free by the time it is written).
@@ -163,15 +163,15 @@ void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, det
         if (block >= p.keep_block) {
             const size_t index = block - st.first_pos / bt;
             if (!p.staging || (p.partial_pool_block && block == p.old_pool_end / bt)) {
-                c.write_rows(kind, st, index, row, k + t * token_floats, v + t * token_floats, count);
+                c.write_rows(kind, st, index, row, k + t * token_floats, v ? v + t * token_floats_v : nullptr, count);
             } else {
                 const detail::CodecImpl& staged = detail::impl_of(c.exact);  // f32: a copy; f16: rounded
-                const size_t rb = c.exact.row_bytes();
+                const detail::CodecImpl& staged_v = detail::impl_of(c.exact_v);
+                const size_t rb = c.exact.row_bytes(), rb_v = c.exact_v.row_bytes();
                 for (size_t i = 0; i < count; ++i) {
                     for (int h = 0; h < n_kv; ++h) {
-                        const size_t src = (t + i) * token_floats + h * d;
-                        staged.quantize_rows(k + src, 1, c.staged_row(st, true, h, pos + i), rb);
-                        staged.quantize_rows(v + src, 1, c.staged_row(st, false, h, pos + i), rb);
+                        staged.quantize_rows(k + (t + i) * token_floats + h * d, 1, c.staged_row(st, true, h, pos + i), rb);
+                        if (v) staged_v.quantize_rows(v + (t + i) * token_floats_v + h * dv, 1, c.staged_row(st, false, h, pos + i), rb_v);
                     }
                 }
             }
@@ -185,15 +185,16 @@ void write_tokens(const detail::CacheImpl& c, const detail::LayerKind& kind, det
 
 void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st, size_t block_index, size_t row, const float* k,
                                const float* v, size_t n) const {
-    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
+    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim, dv = this->dv();
     uint8_t* block = st.data[block_index];
-    std::vector<float> rows(n * d);
+    std::vector<float> rows(n * std::max(d, dv));
     // Only key formats that write rows get here: a re-opened block of the others goes back to the staging
-    // instead (plan_append).
+    // instead (plan_append). A latent cache's values are its keys (v is null).
     for (int h = 0; h < n_kv; ++h) {
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], k + (t * n_kv + h) * d, d * sizeof(float));
         kind.keys->write_rows(rows.data(), row, n, kind.key_head(block, h));
-        for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * d], v + (t * n_kv + h) * d, d * sizeof(float));
+        if (!v) continue;
+        for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * dv], v + (t * n_kv + h) * dv, dv * sizeof(float));
         kind.values->write_rows(rows.data(), row, n, kind.value_rows(block, h), kind.value.row_bytes());
     }
 }
@@ -203,24 +204,29 @@ const uint8_t* detail::CacheImpl::staging_slot(const detail::LayerState& st, siz
 }
 
 const uint8_t* detail::CacheImpl::staged_row(const detail::LayerState& st, bool keys, int h, size_t pos) const {
-    return staging_slot(st, pos) + (keys ? 0 : staging_block_bytes / 2) + static_cast<size_t>(h) * staging_layout.k_head_stride +
-           pos % bt() * exact.row_bytes();
+    const uint8_t* slot = staging_slot(st, pos);
+    if (keys) return staging_layout.key_head(slot, h, exact.row_bytes()).rows + pos % bt() * exact.row_bytes();
+    return staging_layout.value_rows(slot, h) + pos % bt() * staged_value_stride();
 }
 
 void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int h, size_t pos, size_t n, float* out) const {
-    detail::impl_of(exact).dequantize_rows(staged_row(st, keys, h, pos), exact.row_bytes(), n, out);
+    if (keys) {
+        detail::impl_of(exact).dequantize_rows(staged_row(st, true, h, pos), exact.row_bytes(), n, out);
+    } else {
+        detail::impl_of(exact_v).dequantize_rows(staged_row(st, false, h, pos), staged_value_stride(), n, out);
+    }
 }
 
 void detail::CacheImpl::seal(const LayerKind& kind, const detail::LayerState& st, size_t pos, uint8_t* block) const {
-    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
-    const size_t rows_per_head = bt() * d;
+    const int n_kv = cfg.n_kv_heads;
     thread_local std::vector<float> keys, values;
-    keys.resize(rows_per_head);
-    values.resize(rows_per_head);
+    keys.resize(bt() * cfg.head_dim);
+    values.resize(bt() * dv());
     for (int h = 0; h < n_kv; ++h) {
         staged_rows(st, true, h, pos, bt(), keys.data());
-        staged_rows(st, false, h, pos, bt(), values.data());
         kind.keys->seal(keys.data(), bt(), pos, kind.key_head(block, h));
+        if (latent()) continue;  // its values are the keys just sealed
+        staged_rows(st, false, h, pos, bt(), values.data());
         kind.values->write_rows(values.data(), 0, bt(), kind.value_rows(block, h), kind.value.row_bytes());
     }
 }
@@ -230,12 +236,16 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     const WriteHeld held = write("append", id);
     detail::Sequence& seq = *held.seq;
     if (n == 0) return;
-    if (!k || !v) throw std::invalid_argument("KVCache::append: k or v is a null pointer");
-    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim;
+    if (!k || (!v && !latent())) throw std::invalid_argument("KVCache::append: k or v is a null pointer");
+    if (v && latent()) {
+        throw std::invalid_argument("KVCache::append: a latent cache (latent_values) takes v = null: its values are the "
+                                    "keys' leading values");
+    }
+    const int n_kv = cfg.n_kv_heads, d = cfg.head_dim, dv = this->dv();
     const size_t token_floats = static_cast<size_t>(n_kv) * d;
     // Before a single value is read: n tokens of k and v must be buffers that can exist.
-    const detail::CheckedSize bytes = detail::CheckedSize(n) * token_floats * sizeof(float);
-    detail::check_buffer_sizes({{"k and v", bytes, "n_tokens x n_kv_heads x head_dim floats"}},
+    detail::check_buffer_sizes({{"k", detail::CheckedSize(n) * token_floats * sizeof(float), "n_tokens x n_kv_heads x head_dim floats"},
+                                {"v", detail::CheckedSize(v ? n : 0) * n_kv * dv * sizeof(float), "n_tokens x n_kv_heads x head_dim_v floats"}},
                                [&] { return "KVCache::append: n_tokens = " + std::to_string(n); });
     if (n > kMaxSequenceTokens - seq.layers[layer].n_tokens) {
         throw std::invalid_argument("KVCache::append: " + std::to_string(n) + " more tokens would take layer " +
@@ -247,7 +257,7 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     const LayerKind& kd = kind(layer);
     k = scale_keys(layer, k, n, k_scaled);  // the keys as stored: every check below is of k ⊙ s
     k = check_rows(k, scales_keys(layer) ? "k (times key_scales)" : "k", n, n_kv, d, cfg.nan_policy, kd.key_limit, kd.store_nonfinite_k, k_clean, poisoned);
-    v = check_rows(v, "v", n, n_kv, d, cfg.nan_policy, kd.value_limit, kd.store_nonfinite_v, v_clean, poisoned);
+    if (v) v = check_rows(v, "v", n, n_kv, dv, cfg.nan_policy, kd.value_limit, kd.store_nonfinite_v, v_clean, poisoned);
 
     detail::LayerState& st = seq.layers[layer];
     const AppendPlan p = plan_append(*this, st, layer, n);
@@ -259,16 +269,16 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     std::vector<float> restaged_k, restaged_v;
     if (p.restaged) {
         give_back.push_back(st.table.back());
-        const size_t head_floats = p.restaged * static_cast<size_t>(d);
+        const size_t head_floats = p.restaged * static_cast<size_t>(d), head_floats_v = latent() ? 0 : p.restaged * static_cast<size_t>(dv);
         restaged_k.resize(n_kv * head_floats);
-        restaged_v.resize(n_kv * head_floats);
+        restaged_v.resize(n_kv * head_floats_v);
         for (int h = 0; h < n_kv; ++h) {
             read_block_rows(kd, st.data.back(), h, p.restaged, restaged_k.data() + h * head_floats,
-                            restaged_v.data() + h * head_floats);
+                            latent() ? nullptr : restaged_v.data() + h * head_floats_v);
         }
         for (size_t r = 0; r < n_kv * p.restaged; ++r) {
             bring_within(&restaged_k[r * d], d, kd.key_limit);
-            bring_within(&restaged_v[r * d], d, kd.value_limit);
+            if (!latent()) bring_within(&restaged_v[r * dv], dv, kd.value_limit);
         }
     }
     // The blocks and any new staging from the pool in one step (all or nothing).
@@ -293,11 +303,12 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     if (p.restaged) {
         st.table.pop_back();
         st.data.pop_back();
-        const detail::CodecImpl& staged = detail::impl_of(exact);
         for (int h = 0; h < n_kv; ++h) {
-            const size_t at = h * p.restaged * static_cast<size_t>(d);
-            staged.quantize_rows(restaged_k.data() + at, p.restaged, staged_row(st, true, h, p.old_pool_end), exact.row_bytes());
-            staged.quantize_rows(restaged_v.data() + at, p.restaged, staged_row(st, false, h, p.old_pool_end), exact.row_bytes());
+            detail::impl_of(exact).quantize_rows(restaged_k.data() + h * p.restaged * static_cast<size_t>(d), p.restaged,
+                                                 staged_row(st, true, h, p.old_pool_end), exact.row_bytes());
+            if (latent()) continue;
+            detail::impl_of(exact_v).quantize_rows(restaged_v.data() + h * p.restaged * static_cast<size_t>(dv), p.restaged,
+                                                   staged_row(st, false, h, p.old_pool_end), exact_v.row_bytes());
         }
     }
     st.first_pos = std::max(st.first_pos, p.keep_from);

@@ -52,7 +52,7 @@ void fill_nan(float* out, size_t n) {
 // ones a non-finite row makes NaN anyway, so the fast path's bits are untouched otherwise). Then rows that
 // held NaN/Inf in a codec that could not store them make their kv head's output NaN.
 void detail::CacheImpl::finish_output(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out) const {
-    const size_t group = static_cast<size_t>(g()) * cfg.head_dim;
+    const size_t group = static_cast<size_t>(g()) * dv();
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
         if (all_finite(out + h * group, group)) continue;
         const bool poisoned = std::any_of(st.poisoned.begin(), st.poisoned.end(),
@@ -60,7 +60,7 @@ void detail::CacheImpl::finish_output(const LayerKind& kind, const detail::Layer
         if (!poisoned) attend_head_exact(kind, st, std::max(lo, st.first_pos), hi, q, out, h);
     }
     for (const auto& [pos, h] : st.poisoned) {
-        if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * cfg.head_dim, g() * cfg.head_dim);
+        if (pos >= lo && pos < hi) fill_nan(out + static_cast<size_t>(h) * g() * dv(), g() * dv());
     }
 }
 
@@ -102,7 +102,7 @@ void detail::CacheImpl::attend_range(const LayerKind& kind, const detail::LayerS
     uint8_t* slots_here[8];
     std::vector<uint8_t*> slots_heap(staging_blocks > 8 ? staging_blocks : 0);
     const size_t n_sources = row_sources(kind, st, lo, hi, sources, staging_blocks > 8 ? slots_heap.data() : slots_here);
-    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap, dv()};
     detail::decode_attention(shape, std::span<const detail::RowSource>(sources, n_sources), q, out, run(), threads,
                              &decode_scratch);
     finish_output(kind, st, lo, hi, q, out);
@@ -110,9 +110,9 @@ void detail::CacheImpl::attend_range(const LayerKind& kind, const detail::LayerS
 
 void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::LayerState& st, size_t lo, size_t hi, const float* q, float* out,
                                       int h) const {
-    const size_t d = static_cast<size_t>(cfg.head_dim), g = static_cast<size_t>(this->g()), bt = this->bt();
-    const size_t pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
-    std::vector<float> row(d);
+    const size_t d = static_cast<size_t>(cfg.head_dim), dv = static_cast<size_t>(this->dv()), g = static_cast<size_t>(this->g());
+    const size_t bt = this->bt(), pool_end = st.pool_end(), n = hi > lo ? hi - lo : 0;
+    std::vector<float> row(std::max(d, dv));
     // The key (or value) row of position p as attention reads it, in the caller's basis.
     const auto read_row = [&](size_t p, bool keys) -> const float* {
         if (p >= pool_end) {
@@ -124,11 +124,12 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
         if (keys) {
             kind.keys->read_rows(kind.key_head(block, h), r, 1, row.data());
         } else {
-            kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), r, 1, row.data());
+            kind.values->read_rows(kind.value_rows(block, h), kind.layout.v_row_stride ? kind.layout.v_row_stride : kind.value.row_bytes(),
+                                   r, 1, row.data());
         }
         return row.data();
     };
-    std::vector<double> s(g * n), acc(g * d, 0.0), top(g, -std::numeric_limits<double>::infinity()), sum(g, 0.0);
+    std::vector<double> s(g * n), acc(g * dv, 0.0), top(g, -std::numeric_limits<double>::infinity()), sum(g, 0.0);
     for (size_t t = 0; t < n; ++t) {
         const float* k = read_row(lo + t, true);
         for (size_t i = 0; i < g; ++i) {
@@ -146,13 +147,13 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
         for (size_t i = 0; i < g; ++i) {
             const double w = std::exp(s[i * n + t] - top[i]);
             sum[i] += w;
-            for (size_t j = 0; j < d; ++j) acc[i * d + j] += w * v[j];
+            for (size_t j = 0; j < dv; ++j) acc[i * dv + j] += w * v[j];
         }
     }
     for (size_t i = 0; i < g; ++i) {
-        float* o = out + (h * g + i) * d;
-        for (size_t j = 0; j < d; ++j) {
-            o[j] = n ? static_cast<float>(std::clamp(acc[i * d + j] / sum[i], -double(FLT_MAX), double(FLT_MAX))) : 0.0f;
+        float* o = out + (h * g + i) * dv;
+        for (size_t j = 0; j < dv; ++j) {
+            o[j] = n ? static_cast<float>(std::clamp(acc[i * dv + j] / sum[i], -double(FLT_MAX), double(FLT_MAX))) : 0.0f;
         }
     }
 }
@@ -175,7 +176,7 @@ void detail::CacheImpl::attend(int layer, SequenceId id, const float* q, float* 
     const size_t n = st.n_tokens, w = window(layer);
     attend_range(kind(layer), st, w && n > w ? n - w : 0, n, q, out, cfg.threads);
     for (size_t h = 0; h < nan_head.size(); ++h) {
-        if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
+        if (nan_head[h]) fill_nan(out + h * dv(), dv());
     }
 }
 
@@ -187,8 +188,10 @@ void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q,
     if (!q || !out) throw std::invalid_argument("KVCache::attend_prefill: q or out is a null pointer");
     const detail::LayerState& st = seq.layers[layer];
     const size_t n = st.n_tokens, w = window(layer);
-    detail::check_buffer_sizes({{"q and out", detail::CheckedSize(n_queries) * cfg.n_heads * cfg.head_dim * sizeof(float),
-                                 "n_queries x n_heads x head_dim floats"}},
+    detail::check_buffer_sizes({{"q", detail::CheckedSize(n_queries) * cfg.n_heads * cfg.head_dim * sizeof(float),
+                                 "n_queries x n_heads x head_dim floats"},
+                                {"out", detail::CheckedSize(n_queries) * cfg.n_heads * dv() * sizeof(float),
+                                 "n_queries x n_heads x head_dim_v floats"}},
                                [] { return "KVCache::attend_prefill"; });
     if (n_queries > n) {
         throw std::invalid_argument("KVCache::attend_prefill: " + std::to_string(n_queries) +
@@ -204,7 +207,7 @@ void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q,
             " tokens) has released the tokens before position " + std::to_string(st.first_pos) + ", which query 0 needs: "
             "attend_prefill reaches back to the window of the first token of the latest append at most");
     }
-    const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
+    const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim, vec_out = static_cast<size_t>(cfg.n_heads) * dv();
     std::vector<float> clean;
     std::vector<char> nan_head;
     q = check_query("attend_prefill", q, n_queries * cfg.n_heads, cfg.head_dim, cfg.nan_policy, clean, nan_head);
@@ -222,14 +225,14 @@ void detail::CacheImpl::attend_prefill(int layer, SequenceId id, const float* q,
     task.rows.n_rows = n_queries;
     task.rows.causal_end = p0 + 1 - lo;
     task.rows.window = w;
-    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap, dv()};
     detail::attend(shape, std::span<const detail::AttendTask>(&task, 1), run(), cfg.threads, &decode_scratch);
     for (size_t i = 0; i < n_queries; ++i) {
         const size_t p = p0 + i;
-        finish_output(kind(layer), st, window_start(p), p + 1, q + i * vec, out + i * vec);
+        finish_output(kind(layer), st, window_start(p), p + 1, q + i * vec, out + i * vec_out);
     }
     for (size_t h = 0; h < nan_head.size(); ++h) {
-        if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
+        if (nan_head[h]) fill_nan(out + h * dv(), dv());
     }
 }
 
@@ -241,10 +244,12 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
     check_layer("attend_batch", layer);
     if (ids.empty()) return;
     if (!q || !out) throw std::invalid_argument("KVCache::attend_batch: q or out is a null pointer");
-    detail::check_buffer_sizes({{"q and out", detail::CheckedSize(ids.size()) * cfg.n_heads * cfg.head_dim * sizeof(float),
-                                 "sequences x n_heads x head_dim floats"}},
+    detail::check_buffer_sizes({{"q", detail::CheckedSize(ids.size()) * cfg.n_heads * cfg.head_dim * sizeof(float),
+                                 "sequences x n_heads x head_dim floats"},
+                                {"out", detail::CheckedSize(ids.size()) * cfg.n_heads * dv() * sizeof(float),
+                                 "sequences x n_heads x head_dim_v floats"}},
                                [] { return "KVCache::attend_batch"; });
-    const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim;
+    const size_t vec = static_cast<size_t>(cfg.n_heads) * cfg.head_dim, vec_out = static_cast<size_t>(cfg.n_heads) * dv();
     // This call's buffers, kept by the cache between calls: a decode step of a batch allocates nothing.
     const auto lease = batch_scratch.lease();
     BatchScratch& sc = *lease;
@@ -299,13 +304,13 @@ void detail::CacheImpl::attend_batch(int layer, std::span<const SequenceId> ids,
                                          &staging[i * staging_blocks]);
         tasks[i] = {std::span<const detail::RowSource>(&sources[2 * i], count), {}};
         tasks[i].rows.q = q + i * vec;
-        tasks[i].rows.out = out + i * vec;
+        tasks[i].rows.out = out + i * vec_out;
     }
-    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap};
+    const detail::AttentionShape shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.scale, cfg.softcap, dv()};
     detail::attend(shape, tasks, run(), cfg.threads, &decode_scratch);
-    for (size_t i = 0; i < ids.size(); ++i) finish_output(kind(layer), *layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec);
+    for (size_t i = 0; i < ids.size(); ++i) finish_output(kind(layer), *layers[i], ranges[i].first, ranges[i].second, q + i * vec, out + i * vec_out);
     for (size_t h = 0; h < nan_head.size(); ++h) {
-        if (nan_head[h]) fill_nan(out + h * cfg.head_dim, cfg.head_dim);
+        if (nan_head[h]) fill_nan(out + h * dv(), dv());
     }
 }
 

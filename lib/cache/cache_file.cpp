@@ -211,6 +211,10 @@ std::vector<uint8_t> encode_header(const Header& h) {
         e.u32(static_cast<uint32_t>(c.key_scales.size()));
         for (float x : c.key_scales) e.f32(x);
     }
+    if (h.version >= kValueHeadFormatVersion) {
+        e.i32(c.head_dim_v);
+        e.u32(c.latent_values ? 1 : 0);
+    }
     const uint32_t size = static_cast<uint32_t>(e.bytes.size() + 4);
     for (int i = 0; i < 4; ++i) e.bytes[12 + i] = static_cast<uint8_t>(size >> (8 * i));
     e.crc();
@@ -327,6 +331,11 @@ Header decode_header(std::span<const uint8_t> bytes) {
                     " (key scales must be positive and finite, and so their reciprocals)");
             }
         }
+    }
+    c.head_dim_v = c.head_dim;
+    if (h.version >= kValueHeadFormatVersion) {
+        c.head_dim_v = dim_field(d, "head_dim_v");
+        c.latent_values = flag_field(d, "latent_values");
     }
     if (d.left() != 0) bad("header: " + std::to_string(d.left()) + " bytes after the last field");
     check_layout(h);

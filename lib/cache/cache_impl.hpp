@@ -122,7 +122,8 @@ struct CacheImpl {
     std::shared_ptr<const KeyFormat> key_format;  // the default key format (cfg.key_codec)
     Codec key;    // the default codecs (cfg.key_codec's rows, cfg.value_codec)
     Codec value;
-    Codec exact;  // f32 or f16 (CacheConfig::staging): the open block's rows
+    Codec exact;  // f32 or f16 (CacheConfig::staging): the open block's rows (keys: head_dim values)
+    Codec exact_v;  // the same of head_dim_v values (the staging's values)
     std::shared_ptr<const KeyFormat> exact_keys;  // exact's rows as a key format (the staging's keys)
     std::shared_ptr<const ValueFormat> exact_values;  // and as a value format (the staging's values)
     // Kinds in the order of the first layer of each; the pool's size class c is kind c.
@@ -175,6 +176,10 @@ struct CacheImpl {
     const float* scale_queries(const char* what, int layer, const float* q, size_t n, std::vector<float>& buf) const;
 
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
+    int dv() const { return cfg.head_dim_v; }  // the values' head size (validated: never 0)
+    bool latent() const { return cfg.latent_values; }
+    // Bytes from one staged value row to the next (a latent's: its key rows').
+    size_t staged_value_stride() const { return staging_layout.v_row_stride ? staging_layout.v_row_stride : exact_v.row_bytes(); }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
     size_t sequence_metadata_bytes() const;  // the bookkeeping of one sequence (bytes_used counts it)
     // What a sequence's block tables cost per block they reference (a fork copies its parent's tables).

@@ -84,8 +84,8 @@ bool all_finite(const float* x, size_t n) {
 BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file_block, uint32_t live) {
     const detail::LayerKind& kind = c.kinds[k];
     BadRows bad;
-    const size_t d = static_cast<size_t>(c.cfg.head_dim);
-    std::vector<float> rows(static_cast<size_t>(live) * d);
+    const size_t d = static_cast<size_t>(c.cfg.head_dim), dv = static_cast<size_t>(c.dv());
+    std::vector<float> rows(static_cast<size_t>(live) * std::max(d, dv));
     // The block in the pool's layout (a copy, where the key format's differs from the file's).
     std::vector<uint8_t> copy;
     const uint8_t* block = file_block;
@@ -98,8 +98,10 @@ BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file
         std::vector<char> row_bad(live, 0);
         kind.keys->read_rows(kind.key_head(block, h), 0, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
-        kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), 0, live, rows.data());
-        for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
+        if (!c.latent()) {  // a latent's values are its keys' leading values, just checked
+            kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), 0, live, rows.data());
+            for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * dv, dv);
+        }
         for (uint32_t r = 0; r < live; ++r) {
             if (row_bad[r]) bad.emplace_back(r, h);
         }
@@ -113,17 +115,17 @@ BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file
 BadRows bad_staged_rows(const detail::CacheImpl& c, const detail::LayerKind& kind, const uint8_t* staging, uint64_t pool_end,
                         uint32_t staged) {
     BadRows bad;
-    const size_t d = static_cast<size_t>(c.cfg.head_dim), half = c.staging_block_bytes / 2, bt = c.bt();
-    std::vector<float> k(d), v(d);
+    const size_t d = static_cast<size_t>(c.cfg.head_dim), dv = static_cast<size_t>(c.dv()), bt = c.bt();
+    std::vector<float> k(d), v(dv);
     for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
         for (uint32_t r = 0; r < staged; ++r) {
             const uint64_t pos = pool_end + r;
-            const uint8_t* row = staging + (pos / bt) % c.staging_blocks * c.staging_block_bytes +
-                                 h * c.staging_layout.k_head_stride + pos % bt * c.exact.row_bytes();
-            c.exact.dequantize_rows(row, 1, k.data());
-            c.exact.dequantize_rows(row + half, 1, v.data());
-            const bool ok = all_finite(k.data(), d) && all_finite(v.data(), d) &&
-                            kind.key_limit.admits(k.data(), static_cast<int>(d)) && kind.value_limit.admits(v.data(), static_cast<int>(d));
+            const uint8_t* slot = staging + (pos / bt) % c.staging_blocks * c.staging_block_bytes;
+            c.exact.dequantize_rows(c.staging_layout.key_head(slot, h, c.exact.row_bytes()).rows + pos % bt * c.exact.row_bytes(), 1, k.data());
+            c.exact_v.dequantize_rows(c.staging_layout.value_rows(slot, h) + pos % bt * c.staged_value_stride(), 1, v.data());
+            const bool ok = all_finite(k.data(), d) && all_finite(v.data(), dv) &&
+                            kind.key_limit.admits(k.data(), static_cast<int>(d)) &&
+                            (c.latent() || kind.value_limit.admits(v.data(), static_cast<int>(dv)));
             if (!ok) bad.emplace_back(r, h);
         }
     }

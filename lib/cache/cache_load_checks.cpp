@@ -106,6 +106,8 @@ void check_matches(const detail::CacheImpl& c, const Header& h) {
     same_int("n_kv_heads", f.n_kv_heads, c.cfg.n_kv_heads);
     same_int("n_heads", f.n_heads, c.cfg.n_heads);
     same_int("head_dim", f.head_dim, c.cfg.head_dim);
+    same_int("head_dim_v", f.head_dim_v, c.cfg.head_dim_v);
+    same_int("latent_values", f.latent_values, c.cfg.latent_values);
     if (f.key_codec != c.key_format->name()) differ("key_codec", "'" + f.key_codec + "'", "'" + c.key_format->name() + "'");
     if (f.value_codec != c.value.name()) differ("value_codec", "'" + f.value_codec + "'", "'" + c.value.name() + "'");
     // Each layer's codecs as the file names them (its own, or the defaults) against the cache's.

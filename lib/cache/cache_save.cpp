@@ -36,12 +36,12 @@ namespace {
 // which no read ever sees).
 void staging_payload(const detail::CacheImpl& c, const detail::LayerState& st, std::vector<uint8_t>& out) {
     out.assign(c.staging_payload_bytes(), 0);
-    const size_t rb = c.exact.row_bytes();
     for (size_t pos = st.pool_end(); pos < st.n_tokens; ++pos) {
         for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
             for (const bool keys : {true, false}) {
+                if (!keys && c.latent()) continue;  // a latent's values are its key rows
                 const uint8_t* row = c.staged_row(st, keys, h, pos);
-                std::memcpy(out.data() + (row - st.staging.data()), row, rb);
+                std::memcpy(out.data() + (row - st.staging.data()), row, keys ? c.exact.row_bytes() : c.exact_v.row_bytes());
             }
         }
     }
@@ -127,7 +127,8 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     detail::file::Header h;
     // The oldest version that holds the cache (3 without an exact tail or key scales), so an older kvq
     // reads its files.
-    h.version = !cfg.key_scales.empty() ? detail::file::kKeyScalesFormatVersion
+    h.version = cfg.head_dim_v != cfg.head_dim || cfg.latent_values ? detail::file::kValueHeadFormatVersion
+                : !cfg.key_scales.empty() ? detail::file::kKeyScalesFormatVersion
                 : cfg.exact_tail_tokens  ? detail::file::kExactTailFormatVersion
                                          : detail::file::kExactTailFormatVersion - 1;
     if (cfg.key_scales.size() > detail::file::kMaxHeaderBytes / 4 - 4096) {

@@ -24,7 +24,7 @@ void check_dim(const char* what, int x) {
     if (x < 1 || x > kMaxCacheDim) {
         const std::string message = std::string("CacheConfig: ") + what + " must be in 1.." +
                                     std::to_string(kMaxCacheDim) + ", got " + std::to_string(x);
-        if (std::string_view(what) == "head_dim") throw BadHeadDim(message);
+        if (std::string_view(what).starts_with("head_dim")) throw BadHeadDim(message);
         throw BadParams(message);
     }
 }
@@ -40,6 +40,17 @@ CacheConfig checked_fields(CacheConfig c) {
     }
     check_dim("n_heads", c.n_heads);
     check_dim("head_dim", c.head_dim);
+    if (c.head_dim_v == 0) c.head_dim_v = c.head_dim;
+    check_dim("head_dim_v", c.head_dim_v);
+    if (c.latent_values) {
+        if (c.head_dim_v > c.head_dim) {
+            bad_config("latent_values: head_dim_v (" + std::to_string(c.head_dim_v) + ") must be at most head_dim (" +
+                       std::to_string(c.head_dim) + "): the values are the keys' leading values");
+        }
+        if (c.center_keys || !c.key_scales.empty()) {
+            bad_config("latent_values takes no center_keys or key_scales: the values are the stored keys' leading values");
+        }
+    }
     if (c.block_tokens < 1 || c.block_tokens > kMaxBlockTokens) {
         bad_config("block_tokens must be in 1.." + std::to_string(kMaxBlockTokens) + ", got " + std::to_string(c.block_tokens));
     }
@@ -116,8 +127,9 @@ namespace {
 
 // The key format of a spec as the cache's pool holds it (lib/codec/key_formats.cpp is the registration).
 std::shared_ptr<const detail::KeyFormat> make_keys(const CacheConfig& c, const std::string& spec) {
+    // A latent cache's pool keeps its key rows as ggml's (not in q8_0's groups), as its values read them.
     std::shared_ptr<const detail::KeyFormat> keys =
-        detail::make_key_format(spec, c.head_dim, c.block_tokens, {c.center_keys, true, c.seed});
+        detail::make_key_format(spec, c.head_dim, c.block_tokens, {c.center_keys, !c.latent_values, c.seed});
     if (!keys->writes_rows() && c.seal != SealPolicy::on_block_full) {
         bad_config("key codec '" + spec + "' needs seal = SealPolicy::on_block_full (its side data is fitted to a whole "
                    "block, known only when the block is full)");
@@ -125,9 +137,26 @@ std::shared_ptr<const detail::KeyFormat> make_keys(const CacheConfig& c, const s
     return keys;
 }
 
-Codec make_value_codec(const CacheConfig& c, const std::string& spec) {
-    if (detail::is_key_only_spec(spec)) bad_config("'" + spec + "' is a key codec (a key format); values need a row codec");
-    return Codec::make(spec, c.head_dim, c.seed);
+// The values' codec: the spec's, of head_dim_v values; with latent_values the key codec's, read from the
+// leading values of the key rows, which only an unrotated codec of its own blocks (or plain rows) has.
+Codec make_value_codec(const CacheConfig& c, const std::string& spec, const detail::KeyFormat& keys) {
+    if (!c.latent_values) {
+        if (detail::is_key_only_spec(spec)) bad_config("'" + spec + "' is a key codec (a key format); values need a row codec");
+        return Codec::make(spec, c.head_dim_v, c.seed);
+    }
+    const Codec& k = keys.codec();
+    if (!spec.empty() && spec != k.name()) {
+        bad_config("latent_values: the value codec must be empty or the key codec ('" + k.name() + "'), got '" + spec + "'");
+    }
+    if (keys.name() != k.name() || k.rotated() || k.info().rotates || k.info().per_channel || (!k.info().plain && !k.info().ggml_layout)) {
+        bad_config("latent_values: key codec '" + keys.name() + "' does not keep its leading values as rows of their own "
+                   "(f32, f16, bf16 and ggml's unrotated block codecs do)");
+    }
+    if (c.head_dim_v % k.info().block != 0) {
+        bad_config("latent_values: head_dim_v (" + std::to_string(c.head_dim_v) + ") must be a multiple of " + k.name() +
+                   "'s block of " + std::to_string(k.info().block) + " values");
+    }
+    return Codec::make(k.name(), c.head_dim_v, c.seed);
 }
 
 // The block layout of a key format and a value codec, as the key format places it
@@ -138,9 +167,14 @@ size_t block_layout(const CacheConfig& c, const detail::KeyFormat& keys, const C
     layout.block_tokens = c.block_tokens;
     layout.k_offset = 0;
     layout.k_head_stride = keys.rows_bytes();
-    layout.v_head_stride = static_cast<size_t>(c.block_tokens) * value.row_bytes();
+    layout.v_head_stride = c.latent_values ? 0 : static_cast<size_t>(c.block_tokens) * value.row_bytes();
     const detail::KeyFormat::CacheBlock block = keys.cache_block(c.n_kv_heads, layout.v_head_stride);
     layout.v_offset = block.value_offset;
+    if (c.latent_values) {  // the values are the key rows' leading bytes: no bytes of their own
+        layout.v_offset = layout.k_offset;
+        layout.v_head_stride = layout.k_head_stride;
+        layout.v_row_stride = keys.row_bytes();
+    }
     layout.k_side_offset = block.side_offset;
     layout.k_side_stride = keys.side_bytes();
     return block.bytes;  // the pool rounds it up to its alignment
@@ -152,17 +186,25 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     : cfg(checked_fields(config)),  // with the codecs made below: validate_config's rules, codecs made once
       key_format(make_keys(cfg, cfg.key_codec)),
       key(key_format->codec()),
-      value(make_value_codec(cfg, cfg.value_codec)),
+      value(make_value_codec(cfg, cfg.value_codec, *key_format)),
       exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)),
+      exact_v(Codec::make(exact.name(), cfg.head_dim_v)),
       exact_keys(detail::make_key_format(exact.name(), cfg.head_dim, cfg.block_tokens)),
-      exact_values(detail::make_value_format(exact, cfg.int8_value_weights)) {
+      exact_values(detail::make_value_format(exact_v, cfg.int8_value_weights)) {
     const size_t h = static_cast<size_t>(cfg.n_kv_heads);
     staging_layout.block_tokens = cfg.block_tokens;
     staging_layout.k_offset = 0;
     staging_layout.k_head_stride = bt() * exact.row_bytes();
-    staging_layout.v_offset = h * staging_layout.k_head_stride;
-    staging_layout.v_head_stride = staging_layout.k_head_stride;
-    staging_block_bytes = 2 * h * staging_layout.k_head_stride;
+    if (latent()) {  // a latent's values are its staged key rows' leading values
+        staging_layout.v_offset = 0;
+        staging_layout.v_head_stride = staging_layout.k_head_stride;
+        staging_layout.v_row_stride = exact.row_bytes();
+        staging_block_bytes = h * staging_layout.k_head_stride;
+    } else {
+        staging_layout.v_offset = h * staging_layout.k_head_stride;
+        staging_layout.v_head_stride = bt() * exact_v.row_bytes();
+        staging_block_bytes = h * (staging_layout.k_head_stride + staging_layout.v_head_stride);
+    }
     // The ring holds the most rows staged at once: the tail and an open block of up to bt − 1 rows.
     staging_blocks = std::max<size_t>(1, (static_cast<size_t>(cfg.exact_tail_tokens) + 2 * bt() - 2) / bt());
     if ((detail::CheckedSize(staging_blocks) * staging_block_bytes * static_cast<size_t>(cfg.n_layers)).too_large()) {
@@ -175,7 +217,7 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
     for (int l = 0; l < cfg.n_layers; ++l) {
         const LayerCodecs own = cfg.layer_codecs.empty() ? LayerCodecs{} : cfg.layer_codecs[l];
         std::shared_ptr<const detail::KeyFormat> k = own.key.empty() ? key_format : make_keys(cfg, own.key);
-        Codec v = own.value.empty() ? value : make_value_codec(cfg, own.value);
+        Codec v = !own.value.empty() || (latent() && !own.key.empty()) ? make_value_codec(cfg, own.value, *k) : value;
         size_t found = 0;
         while (found < kinds.size() && (kinds[found].keys->name() != k->name() || kinds[found].value.name() != v.name())) ++found;
         kind_of.push_back(found);
@@ -291,7 +333,9 @@ std::string detail::CacheImpl::dump() const {
     std::ostringstream os;
     const PoolStats ps = pool->stats();
     os << "KVCache: " << cfg.n_layers << " layer(s), " << cfg.n_heads << " query / " << cfg.n_kv_heads
-       << " kv heads, head_dim " << cfg.head_dim << ", keys " << key_format->name() << ", values " << value.name() << ", "
+       << " kv heads, head_dim " << cfg.head_dim
+       << (cfg.head_dim_v != cfg.head_dim ? " (values " + std::to_string(cfg.head_dim_v) + ")" : std::string())
+       << ", keys " << key_format->name() << ", values " << (latent() ? "the keys' leading values (latent)" : value.name()) << ", "
        << (kinds.size() > 1 ? std::to_string(kinds.size()) + " kinds of layer codecs, " : std::string())
        << cfg.block_tokens << " tokens/block, seal "
        << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
@@ -377,17 +421,21 @@ void KVCache::append(int layer, SequenceId seq, const float* k, const float* v, 
 void KVCache::append(int layer, SequenceId seq, const uint16_t* k, const uint16_t* v, size_t n_tokens, HalfType type) {
     if (type != HalfType::f16 && type != HalfType::bf16) throw std::invalid_argument("KVCache::append: unknown HalfType");
     const size_t row = size_t(impl_->cfg.n_kv_heads) * size_t(impl_->cfg.head_dim);
-    if (n_tokens > kMaxSequenceTokens || n_tokens > SIZE_MAX / sizeof(float) / row) {
+    const size_t row_v = impl_->latent() ? 0 : size_t(impl_->cfg.n_kv_heads) * size_t(impl_->dv());
+    if (n_tokens > kMaxSequenceTokens || n_tokens > SIZE_MAX / sizeof(float) / std::max(row, row_v)) {
         throw std::invalid_argument("KVCache::append: " + std::to_string(n_tokens) + " tokens is beyond what a sequence holds");
     }
-    if (n_tokens > 0 && (!k || !v)) throw std::invalid_argument("KVCache::append: k or v is null");
-    std::vector<float> kf(n_tokens * row), vf(n_tokens * row);
+    if (n_tokens > 0 && (!k || (!v && !impl_->latent()))) throw std::invalid_argument("KVCache::append: k or v is null");
+    if (v && impl_->latent()) {
+        throw std::invalid_argument("KVCache::append: a latent cache (latent_values) takes v = null: its values are the keys' leading values");
+    }
+    std::vector<float> kf(n_tokens * row), vf(n_tokens * row_v);
     const auto convert = [type](const uint16_t* src, float* dst, size_t n) {
         for (size_t i = 0; i < n; ++i) dst[i] = type == HalfType::f16 ? detail::f16_to_f32(src[i]) : detail::bf16_to_f32(src[i]);
     };
     convert(k, kf.data(), kf.size());
-    convert(v, vf.data(), vf.size());
-    append(layer, seq, kf.data(), vf.data(), n_tokens);
+    if (v) convert(v, vf.data(), vf.size());
+    append(layer, seq, kf.data(), v ? vf.data() : nullptr, n_tokens);
 }
 
 void KVCache::attend(int layer, SequenceId seq, const float* q, float* out) const { impl_->attend(layer, seq, q, out); }
@@ -434,7 +482,7 @@ double KVCache::bytes_per_token(int layer) const {
     impl_->check_layer("bytes_per_token", layer);
     const auto& c = impl_->cfg;
     const detail::LayerKind& k = impl_->kind(layer);
-    const double per_head = k.keys->bytes_per_token() + static_cast<double>(k.value.row_bytes());
+    const double per_head = k.keys->bytes_per_token() + (c.latent_values ? 0.0 : static_cast<double>(k.value.row_bytes()));
     return per_head * c.n_kv_heads;
 }
 
