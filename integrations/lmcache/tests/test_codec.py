@@ -8,10 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-import kvq
-from conftest import kv_chunk
-from kvq_lmcache import ChunkCodec, FrameRejected, Geometry
-from kvq_lmcache.frame import HEADER, digest16
+from conftest import LMCACHE_MISSING
+
+pytest.importorskip("lmcache", reason=LMCACHE_MISSING)
+
+import kvq  # noqa: E402
+from conftest import kv_chunk  # noqa: E402
+from kvq_lmcache import ChunkCodec, FrameRejected, Geometry  # noqa: E402
+from kvq_lmcache.frame import HEADER, digest16  # noqa: E402
 
 KEY = digest16(b"chunk-0")
 SPECS = ["q8_0/q4_0", "q8_0/q8_0", "q4_0+rot+center/q4_0", "chan3/polar:budget=3", "turbo3.5/turbo3.5",

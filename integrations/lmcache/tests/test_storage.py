@@ -10,11 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-import kvq_lmcache
-from conftest import kv_chunk
-from kvq_lmcache import ChunkCodec, Geometry
-from kvq_lmcache.serde import key_digest
-from kvq_lmcache.storage import chunk_key
+from conftest import LMCACHE_MISSING
+
+pytest.importorskip("lmcache", reason=LMCACHE_MISSING)
+
+import kvq_lmcache  # noqa: E402
+from conftest import kv_chunk  # noqa: E402
+from kvq_lmcache import ChunkCodec, Geometry  # noqa: E402
+from kvq_lmcache.serde import key_digest  # noqa: E402
+from kvq_lmcache.storage import chunk_key  # noqa: E402
 
 MODEL = "test/model"
 SERDE = {"spec": "q8_0/q4_0", "head_dim": 128}
