@@ -15,6 +15,24 @@
 # build/setup.log (KVQ_BUILD_DIR), not the terminal; a failure prints the part of it that says why.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# Test-only (scripts/test.sh, not scripts/main.sh): the kvq-lmcache tests' redis-server (apt) and LMCache
+# 0.5.6 (pip, into the virtual environment KVQ_LMCACHE_VENV: LMCache pins numpy <= 2.2.6, which must not
+# replace the system's; torch stays 2.13.0, named in the same command). Not fatal: without them those
+# tests are skipped and say why.
+if [ -n "${KVQ_LMCACHE_VENV:-}" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  if ! command -v redis-server >/dev/null; then
+    echo "kvq setup: installing redis-server" >&2
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null; } ||
+      echo "kvq setup: redis-server could not be installed; the LMCache redis tests will be skipped" >&2
+  fi
+  if [ "$("$KVQ_LMCACHE_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("lmcache"))' 2>/dev/null)" != 0.5.6 ]; then
+    echo "kvq setup: pip installing torch==2.13.0 lmcache==0.5.6 into $KVQ_LMCACHE_VENV" >&2
+    "$KVQ_LMCACHE_VENV/bin/python" -m pip install -q torch==2.13.0 lmcache==0.5.6 ||
+      echo "kvq setup: LMCache could not be installed; the kvq-lmcache tests will be skipped" >&2
+  fi
+  exit 0
+fi
 # scripts/test.sh sets this once its first call has installed the test set (later phases skip the checks).
 [ "${KVQ_SETUP_DONE:-0}" = 1 ] && exit 0
 log=${KVQ_BUILD_DIR:-$root/build}/setup.log

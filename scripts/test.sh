@@ -5,7 +5,8 @@
 # under qemu-aarch64; an x86 level the CPU lacks runs under qemu-x86_64 where qemu emulates it, AVX2 yes,
 # AVX-512 no, and a level nothing here runs is reported "not tested on this machine", never as passed),
 # llama.cpp's test-backend-ops on kvq's ggml plugin (scripts/llama_cpp.sh test), builds the out-of-tree
-# consumer against an installed copy, installs the Python package and runs its tests (pytest), then the
+# consumer against an installed copy, installs the Python package and runs its tests (pytest) and kvq-lmcache's
+# (LMCache 0.5.6 and a redis-server, installed for them only: integrations/lmcache), then the
 # sanitizer runs (scripts/sanitize.sh: the suite under ASan+UBSan, the concurrency tests under TSan) and a
 # short run of every libFuzzer target (scripts/fuzz.sh, KVQ_FUZZ_SECONDS each, 20 here). KVQ_SANITIZE_ALL=0
 # skips the sanitizer and fuzz runs (a quick local run; CI runs them).
@@ -54,6 +55,19 @@ venv=$("$root/scripts/python_env.sh")
 phase python-install
 (cd "$root" && PATH="$venv/bin:$PATH" eval "\"$venv/bin/python\" -m pytest tests/python ${KVQ_PYTEST_ARGS:-}")
 phase pytest
+
+# kvq-lmcache (integrations/lmcache, docs/lmcache.md) against LMCache 0.5.6 and a redis-server its tests
+# start on 127.0.0.1: a venv of its own (LMCache pins an older numpy), kvq installed into it from the same
+# build, both installed by scripts/setup.sh's test-only part.
+lmvenv=$build/venv-lmcache
+[ -x "$lmvenv/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$lmvenv"
+KVQ_LMCACHE_VENV=$lmvenv "$root/scripts/setup.sh"
+"$lmvenv/bin/python" -m pip install -q --no-build-isolation --no-deps \
+  --config-settings=build-dir="$build/py-linked-{wheel_tag}" \
+  --config-settings=cmake.define.KVQ_PYTHON_KVQ_PREFIX="$build/prefix" "$root" >&2
+"$lmvenv/bin/python" -m pip install -q --no-build-isolation --no-deps -e "$root/integrations/lmcache" >&2
+(cd "$root/integrations/lmcache" && "$lmvenv/bin/python" -m pytest)
+phase pytest-lmcache
 
 if [ "${KVQ_SANITIZE_ALL:-1}" = 1 ]; then
   "$root/scripts/sanitize.sh" asan
