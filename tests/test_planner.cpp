@@ -207,3 +207,33 @@ TEST_CASE("the planner's KVCache figure holds within 1% of a real cache (blocks,
     }
     }
 }
+
+TEST_CASE("kvq plan for DeepSeek V3 at 128k tokens: a real latent cache's bytes (one layer's, times 61)") {
+    // The preset's latent row (512 + 64 rope values) in one layer of a real KVCache with latent_values,
+    // filled to 131072 tokens: the plan's figure for 61 layers is 61 of it (plus the bookkeeping).
+    const auto ds = kvq::model_preset("deepseek-v3");
+    const size_t context = 131072;
+    for (const char* codec : {"q8_0", "q4_0", "f16"}) {
+        CAPTURE(codec);
+        const kvq::KVFormat f = kvq::KVFormat::parse(std::string(codec) + "/" + codec);
+        kvq::CacheConfig cfg;
+        cfg.n_layers = 1;
+        cfg.head_dim = ds.key_row_dim();
+        cfg.head_dim_v = ds.mla_latent_dim;
+        cfg.latent_values = true;
+        cfg.key_codec = codec;
+        cfg.value_codec = "";
+        kvq::KVCache cache(cfg);
+        const auto s = cache.add_sequence();
+        const size_t chunk = 8192;
+        const auto k = kvq::test::gaussian(chunk * cfg.head_dim, 5);
+        for (size_t t = 0; t < context; t += chunk) cache.append(0, s, k.data(), nullptr, chunk);
+        const double one_layer = static_cast<double>(cache.bytes_used() - kvq::KVCache::sequence_bookkeeping_bytes(1));
+        const auto plan = kvq::plan_memory(ds, {f}, {context, 1, 32})[0];
+        REQUIRE(plan.supported);
+        const double want = 61 * one_layer + static_cast<double>(kvq::KVCache::sequence_bookkeeping_bytes(61));
+        CHECK(plan.cache_bytes_total == doctest::Approx(want).epsilon(0.001));
+        // and the planner's per-token figure (the latent row alone) is what the cache stores per token
+        CHECK(plan.bytes_per_token == doctest::Approx(61 * cache.bytes_per_token()));
+    }
+}

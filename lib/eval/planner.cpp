@@ -181,17 +181,30 @@ double mean_value_bits(const ModelShape& model, const KVFormat& format) {
     return bits / model.n_layers;
 }
 
+// The bookkeeping of one block table entry (CacheConfig::max_bytes's "24 bytes per entry").
+constexpr double kTableEntryBytes = 24;
+
 double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t context, size_t batch, int block_tokens,
                       StagingType staging_type) {
     model.validate();
-    if (model.is_mla()) return 0.0;
     CacheConfig cfg;
     cfg.n_layers = model.n_layers;
-    cfg.n_kv_heads = model.n_kv_heads;
-    cfg.n_heads = model.n_kv_heads;  // query heads do not change what is stored
+    cfg.n_kv_heads = model.is_mla() ? 1 : model.n_kv_heads;  // MLA: one latent row per token and layer
+    cfg.n_heads = cfg.n_kv_heads;  // query heads do not change what is stored
     cfg.head_dim = model.key_row_dim();
     cfg.key_codec = format.key_codec;
     cfg.value_codec = format.value_codec;
+    if (model.is_mla()) {  // a latent cache: values read from the latent's leading values
+        cfg.latent_values = true;
+        cfg.head_dim_v = model.mla_latent_dim;
+        cfg.value_codec = "";
+        if (format.window) return 0.0;  // (MLA models have no sliding windows here)
+        try {
+            validate_config(cfg);
+        } catch (const BadParams&) {
+            return 0.0;  // a key codec a latent cache cannot hold (rotated, per-channel): no KVCache figure
+        }
+    }
     cfg.center_keys = format.center_keys;
     cfg.block_tokens = block_tokens;
     cfg.sliding_window = model.sliding_window;
@@ -219,7 +232,8 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
         return it->second;
     };
     const double value_bytes = staging_type == StagingType::f16 ? 2.0 : 4.0;
-    const double staging = 2.0 * cfg.n_kv_heads * block_tokens * cfg.head_dim * value_bytes;
+    // The staging of one open block: keys and values (a latent's values are its keys).
+    const double staging = (cfg.latent_values ? 1.0 : 2.0) * cfg.n_kv_heads * block_tokens * cfg.head_dim * value_bytes;
     const size_t bt = static_cast<size_t>(block_tokens), n = context;
     double per_sequence = static_cast<double>(KVCache::sequence_bookkeeping_bytes(model.n_layers));
     for (int l = 0; l < model.n_layers; ++l) {
@@ -229,7 +243,8 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
         const size_t before = w && n > w ? (n - w) / bt : 0;
         const size_t keep_from = before > 1 ? (before - 1) * bt : 0;
         const double block = block_of(l);
-        per_sequence += static_cast<double>((pool_end - std::min(keep_from, pool_end)) / bt) * block + staging;
+        // Each block held also costs its table entry (kvq/cache.hpp, CacheConfig::max_bytes: 24 bytes).
+        per_sequence += static_cast<double>((pool_end - std::min(keep_from, pool_end)) / bt) * (block + kTableEntryBytes) + staging;
     }
     return per_sequence * static_cast<double>(batch);
 }

@@ -72,7 +72,8 @@ struct MemoryPlan {
     // What a kvq::KVCache with this format and default settings holds for batch sequences of context
     // tokens after decoding: whole blocks (their alignment padding included), each sequence's and
     // layer's staging of the open block (float32 or float16, PlanOptions::staging), the one block of slack before each sliding window, and
-    // each sequence's bookkeeping. 0 for MLA models (a KVCache stores keys and values per head).
+    // each sequence's bookkeeping. MLA models: a latent cache (CacheConfig::latent_values, one row of the
+    // latent and rope values per token and layer); 0 where the key codec cannot be one (rotated, per-channel).
     double cache_bytes_total = 0;
 };
 
