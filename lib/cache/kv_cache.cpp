@@ -377,7 +377,11 @@ void KVCache::append(int layer, SequenceId seq, const float* k, const float* v, 
 void KVCache::append(int layer, SequenceId seq, const uint16_t* k, const uint16_t* v, size_t n_tokens, HalfType type) {
     if (type != HalfType::f16 && type != HalfType::bf16) throw std::invalid_argument("KVCache::append: unknown HalfType");
     const size_t row = size_t(impl_->cfg.n_kv_heads) * size_t(impl_->cfg.head_dim);
-    if (n_tokens > kMaxSequenceTokens || n_tokens > SIZE_MAX / sizeof(float) / row) {
+    // Before a value is read or a copy made: the halves, and their float copies, must be buffers that can exist.
+    detail::check_buffer_sizes({{"k and v", detail::CheckedSize(n_tokens) * row * sizeof(float),
+                                 "n_tokens x n_kv_heads x head_dim halves, converted to floats"}},
+                               [&] { return "KVCache::append: n_tokens = " + std::to_string(n_tokens); });
+    if (n_tokens > kMaxSequenceTokens) {
         throw std::invalid_argument("KVCache::append: " + std::to_string(n_tokens) + " tokens is beyond what a sequence holds");
     }
     if (n_tokens > 0 && (!k || !v)) throw std::invalid_argument("KVCache::append: k or v is null");

@@ -205,7 +205,30 @@ static void test_values(void) {
     free_setup(&s);
 }
 
+/* kvq_cache_append_half converts the halves to floats: a count whose float copies would pass PTRDIFF_MAX
+ * (within KVQ_MAX_SEQUENCE_TOKENS, with 8192 values a token) is refused by the checked sizes, not by a
+ * failed allocation. */
+static void test_append_half_sizes(void) {
+    kvq_cache_params p = test_cache_params(1, 64, 64, 32);
+    p.head_dim = 128;
+    kvq_cache* cache = NULL;
+    int64_t seq = 0;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    uint16_t one[64 * 128];
+    memset(one, 0, sizeof one);
+    const size_t counts[] = {(size_t)1 << 48, ((size_t)PTRDIFF_MAX / (64 * 128 * 4)) + 1, SIZE_MAX};
+    for (int i = 0; i < 3; ++i) {
+        CHECK_STATUS(kvq_cache_append_half(cache, 0, seq, one, one, counts[i], KVQ_HALF_F16), KVQ_ERR_INVALID_ARGUMENT, "");
+    }
+    size_t n = 7;
+    CHECK_OK(kvq_cache_n_tokens(cache, seq, 0, &n));
+    CHECK(n == 0);
+    kvq_cache_destroy(cache);
+}
+
 int main(void) {
+    test_append_half_sizes();
     test_extremes(1);
     test_extremes(0);
     test_values();
