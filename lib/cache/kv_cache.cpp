@@ -344,6 +344,11 @@ const Codec& KVCache::value_codec(int layer) const {
     impl_->check_layer("value_codec", layer);
     return impl_->kind(layer).value;
 }
+std::string KVCache::key_spec() const { return impl_->key_format->name(); }
+std::string KVCache::key_spec(int layer) const {
+    impl_->check_layer("key_spec", layer);
+    return impl_->kind(layer).keys->name();
+}
 
 size_t detail::CacheImpl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
 
