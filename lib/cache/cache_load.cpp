@@ -263,7 +263,8 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
             st.data.reserve(r.blocks.size());
             if (r.staging == detail::file::kNoStaging) continue;
             read_payload(f, h, t, h.n_blocks + r.staging, scratch.data(), changed);
-            st.staging.assign(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(staging_layer_bytes));
+            // The slots its tokens reach (the rest of the ring is zero and comes as the tail fills).
+            st.staging.assign(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(staging_slots_for(r.n_tokens) * staging_block_bytes));
             staging_added += staging_layer_bytes;
             units += kind(static_cast<int>(l)).staging_units;
             // propagate: as append does, a codec that cannot store the row gets it zeroed (it is recorded).
