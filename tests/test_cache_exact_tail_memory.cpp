@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cache_file_util.hpp"
 #include "kvq/cache.hpp"
 #include "test_util.hpp"
 
@@ -53,6 +54,20 @@ TEST_CASE("exact tail: the largest tail costs what it holds, not its whole ring,
     cache.attend(0, child, q.data(), again.data());
     CHECK(again == out);
     CHECK(resident_bytes() - before < (160u << 20));
+    // Saved as held (format version 6: the ring's first slots), not as 8 GiB; loaded, the same attention.
+    kvq::test::cache_file::TempDir dir;
+    cache.save(dir / "tail.kvq");
+    const auto file = kvq::test::cache_file::slurp(dir / "tail.kvq");
+    CHECK(file.size() < (64u << 20));
+    CHECK(file[8] == 6);
+    {
+        const kvq::KVCache loaded = kvq::KVCache::load(dir / "tail.kvq");
+        for (const auto s : loaded.sequences()) {
+            loaded.attend(0, s, q.data(), again.data());
+            CHECK(again == out);
+        }
+        CHECK(resident_bytes() - before < (320u << 20));
+    }
     cache.remove(child);
     cache.remove(seq);
     CHECK(cache.bytes_used() == empty_bytes);  // the reservation given back whole

@@ -19,10 +19,13 @@ namespace kvq::detail::file {
 inline constexpr char kMagic[8] = {'K', 'V', 'Q', 'C', 'A', 'C', 'H', 'E'};
 // 2 added the staging type, 3 per-layer codecs (blocks of several sizes), 4 the exact tail (written only
 // by a cache with one: others write version 3, which older kvq reads), 5 the key channel scales (written
-// only by a cache with them); versions 1 to 3 load with no tail, 1 to 4 with no key scales.
-inline constexpr uint32_t kFormatVersion = 5;
+// only by a cache with them); versions 1 to 3 load with no tail, 1 to 4 with no key scales. 6: staging
+// payloads may hold only the first slots of the ring, those the sequences' tokens reached (written only
+// when they are fewer than the ring's: a long exact tail's ring is gigabytes).
+inline constexpr uint32_t kFormatVersion = 6;
 inline constexpr uint32_t kExactTailFormatVersion = 4;
 inline constexpr uint32_t kKeyScalesFormatVersion = 5;
+inline constexpr uint32_t kHeldStagingFormatVersion = 6;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr size_t kPrefixBytes = 16;           // magic, version, header size: read before the rest
 inline constexpr uint64_t kPayloadAlignment = 4096;  // the payload section starts on a page (mmap)
