@@ -169,9 +169,8 @@ void finish_rows_exactly(const Codec& keys, const Codec& values, int n_heads, in
     if (n_tokens == 0) return;
     const size_t heads = static_cast<size_t>(n_heads), d = static_cast<size_t>(keys.head_dim());
     const size_t g = heads / static_cast<size_t>(n_kv_heads), esize = mask_element_bytes(o.mask_type);
-    std::vector<float> row(d);
-    std::vector<double> score;
-    std::vector<double> acc(d);
+    std::vector<float> row;  // sized only for a result that needs it: a call of finite results allocates nothing
+    std::vector<double> score, acc;
     for (size_t r = 0; r < o.n_queries; ++r) {
         const void* mrow = o.mask ? static_cast<const uint8_t*>(o.mask) + r * s.mask_row * esize : nullptr;
         bool mask_checked = false;
@@ -185,6 +184,8 @@ void finish_rows_exactly(const Codec& keys, const Codec& values, int n_heads, in
                 mask_checked = true;
             }
             const size_t kvh = h / g;
+            row.resize(d);
+            acc.resize(d);
             score.assign(n_tokens, -std::numeric_limits<double>::infinity());
             double top = o.sinks ? static_cast<double>(o.sinks[h]) : -std::numeric_limits<double>::infinity();
             bool kept = false, finite_rows = true;
