@@ -11,6 +11,7 @@
 //    row bytes, a negative count), with the outputs untouched;
 //  - an extent that fits PTRDIFF_MAX but not the buffer is a caller's promise that cannot be checked: not
 //    called.
+// kvq_attend_rows_ex likewise for its q, out and mask rows (issue #50).
 // The cache: append, attend_prefill, attend_batch and truncate with extreme counts are refused, nothing
 // changed (token count, bytes, the attention output), or behave.
 #include <algorithm>
@@ -349,6 +350,133 @@ void fuzz_attend_rows(const Codecs& cs, FuzzedDataProvider& in) {
             "attend_rows: strided and packed rows give other outputs");
 }
 
+// kvq_attend_rows_ex (issue #50): every count and stride of k, v, q, out and the mask at the extremes.
+// Each buffer's extent in 128 bits: beyond PTRDIFF_MAX (or an argument invalid whatever the sizes: a token
+// stride below a row, mask rows shorter than n_tokens, results that overlap), INVALID_ARGUMENT with out
+// untouched and nothing read past the small buffers; within buffers of exactly that size, KVQ_OK and the
+// packed call's result, nothing written between the results.
+void fuzz_attend_rows_ex(const Codecs& cs, FuzzedDataProvider& in) {
+    const kvq_codec *kc = cs.c, *vc = cs.v;
+    const size_t kb = kvq_codec_row_bytes(kc), vb = kvq_codec_row_bytes(vc);
+    const size_t d = size_t(kvq_codec_head_dim(kc)), fd = d * sizeof(float);
+    const int32_t n_kv = in.ConsumeIntegralInRange<int32_t>(1, 2), n_heads = n_kv * in.ConsumeIntegralInRange<int32_t>(1, 2);
+    const size_t heads = size_t(n_heads);
+    const size_t n_tokens = pick_size(in, 4, {kb, vb, 2, 4});
+    size_t ts[2], hs[2];
+    for (int i = 0; i < 2; ++i) {
+        hs[i] = pick_size(in, 3 * (i ? vb : kb), {i ? vb : kb});
+        ts[i] = pick_size(in, 8 * (i ? vb : kb), {i ? vb : kb});
+    }
+    kvq_attend_options o = kvq_attend_options_default();
+    o.n_queries = pick_size(in, 3, {fd, heads * fd, 2 * n_tokens + 1});
+    o.q_head_stride = pick_size(in, 3 * d, {4, fd});
+    o.q_row_stride = pick_size(in, 4 * heads * d, {4, fd});
+    o.out_head_stride = pick_size(in, 3 * d, {4, fd});
+    o.out_row_stride = pick_size(in, 4 * heads * d, {4, fd});
+    const bool with_mask = in.ConsumeBool();
+    o.mask_type = in.ConsumeBool() ? KVQ_MASK_F16 : KVQ_MASK_F32;
+    const size_t es = o.mask_type == KVQ_MASK_F16 ? 2 : 4;
+    o.mask_row_stride = pick_size(in, 2 * n_tokens + 2, {es});
+    const size_t nq = o.n_queries;
+
+    const u128 hk = hs[0] ? hs[0] : kb, hv = hs[1] ? hs[1] : vb;
+    const u128 tk = ts[0] ? ts[0] : u128(n_kv) * kb, tv = ts[1] ? ts[1] : u128(n_kv) * vb;
+    const u128 qh = o.q_head_stride ? o.q_head_stride : d, qr = o.q_row_stride ? u128(o.q_row_stride) : heads * qh;
+    const u128 oh = o.out_head_stride ? o.out_head_stride : d, orow = o.out_row_stride ? u128(o.out_row_stride) : heads * oh;
+    const u128 mr = o.mask_row_stride ? o.mask_row_stride : n_tokens;
+    const u128 ek = extent(n_tokens, tk, extent(n_kv, hk, kb)), ev = extent(n_tokens, tv, extent(n_kv, hv, vb));
+    const u128 eq = extent(nq, qr * 4, extent(heads, qh * 4, fd)), eo = extent(nq, orow * 4, extent(heads, oh * 4, fd));
+    const u128 em = with_mask && n_tokens > 0 ? extent(nq, mr * es, u128(n_tokens) * es) : 0;
+    // Results overlap (kvq.h: they may not): the smaller stride times its count passes the larger.
+    const bool overlap = [&] {
+        u128 sa = oh, sb = orow, na = heads, nb = nq;
+        if (na <= 1) return nb > 1 && sb < d;
+        if (nb <= 1) return sa < d;
+        if (sa > sb) std::swap(sa, sb), std::swap(na, nb);
+        return sa < d || sb < sa * na;
+    }();
+    const bool invalid = (n_tokens > 1 && (tk < kb || tv < vb)) || (with_mask && n_tokens > 0 && nq > 1 && mr < n_tokens) || overlap;
+    if (nq == 0) {  // nothing to do, whatever the rest
+        float out = 7.0f, q = 0.5f;
+        uint8_t k[1] = {kFill};
+        status_is(kvq_attend_rows_ex(kc, vc, n_heads, n_kv, &q, k, ts[0], hs[0], k, ts[1], hs[1], n_tokens, &o, &out), KVQ_OK,
+                  "attend_rows_ex, no query rows");
+        require(out == 7.0f, "attend_rows_ex wrote with no query rows");
+        return;
+    }
+    const Expect e = classify({ek, ev, eq, eo, em});
+    if (e == Expect::refused || (invalid && e == Expect::ok)) {
+        // Small real buffers: whatever is read past them, ASan sees.
+        const std::vector<float> q = gaussianish(in, heads * d);
+        std::vector<float> out(heads * d, 7.0f), mask(n_tokens ? 1 : 0, 0.0f);
+        std::vector<uint8_t> k(kb, kFill), v(vb, kFill);
+        o.mask = with_mask ? static_cast<const void*>(mask.data()) : nullptr;
+        status_is(kvq_attend_rows_ex(kc, vc, n_heads, n_kv, q.data(), k.data(), ts[0], hs[0], v.data(), ts[1], hs[1], n_tokens,
+                                     &o, out.data()),
+                  KVQ_ERR_INVALID_ARGUMENT, "attend_rows_ex, sizes overflowing or invalid");
+        require(std::vector<float>(out.size(), 7.0f) == out, "attend_rows_ex wrote on a refused call");
+        return;
+    }
+    if (e == Expect::unknowable) return;
+    // Buffers of exactly their extents, real values at the strided positions, and the same packed.
+    const size_t n_rows = n_tokens * size_t(n_kv);
+    Rows kr = make_rows(kc, in, n_rows, kb, n_rows * kb), vr = make_rows(vc, in, n_rows, vb, n_rows * vb);
+    std::vector<uint8_t> k(size_t(ek), kFill), v(size_t(ev), kFill);
+    for (size_t t = 0; t < n_tokens; ++t) {
+        for (size_t h = 0; h < size_t(n_kv); ++h) {
+            std::memcpy(k.data() + size_t(t * tk + h * hk), kr.packed.data() + (t * n_kv + h) * kb, kb);
+            std::memcpy(v.data() + size_t(t * tv + h * hv), vr.packed.data() + (t * n_kv + h) * vb, vb);
+        }
+    }
+    std::vector<uint8_t> kp(n_rows * kb), vp(n_rows * vb);
+    for (size_t t = 0; t < n_tokens; ++t) {  // what the strided buffers hold, overlaps included
+        for (size_t h = 0; h < size_t(n_kv); ++h) {
+            std::memcpy(kp.data() + (t * n_kv + h) * kb, k.data() + size_t(t * tk + h * hk), kb);
+            std::memcpy(vp.data() + (t * n_kv + h) * vb, v.data() + size_t(t * tv + h * hv), vb);
+        }
+    }
+    std::vector<float> q(size_t(eq) / 4, 0.0f), qp(nq * heads * d), out(size_t(eo) / 4, 7.0f), ref(nq * heads * d, 7.0f);
+    const std::vector<float> qx = gaussianish(in, nq * heads * d);
+    for (size_t r = 0; r < nq; ++r) {
+        for (size_t h = 0; h < heads; ++h) std::memcpy(q.data() + size_t(r * qr + h * qh), qx.data() + (r * heads + h) * d, fd);
+    }
+    for (size_t r = 0; r < nq; ++r) {  // overlapping queries: what the buffer holds
+        for (size_t h = 0; h < heads; ++h) std::memcpy(qp.data() + (r * heads + h) * d, q.data() + size_t(r * qr + h * qh), fd);
+    }
+    // Mask rows of 0 or -inf (token 0 always kept), and the same packed.
+    std::vector<uint8_t> mask(size_t(em), kFill), mp(nq * n_tokens * es);
+    const uint16_t keep16 = 0, drop16 = 0xFC00;
+    const float keep32 = 0.0f, drop32 = -INFINITY;
+    for (size_t r = 0; r < nq && with_mask; ++r) {
+        for (size_t t = 0; t < n_tokens; ++t) {
+            const bool drop = t > 0 && in.ConsumeBool();
+            std::memcpy(mask.data() + size_t(r * mr * es) + t * es, es == 2 ? static_cast<const void*>(drop ? &drop16 : &keep16)
+                                                                            : static_cast<const void*>(drop ? &drop32 : &keep32), es);
+        }
+    }
+    for (size_t r = 0; r < nq && with_mask; ++r) std::memcpy(mp.data() + r * n_tokens * es, mask.data() + size_t(r * mr * es), n_tokens * es);
+    o.mask = with_mask ? mask.data() : nullptr;
+    status_is(kvq_attend_rows_ex(kc, vc, n_heads, n_kv, q.data(), k.data(), ts[0], hs[0], v.data(), ts[1], hs[1], n_tokens, &o,
+                                 out.data()),
+              KVQ_OK, "attend_rows_ex within the buffers");
+    kvq_attend_options packed = kvq_attend_options_default();
+    packed.n_queries = nq;
+    packed.mask_type = o.mask_type;
+    packed.mask = with_mask ? mp.data() : nullptr;
+    status_is(kvq_attend_rows_ex(kc, vc, n_heads, n_kv, qp.data(), kp.data(), 0, 0, vp.data(), 0, 0, n_tokens, &packed, ref.data()),
+              KVQ_OK, "packed attend_rows_ex");
+    std::vector<uint8_t> written(out.size(), 0);
+    for (size_t r = 0; r < nq; ++r) {
+        for (size_t h = 0; h < heads; ++h) {
+            const size_t at = size_t(r * orow + h * oh);
+            require(same_result(out.data() + at, ref.data() + (r * heads + h) * d, d, size_t(std::max({tk, tv, hk, hv}))),
+                    "attend_rows_ex: strided and packed buffers give other outputs");
+            std::fill(written.begin() + at, written.begin() + at + d, uint8_t{1});
+        }
+    }
+    for (size_t i = 0; i < out.size(); ++i) require(written[i] || out[i] == 7.0f, "attend_rows_ex wrote between the results");
+}
+
 void fuzz_cache(FuzzedDataProvider& in) {
     enum { KV = 2, H = 4, D = 32, T = 5 };
     kvq_cache_params p = kvq_cache_params_default();
@@ -409,7 +537,7 @@ done:
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
     static const char* const specs[] = {"q8_0", "q4_0", "q4_1+rot", "f16", "polar", "turbo3", "q5_1", "turbo2_qjl", "tcq2"};
-    const int op = in.ConsumeIntegralInRange<int>(0, 5);
+    const int op = in.ConsumeIntegralInRange<int>(0, 6);
     if (op == 5) {
         fuzz_cache(in);
         return 0;
@@ -420,7 +548,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* value = specs[in.ConsumeIntegralInRange<size_t>(0, std::size(specs) - 1)];
     if (kvq_codec_create(key, d, KVQ_DEFAULT_SEED, &cs.c) != KVQ_OK) fail(std::string("codec ") + key);
     if (kvq_codec_create(value, d, KVQ_DEFAULT_SEED, &cs.v) != KVQ_OK) fail(std::string("codec ") + value);
-    if (op == 4) {
+    if (op == 6) {
+        fuzz_attend_rows_ex(cs, in);
+    } else if (op == 4) {
         fuzz_attend_rows(cs, in);
     } else {
         fuzz_rows(cs.c, in, op);

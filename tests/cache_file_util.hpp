@@ -23,6 +23,30 @@ namespace fs = std::filesystem;
 
 namespace kvq::test::cache_file {
 
+// Little-endian fields of a file's bytes.
+inline uint64_t get_le(const std::vector<uint8_t>& b, size_t at, int bytes) {
+    uint64_t x = 0;
+    for (int i = 0; i < bytes; ++i) x |= uint64_t(b.at(at + i)) << (8 * i);
+    return x;
+}
+inline void put_le(std::vector<uint8_t>& b, size_t at, uint64_t x, int bytes) {
+    for (int i = 0; i < bytes; ++i) b.at(at + i) = static_cast<uint8_t>(x >> (8 * i));
+}
+
+// Every CRC32C of a file recomputed (payloads, tables, header), as a forger would after editing it
+// (docs/file-format.md: the header's fields at 12, 24, ..., 72).
+inline void recompute_crcs(std::vector<uint8_t>& b) {
+    const uint64_t header = get_le(b, 12, 4), payloads = get_le(b, 24, 8), n_blocks = get_le(b, 32, 8),
+                   block = get_le(b, 40, 8), n_staging = get_le(b, 48, 8), staging = get_le(b, 56, 8),
+                   table = get_le(b, 64, 8), table_bytes = get_le(b, 72, 8);
+    for (uint64_t i = 0; i < n_blocks + n_staging; ++i) {
+        const uint64_t at = i < n_blocks ? payloads + i * block : payloads + n_blocks * block + (i - n_blocks) * staging;
+        put_le(b, table + 4 * i, kvq::detail::crc32c(b.data() + at, i < n_blocks ? block : staging), 4);
+    }
+    put_le(b, table + table_bytes - 4, kvq::detail::crc32c(b.data() + table, table_bytes - 4), 4);
+    put_le(b, header - 4, kvq::detail::crc32c(b.data(), header - 4), 4);
+}
+
 // A directory of its own for each test case, removed afterwards.
 struct TempDir {
     fs::path path;

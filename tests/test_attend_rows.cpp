@@ -451,3 +451,102 @@ TEST_CASE("attend_rows with options: keys and values of different head sizes, an
         }
     }
 }
+
+TEST_CASE("attend_rows with options: finite inputs whose scores overflow float give the double reference (issue #50)") {
+    // A scale of 3.4e38, or queries of 1e38: q·k·scale is ±Inf in float and the softmax computed Inf − Inf
+    // (all-NaN output, no error). Now those results are computed in double, as KVCache::attend does.
+    const int n_heads = 4, n_kv = 2, d = 64;
+    const size_t n = 300, n_rows = 3;
+    const auto keys = kvq::Codec::make("f16", d), values = kvq::Codec::make("q4_0", d);  // f16 keys score the query as given
+    const Rows k(keys, n, n_kv, 11), v(values, n, n_kv, 12);
+    const auto mask = make_mask(n_rows, n, n - n_rows, 0, 99, 13);
+    const auto mask16 = to_f16(mask);
+    const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+    auto q = kvq::test::gaussian(n_rows * n_heads * d, 14);
+    for (const int which : {0, 1, 2}) {
+        float scale = 3.4e38f;
+        auto qq = q;
+        if (which == 1) {  // queries of 1e38 in every channel of 4 heads, the default scale
+            scale = 1.0f / std::sqrt(float(d));
+            for (size_t i = 0; i < 4 * size_t(d); ++i) qq[i] = i % 3 ? 1e38f : -1e38f;
+        }
+        for (const bool with_mask : {false, true}) {
+            for (const int threads : {1, 3}) {
+                CAPTURE(which);
+                CAPTURE(with_mask);
+                CAPTURE(threads);
+                kvq::AttendOptions o;
+                o.scale = scale;
+                o.n_queries = n_rows;
+                o.threads = threads;
+                if (with_mask) o.mask = mask16.data();
+                if (which == 2) o.sinks = sinks.data();
+                const auto want = reference(keys, k, v, n_heads, n_kv, n, qq, n_rows, with_mask ? mask : std::vector<float>{},
+                                            scale, 0.0f, o.sinks);
+                std::vector<float> got(want.size(), NAN);
+                kvq::attend_rows(keys, values, n_heads, n_kv, qq.data(), k.view(), v.view(), n, got.data(), o);
+                CHECK(std::all_of(got.begin(), got.end(), [](float x) { return std::isfinite(x); }));
+                CHECK(max_abs_diff(got, want) < 1e-5f);
+            }
+        }
+    }
+    // The plain overload (kvq_attend_rows' path) and quantized keys: finite as well.
+    const auto q8 = kvq::Codec::make("q8_0", d);
+    const Rows k8(q8, n, n_kv, 15);
+    std::vector<float> out(n_heads * d, NAN);
+    kvq::attend_rows(q8, values, n_heads, n_kv, q.data(), k8.view(), v.view(), n, out.data(), 3.4e38f);
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
+}
+
+TEST_CASE("attend_rows with options: a mask value that is NaN or +inf is refused under NanPolicy::reject (issue #50)") {
+    const auto c = kvq::Codec::make("q8_0", 64);
+    const Rows k(c, 10, 1, 41);
+    const std::vector<float> q = kvq::test::gaussian(2 * 2 * 64, 42);
+    std::vector<float> out(2 * 2 * 64, 7.0f), m32(2 * 10, 0.0f);
+    std::vector<uint16_t> m16(2 * 10, 0);
+    kvq::AttendOptions o;
+    o.n_queries = 2;
+    auto call = [&] { kvq::attend_rows(c, c, 2, 1, q.data(), k.view(), k.view(), 10, out.data(), o); };
+    for (const float x : {NAN, INFINITY}) {
+        std::fill(m32.begin(), m32.end(), 0.0f);
+        m32[17] = x;
+        o.mask = m32.data();
+        o.mask_type = kvq::MaskType::f32;
+        CHECK_THROWS_AS(call(), kvq::NonFiniteInput);
+    }
+    for (const uint16_t x : {uint16_t(0x7C00), uint16_t(0x7E00), uint16_t(0xFC01)}) {
+        std::fill(m16.begin(), m16.end(), uint16_t(0));
+        m16[3] = x;
+        o.mask = m16.data();
+        o.mask_type = kvq::MaskType::f16;
+        CHECK_THROWS_AS(call(), kvq::NonFiniteInput);
+    }
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
+    m16[3] = 0xFC00;  // -inf: removes the token
+    m16[4] = 0x7BFF;  // 65504: finite
+    call();
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
+}
+
+TEST_CASE("attend_rows with options: q, out, mask and sinks whose extents overflow are refused before any access (issue #50)") {
+    const auto c = kvq::Codec::make("q8_0", 64);
+    const Rows k(c, 10, 1, 41);
+    const std::vector<float> q = kvq::test::gaussian(2 * 2 * 64, 42);
+    std::vector<float> out(2 * 2 * 64, 7.0f);
+    std::vector<uint16_t> mask(2 * 10, 0);
+    for (const size_t x : {SIZE_MAX, SIZE_MAX / 2, SIZE_MAX / 4, SIZE_MAX / 8, size_t(PTRDIFF_MAX)}) {
+        for (int field = 0; field < 6; ++field) {
+            if (field == 5 && x == SIZE_MAX / 8) continue;  // 2^62 bytes between f16 mask rows: a buffer that could exist
+            kvq::AttendOptions o;
+            o.n_queries = 2;
+            o.mask = mask.data();
+            size_t* f[] = {&o.n_queries, &o.q_row_stride, &o.q_head_stride, &o.out_row_stride, &o.out_head_stride, &o.mask_row_stride};
+            *f[field] = x;
+            CAPTURE(field);
+            CAPTURE(x);
+            CHECK_THROWS_WITH_AS(kvq::attend_rows(c, c, 2, 1, q.data(), k.view(), k.view(), 10, out.data(), o),
+                                 doctest::Contains("overflows"), std::invalid_argument);
+        }
+    }
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
+}

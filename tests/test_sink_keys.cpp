@@ -4,6 +4,7 @@
 // and through the cache's operations that move blocks (save/load, fork, truncate into the first block).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -180,4 +181,65 @@ TEST_CASE("sink keys: kept through save and load, fork, and a truncate into the 
     as_values.value_codec = "q4_0+sink1";
     CHECK_THROWS_WITH_AS(kvq::KVCache{as_values}, doctest::Contains("is a key codec"), kvq::BadParams);
     CHECK_THROWS_AS(kvq::KVCache{sink_config("q4_0+sink17")}, kvq::BadParams);
+}
+
+TEST_CASE("sink keys: a file whose sink counts do not fit their block's position is refused, CRCs recomputed (issue #50)") {
+    namespace cf = kvq::test::cache_file;
+    const size_t n = 2 * kBlock + 3;  // two sealed blocks (positions 0 and 32) and an open one
+    const auto k = sink_keys(n);
+    const auto v = kvq::test::gaussian(n * kKv * kDim, 12);
+    const auto q = kvq::test::gaussian(size_t(kKv) * kG * kDim, 15);
+    kvq::KVCache cache(sink_config("q4_0+sink2"));
+    const auto seq = cache.add_sequence();
+    cache.append(0, seq, k.data(), v.data(), n);
+    cf::TempDir dir;
+    cache.save(dir / "sink.kvq");
+    const std::vector<uint8_t> file = cf::slurp(dir / "sink.kvq");
+    // Kv head 0's count in the first block: a u32 of 2 followed by token 0's key in fp16.
+    std::vector<uint8_t> pattern = {2, 0, 0, 0};
+    for (int j = 0; j < 8; ++j) {
+        const uint16_t h = kvq::detail::f32_to_f16(k[j]);
+        pattern.push_back(static_cast<uint8_t>(h));
+        pattern.push_back(static_cast<uint8_t>(h >> 8));
+    }
+    const auto found = std::search(file.begin(), file.end(), pattern.begin(), pattern.end());
+    REQUIRE(found != file.end());
+    const size_t payloads = cf::get_le(file, 24, 8), block = cf::get_le(file, 40, 8);
+    const size_t first = static_cast<size_t>(found - file.begin());
+    REQUIRE(cf::get_le(file, 32, 8) == 2);
+    const size_t in_block = (first - payloads) % block, first_index = (first - payloads) / block;
+    const size_t second = payloads + (1 - first_index) * block + in_block;  // the block at position 32
+    REQUIRE(cf::get_le(file, second, 4) == 0);
+
+    const auto forged_load = [&](size_t at, uint32_t count) {
+        std::vector<uint8_t> b = file;
+        cf::put_le(b, at, count, 4);
+        cf::recompute_crcs(b);
+        cf::spit(dir / "forged.kvq", b);
+        return cf::error_of<kvq::BadCacheFile>([&] { (void)kvq::KVCache::load(dir / "forged.kvq"); });
+    };
+    for (const uint32_t count : {1u, 2u, 0xFFFFFFFFu}) {  // a sink count in the block at position 32
+        CAPTURE(count);
+        CHECK(forged_load(second, count).find("sink count is " + std::to_string(count)) != std::string::npos);
+    }
+    for (const uint32_t count : {0u, 1u}) {  // the first block's count, other than min(block_tokens, 2)
+        CAPTURE(count);
+        CHECK(forged_load(first, count).find("sink count is " + std::to_string(count)) != std::string::npos);
+    }
+    // Into a live cache too: refused, nothing added.
+    std::vector<uint8_t> b = file;
+    cf::put_le(b, second, 1, 4);
+    cf::recompute_crcs(b);
+    cf::spit(dir / "forged.kvq", b);
+    CHECK_THROWS_AS(cache.load_into(dir / "forged.kvq"), kvq::BadCacheFile);
+    CHECK(cache.sequences().size() == 1);
+    // The file as saved (CRCs recomputed over the same bytes) still loads.
+    b = file;
+    cf::recompute_crcs(b);
+    CHECK(b == file);
+    std::vector<float> out(q.size()), again(q.size());
+    cache.attend(0, seq, q.data(), out.data());
+    const kvq::KVCache loaded = kvq::KVCache::load(dir / "sink.kvq");
+    loaded.attend(0, loaded.sequences().at(0), q.data(), again.data());
+    CHECK(again == out);
 }

@@ -53,7 +53,8 @@ struct AttendOptions {
     // value of token t is added to the scaled (and soft-capped) score of t; -inf removes t: its weight is
     // exactly 0, and a token that every query row of a tile (the rows computed together; with one query
     // row, that row) removes is neither scored nor read, so causal and sliding-window masks cost only the
-    // tokens they keep. Values must be finite or -inf. A query row that keeps no token gets zeros.
+    // tokens they keep. Values must be finite or -inf (NaN or +inf: NonFiniteInput under NanPolicy::reject).
+    // A query row that keeps no token gets zeros.
     const void* mask = nullptr;
     MaskType mask_type = MaskType::f16;
     size_t mask_row_stride = 0;  // from query row i's mask to i + 1's; 0: n_tokens
@@ -74,7 +75,10 @@ struct AttendOptions {
 // q + i·q_row_stride + h·q_head_stride, its result at out + i·out_row_stride + h·out_head_stride; query
 // head h uses kv head h / (n_heads / n_kv_heads); the rows as in the other overload. With one query row,
 // no mask and one thread it gives the other overload's bits. Throws std::invalid_argument (nothing
-// written) for what the other overload rejects, a bad option or overlapping result rows.
+// written) for what the other overload rejects, a bad option, overlapping result rows, or a buffer (k, v,
+// q, out, mask, sinks) whose extent from the counts and strides passes PTRDIFF_MAX (checked before any is
+// read). Finite inputs give finite results: a result whose float scores or sums overflow (a scale or query
+// of 1e38) is computed again in double from the dequantized rows, as KVCache::attend does.
 // The scratch it needs lives in per-thread buffers that grow to the largest call and are kept: in a
 // steady state (the same shapes again) a call allocates nothing.
 void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_heads, const float* q, RowsView k,

@@ -254,6 +254,10 @@ public:
     const Codec& value_codec() const;
     const Codec& key_codec(int layer) const;
     const Codec& value_codec(int layer) const;
+    // The key codec as a configuration spells it: key_codec()'s name with the key format's suffixes
+    // ("q8_0+sink2": the rows are q8_0, the first two keys of a sequence are kept in fp16 beside them).
+    std::string key_spec() const;
+    std::string key_spec(int layer) const;
 
     SequenceId add_sequence();
     void remove(SequenceId seq);

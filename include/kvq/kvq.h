@@ -204,8 +204,10 @@ KVQ_API kvq_status kvq_codec_finish_accumulate(const kvq_codec* codec, float* ac
  * h / (n_heads / n_kv_heads). The key row of token t and kv head j starts at
  * k + t * k_token_stride + j * k_head_stride (bytes); values likewise. A head stride of 0 means the row
  * bytes, a token stride of 0 means n_kv_heads row bytes (rows packed as [token][kv head]). For a ggml KV
- * tensor of shape [head_dim, n_kv_heads, n_ctx] the strides are its nb[2] and nb[1]. q, out: n_heads ×
- * head_dim floats. scale <= 0 means 1/sqrt(head_dim). With n_tokens = 0 the output is zero. Rows whose
+ * tensor of shape [head_dim, n_kv_heads, n_ctx] the strides are its nb[2] and nb[1]. q: n_heads × the
+ * key codec's head_dim floats, out: n_heads × the value codec's (the two may differ: DeepSeek's latent
+ * attention has 576-value keys and 512-value values, v a view of k's rows). scale <= 0 means
+ * 1/sqrt(key head_dim). With n_tokens = 0 the output is zero. Rows whose
  * extent ((n_tokens - 1) * token stride + (n_kv_heads - 1) * head stride + row bytes) would pass
  * PTRDIFF_MAX bytes: KVQ_ERR_INVALID_ARGUMENT before any row is read, out untouched. */
 KVQ_API kvq_status kvq_attend_rows(const kvq_codec* key_codec, const kvq_codec* value_codec, int32_t n_heads,
@@ -234,7 +236,8 @@ typedef struct kvq_attend_options {
     size_t out_row_stride;
     /* NULL, or one row of n_tokens values per query row, added to the scaled (and soft-capped) scores;
      * -inf removes a token (weight exactly 0; not read where no query row computed with it keeps it). A row
-     * that keeps no token gives zeros. Values must be finite or -inf. */
+     * that keeps no token gives zeros. Values must be finite or -inf: NaN or +inf fails with
+     * KVQ_ERR_NON_FINITE under KVQ_NAN_REJECT (under KVQ_NAN_PROPAGATE that row's outputs are NaN). */
     const void* mask;
     size_t mask_row_stride;  /* from query row i's mask to i + 1's; 0: n_tokens */
     int32_t mask_type;       /* kvq_mask_type, default KVQ_MASK_F16 */
@@ -261,8 +264,11 @@ static inline kvq_attend_options kvq_attend_options_default(void) {
 /* kvq_attend_rows for options->n_queries query rows: query row i's head h at q + i·q_row_stride +
  * h·q_head_stride, its result at out + i·out_row_stride + h·out_head_stride, with the options' mask,
  * scale, soft-cap and threads. The rows and their strides as in kvq_attend_rows. KVQ_ERR_INVALID_ARGUMENT
- * for a bad shape, stride or option, KVQ_ERR_BAD_HEAD_DIM, KVQ_ERR_NON_FINITE; on failure out is
- * unchanged. In a steady state (the same shapes again) a call allocates nothing. */
+ * for a bad shape, stride or option, or for any of k, v, q, out, mask and sinks whose extent (from the
+ * counts and strides) passes PTRDIFF_MAX, before anything is read or written; KVQ_ERR_BAD_HEAD_DIM,
+ * KVQ_ERR_NON_FINITE; on failure out is unchanged. Finite inputs give finite results (a result whose
+ * float scores overflow, a scale of 3e38 say, is computed in double, as the cache does). In a steady
+ * state (the same shapes again) a call allocates nothing. */
 KVQ_API kvq_status kvq_attend_rows_ex(const kvq_codec* key_codec, const kvq_codec* value_codec, int32_t n_heads,
                                       int32_t n_kv_heads, const float* q, const void* k, size_t k_token_stride,
                                       size_t k_head_stride, const void* v, size_t v_token_stride,

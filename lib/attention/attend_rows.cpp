@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../codec/row_keys.hpp"
-#include "../util/checked_size.hpp"
+#include "attend_rows_checks.hpp"
 #include "engine.hpp"
 #include "scratch_pool.hpp"
 #include "thread_pool.hpp"
@@ -60,17 +60,6 @@ struct BlockTables {
     std::vector<uint8_t*> k, v;
 };
 
-// Checks that the n_a × n_b result vectors of d floats at strides sa, sb do not overlap.
-bool disjoint(size_t sa, size_t n_a, size_t sb, size_t n_b, size_t d) {
-    if (n_a <= 1) return n_b <= 1 || sb >= d;
-    if (n_b <= 1) return sa >= d;
-    if (sa > sb) {
-        std::swap(sa, sb);
-        std::swap(n_a, n_b);
-    }
-    return sa >= d && sb >= sa * n_a;
-}
-
 }  // namespace
 
 void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_heads, const float* q, RowsView k,
@@ -102,49 +91,11 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     const size_t nq = o.n_queries;
     if (nq == 0) return;
     if (!q || !out || (n_tokens > 0 && (!k.data || !v.data))) bad("null pointer");
-    const size_t heads = static_cast<size_t>(n_heads), dq = static_cast<size_t>(dk), dout = static_cast<size_t>(dv);
-    const size_t q_head = o.q_head_stride ? o.q_head_stride : dq;
-    const size_t q_row = o.q_row_stride ? o.q_row_stride : heads * q_head;
-    const size_t out_head = o.out_head_stride ? o.out_head_stride : dout;
-    const size_t out_row = o.out_row_stride ? o.out_row_stride : heads * out_head;
-    if (!disjoint(out_head, heads, out_row, nq, dout)) {
-        bad("the result strides (head " + std::to_string(out_head) + ", row " + std::to_string(out_row) +
-            " floats) make results overlap");
-    }
-    if (o.nan == NanPolicy::reject) {
-        for (size_t r = 0; r < nq; ++r) {
-            for (size_t h = 0; h < heads; ++h) {
-                if (!all_finite(q + r * q_row + h * q_head, dq)) {
-                    throw NonFiniteInput("attend_rows: the query of row " + std::to_string(r) + ", head " +
-                                         std::to_string(h) + " is not finite (NaN or Inf)");
-                }
-            }
-        }
-    }
-    if (k.head_stride == 0) k.head_stride = keys.row_bytes();
-    if (v.head_stride == 0) v.head_stride = values.row_bytes();
-    if (k.token_stride == 0) k.token_stride = static_cast<size_t>(n_kv_heads) * keys.row_bytes();
-    if (v.token_stride == 0) v.token_stride = static_cast<size_t>(n_kv_heads) * values.row_bytes();
-    // The rows' extents, checked before a row is read (n_tokens, the strides and n_kv_heads come from the caller).
-    using detail::strided;
-    detail::check_buffer_sizes(
-        {{"k", strided(n_tokens, k.token_stride, strided(n_kv_heads, k.head_stride, keys.row_bytes())),
-          "n_tokens tokens token_stride apart, each n_kv_heads rows head_stride apart"},
-         {"v", strided(n_tokens, v.token_stride, strided(n_kv_heads, v.head_stride, values.row_bytes())),
-          "n_tokens tokens token_stride apart, each n_kv_heads rows head_stride apart"}},
-        [] { return "attend_rows"; });
-    if (n_tokens > 1 && (k.token_stride < keys.row_bytes() || v.token_stride < values.row_bytes())) {
-        bad("a token stride is smaller than the row bytes");
-    }
-    if (o.sinks) {
-        for (size_t h = 0; h < heads; ++h) {
-            if (!std::isfinite(o.sinks[h])) bad("the sink of head " + std::to_string(h) + " is not finite");
-        }
-    }
-    if (o.mask && n_tokens > 0) {
-        const size_t mask_row = o.mask_row_stride ? o.mask_row_stride : n_tokens;
-        if (nq > 1 && mask_row < n_tokens) bad("the mask row stride is smaller than n_tokens");
-    }
+    const size_t heads = static_cast<size_t>(n_heads), dout = static_cast<size_t>(dv);
+    // Every buffer's extent (k, v, q, out, mask, sinks) checked, then the query, mask and sinks' values
+    // (attend_rows_checks.hpp); the strides with their defaults filled in.
+    const detail::RowStrides strides = detail::check_attend_rows(keys, values, n_heads, n_kv_heads, q, k, v, n_tokens, out, o);
+    const size_t q_head = strides.q_head, q_row = strides.q_row, out_head = strides.out_head, out_row = strides.out_row;
     if (n_tokens == 0) {
         for (size_t r = 0; r < nq; ++r) {
             for (size_t h = 0; h < heads; ++h) std::fill_n(out + r * out_row + h * out_head, dout, 0.0f);
@@ -186,10 +137,10 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     r.out_head_stride = out_head;
     r.mask = o.mask;
     r.mask_type = o.mask_type;
-    r.mask_row_stride = o.mask_row_stride ? o.mask_row_stride : n_tokens;
+    r.mask_row_stride = strides.mask_row;
     r.sinks = o.sinks;
-    const detail::AttentionShape shape{n_heads, n_kv_heads, dk, o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(dk)),
-                                       o.softcap, dv};
+    const float scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(dk));
+    const detail::AttentionShape shape{n_heads, n_kv_heads, dk, scale, o.softcap, dv};
     // The parts run on the engine's executor (its contract checked: ExecutorError) or kvq's shared pool. The
     // function holds one pointer: a std::function keeps it without allocating.
     const detail::ParallelRun run = [op = &o](int n, const std::function<void(int)>& part) {
@@ -200,6 +151,8 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
         }
     };
     detail::attend(shape, std::span<const detail::AttendTask>(&task, 1), &run, o.threads);
+    // Finite inputs whose scores overflowed float: those results again in double (the cache's rule).
+    detail::finish_rows_exactly(keys, values, n_heads, n_kv_heads, q, k, v, n_tokens, out, o, strides, scale);
 }
 
 }  // namespace kvq

@@ -261,8 +261,17 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
 
     detail::LayerState& st = seq.layers[layer];
     const AppendPlan p = plan_append(*this, st, layer, n);
-    std::vector<uint8_t> new_staging;  // allocated before the pool is asked, kept only if it gives
-    if (p.staging && st.staging.empty()) new_staging.assign(staging_layer_bytes, 0);
+    // The staging grows (doubling, up to the ring) to hold positions up to n_final; allocated and copied
+    // before the pool is asked, kept only if it gives. The pool reserves the whole ring on the first append.
+    std::vector<uint8_t> new_staging;
+    const size_t held_slots = st.staging.size() / staging_block_bytes, need_slots = staging_slots_for(p.n_final);
+    if (p.staging && need_slots > held_slots) {
+        const size_t bytes = std::min(staging_blocks, std::max(need_slots, 2 * held_slots)) * staging_block_bytes;
+        new_staging.reserve(bytes);
+        new_staging.assign(st.staging.begin(), st.staging.end());
+        new_staging.resize(bytes, 0);
+    }
+    const bool staging_now = p.staging && st.staging.empty();
     std::vector<detail::BlockRef> give_back(st.table.begin(), st.table.begin() + p.n_drop);
     if (p.copy_last) give_back.push_back(st.table.back());
     // A re-opened block (plan_append): its rows as floats now, since the pool may hand its memory out again.
@@ -284,17 +293,14 @@ void detail::CacheImpl::append(int layer, SequenceId id, const float* k, const f
     // The blocks and any new staging from the pool in one step (all or nothing).
     std::vector<size_t> want(kind_of[layer] + 1, 0);
     want[kind_of[layer]] = p.n_new + p.copy_last;
-    const bool staging_now = !new_staging.empty();
     // The table entries of the new blocks count against the pool too (CacheConfig::max_bytes).
     const std::vector<detail::BlockRef> fresh = pool->take(want, staging_now ? kd.staging_units : 0,
                                                            staging_now ? staging_layer_bytes : 0, give_back, false,
                                                            p.n_new * kTableEntryBytes);
 
     // ---- from here on nothing fails ----
-    if (!new_staging.empty()) {
-        st.staging = std::move(new_staging);
-        staging_bytes += staging_layer_bytes;
-    }
+    if (staging_now) staging_bytes += staging_layer_bytes;
+    if (!new_staging.empty()) st.staging = std::move(new_staging);
     st.table.erase(st.table.begin(), st.table.begin() + p.n_drop);
     st.data.erase(st.data.begin(), st.data.begin() + p.n_drop);
     seq.charged += p.n_new * kTableEntryBytes;

@@ -19,12 +19,15 @@ namespace kvq::detail::file {
 inline constexpr char kMagic[8] = {'K', 'V', 'Q', 'C', 'A', 'C', 'H', 'E'};
 // 2 added the staging type, 3 per-layer codecs (blocks of several sizes), 4 the exact tail (written only
 // by a cache with one: others write version 3, which older kvq reads), 5 the key channel scales (written
-// only by a cache with them), 6 the values' head size and latent values (written only by a cache whose
-// values differ from its keys); versions 1 to 3 load with no tail, 1 to 4 with no key scales, 1 to 5
-// with values of the keys' head size.
+// only by a cache with them), 6 the values' head size and latent values, and staging payloads that may
+// hold only the first slots of the ring, those the sequences' tokens reached (written only by a cache
+// whose values differ from its keys, or whose held slots are fewer than the ring's: a long exact tail's
+// ring is gigabytes); versions 1 to 3 load with no tail, 1 to 4 with no key scales, 1 to 5 with values of
+// the keys' head size and whole rings.
 inline constexpr uint32_t kFormatVersion = 6;
 inline constexpr uint32_t kExactTailFormatVersion = 4;
 inline constexpr uint32_t kKeyScalesFormatVersion = 5;
+inline constexpr uint32_t kHeldStagingFormatVersion = 6;
 inline constexpr uint32_t kValueHeadFormatVersion = 6;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr size_t kPrefixBytes = 16;           // magic, version, header size: read before the rest

@@ -134,7 +134,13 @@ struct CacheImpl {
     detail::BlockLayout staging_layout;  // one slot of the float staging of one layer
     size_t staging_blocks = 1;           // slots of a layer's staging (the ring, see the top)
     size_t staging_block_bytes = 0;      // one slot, keys and values
-    size_t staging_layer_bytes = 0;      // per layer: staging_blocks slots
+    size_t staging_layer_bytes = 0;      // per layer: staging_blocks slots (reserved against the pool at once)
+    // The ring slots a layer of n tokens has written (slot s holds positions s·bt.. the first time round):
+    // a layer's staging holds at least these and grows as its tokens come (an exact tail of 2^20 tokens
+    // would otherwise take its whole ring, gigabytes, on the first token).
+    size_t staging_slots_for(size_t n_tokens) const {
+        return std::min(staging_blocks, std::max<size_t>(1, (n_tokens + bt() - 1) / bt()));
+    }
     std::unique_ptr<detail::BlockPool> pool;
     // Runs the parts of one call: the engine's executor, or kvq's shared pool on up to cfg.threads
     // threads; empty for one thread.

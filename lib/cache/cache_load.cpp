@@ -71,6 +71,31 @@ std::vector<uint32_t> live_rows(const detail::CacheImpl& c, const Tables& t, uin
     return live;
 }
 
+// The positions at which the tables place each block (that of a block's first row): the first one seen
+// and, for a hostile file, one that differs from it (kNoStart: none). The format-owned fields of a block's
+// side data (sink counts) are checked against both.
+constexpr uint64_t kNoStart = UINT64_MAX;
+struct BlockStarts {
+    uint64_t first = kNoStart, other = kNoStart;
+};
+std::vector<BlockStarts> block_starts(const detail::CacheImpl& c, const Tables& t, uint64_t n_blocks) {
+    std::vector<BlockStarts> at(n_blocks);
+    for (const auto& layers : t.sequences) {
+        for (const LayerRecord& r : layers) {
+            for (size_t i = 0; i < r.blocks.size(); ++i) {
+                BlockStarts& b = at[r.blocks[i]];
+                const uint64_t start = r.first_pos + i * c.bt();
+                if (b.first == kNoStart) {
+                    b.first = start;
+                } else if (start != b.first) {
+                    b.other = start;
+                }
+            }
+        }
+    }
+    return at;
+}
+
 bool all_finite(const float* x, size_t n) {
     for (size_t i = 0; i < n; ++i) {
         if (!std::isfinite(x[i])) return false;
@@ -81,7 +106,8 @@ bool all_finite(const float* x, size_t n) {
 // The live rows of a block of the file (as attention reads them: dequantized, the key format's side data
 // applied) that are not finite: what append never stores under NanPolicy::reject, and records as
 // non-finite under propagate.
-BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file_block, uint32_t live) {
+BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file_block, uint32_t live, uint64_t index,
+                       const BlockStarts& starts) {
     const detail::LayerKind& kind = c.kinds[k];
     BadRows bad;
     const size_t d = static_cast<size_t>(c.cfg.head_dim), dv = static_cast<size_t>(c.dv());
@@ -95,6 +121,12 @@ BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file
         block = copy.data();
     }
     for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
+        for (const uint64_t start : {starts.first, starts.other}) {
+            if (start == kNoStart) continue;
+            if (const std::string e = kind.keys->side_error(kind.key_head(block, h), start); !e.empty()) {
+                detail::file::bad("block " + std::to_string(index) + ", kv head " + std::to_string(h) + ": " + e);
+            }
+        }
         std::vector<char> row_bad(live, 0);
         kind.keys->read_rows(kind.key_head(block, h), 0, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
@@ -186,6 +218,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     // whose CRCs were recomputed over NaN, an Inf scale or a value too large to seal is no better than
     // that input given to append.
     const std::vector<uint32_t> live = live_rows(*this, t, h.n_blocks);
+    const std::vector<BlockStarts> starts = block_starts(*this, t, h.n_blocks);
     std::vector<uint32_t> staged_of(h.n_staging, 0);
     std::vector<uint64_t> pool_end_of(h.n_staging, 0);
     std::vector<size_t> kind_of_staging(h.n_staging, 0);
@@ -202,7 +235,7 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
     for (uint64_t i = 0; i < n_payloads; ++i) {
         read_payload(f, h, t, i, scratch.data(), ": the file is corrupted");
         if (i < h.n_blocks) {
-            block_bad[i] = bad_block_rows(*this, detail::file::block_place(h, i).kind, scratch.data(), live[i]);
+            block_bad[i] = bad_block_rows(*this, detail::file::block_place(h, i).kind, scratch.data(), live[i], i, starts[i]);
         } else {
             const uint64_t j = i - h.n_blocks;
             staging_bad[j] = bad_staged_rows(*this, kinds[kind_of_staging[j]], scratch.data(), pool_end_of[j], staged_of[j]);
@@ -232,7 +265,8 @@ std::vector<SequenceId> detail::CacheImpl::load(const InFile& f, const Header& h
             st.data.reserve(r.blocks.size());
             if (r.staging == detail::file::kNoStaging) continue;
             read_payload(f, h, t, h.n_blocks + r.staging, scratch.data(), changed);
-            st.staging.assign(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(staging_layer_bytes));
+            // The slots its tokens reach (the rest of the ring is zero and comes as the tail fills).
+            st.staging.assign(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(staging_slots_for(r.n_tokens) * staging_block_bytes));
             staging_added += staging_layer_bytes;
             units += kind(static_cast<int>(l)).staging_units;
             // propagate: as append does, a codec that cannot store the row gets it zeroed (it is recorded).

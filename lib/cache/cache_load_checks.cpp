@@ -42,6 +42,11 @@ void check_layer_record(const detail::CacheImpl& c, const Header& h, const Layer
     if (r.staging != kNoStaging && r.staging >= h.n_staging) {
         fail("staging index " + std::to_string(r.staging) + " is out of range (" + std::to_string(h.n_staging) + ")");
     }
+    // A payload of the ring's first slots holds a layer whose tokens reached no other slot (version 6).
+    if (r.staging != kNoStaging && c.staging_slots_for(r.n_tokens) > staging_payload_slots(c, h)) {
+        fail(std::to_string(r.n_tokens) + " tokens reach more ring slots than the file's staging payloads hold (" +
+             std::to_string(staging_payload_slots(c, h)) + ")");
+    }
     const uint64_t pool_end = r.n_tokens - r.staged;
     if (r.staged > 0 && (r.staging == kNoStaging || pool_end % bt != 0)) {
         fail("staged tokens without a staging payload or after a partly filled block");
@@ -170,7 +175,19 @@ void check_sizes(const detail::CacheImpl& c, const Header& h) {
         same("a value row", h.kinds[k].value_row_bytes, c.kinds[k].value.row_bytes());
         same("a block", h.kinds[k].block_bytes, c.pool->block_bytes(k));
     }
-    same("a staging payload", h.staging_bytes, c.staging_payload_bytes());
+    if (h.staging_bytes != c.staging_payload_bytes()) {
+        // Version 6: the first m slots of the ring, 1 <= m < staging_blocks, padded to the payload stride.
+        const uint64_t m = h.version >= kHeldStagingFormatVersion ? staging_payload_slots(c, h) : 0;
+        const uint64_t stride = kPayloadStride;
+        if (m == 0 || m >= c.staging_blocks || (m * c.staging_block_bytes + stride - 1) / stride * stride != h.staging_bytes) {
+            same("a staging payload", h.staging_bytes, c.staging_payload_bytes());
+        }
+    }
+}
+
+uint64_t staging_payload_slots(const detail::CacheImpl& c, const Header& h) {
+    if (h.staging_bytes == c.staging_payload_bytes()) return c.staging_blocks;
+    return std::min<uint64_t>(c.staging_blocks, h.staging_bytes / c.staging_block_bytes);
 }
 
 std::vector<uint32_t> check_tables(const detail::CacheImpl& c, const Header& h, const Tables& t) {

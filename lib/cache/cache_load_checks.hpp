@@ -19,6 +19,9 @@ void check_matches(const detail::CacheImpl& c, const Header& h);
 // The payload sizes this kvq would write for the configuration (a codec whose layout changed between
 // versions shows up here).
 void check_sizes(const detail::CacheImpl& c, const Header& h);
+// The ring slots each staging payload holds: the whole ring, or (version 6) its first slots, as many as the
+// payload size says (check_sizes has checked that it is one a saver writes).
+uint64_t staging_payload_slots(const detail::CacheImpl& c, const Header& h);
 // Every record valid, every block referenced, every staging payload used once. Returns the references
 // per block (its reference count after loading).
 std::vector<uint32_t> check_tables(const detail::CacheImpl& c, const Header& h, const Tables& t);

@@ -1,6 +1,7 @@
 // Saving a cache: the chosen sequences' block tables, every block they reference once (shared blocks of
 // forked sequences are one payload referenced from several tables), the float rows of open blocks, and
 // the configuration, written to a temporary file that is renamed over the target (docs/file-format.md).
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -30,12 +31,12 @@ size_t detail::CacheImpl::staging_payload_bytes() const {
 namespace {
 
 // The staged rows (exact tail and open block) as a file stores them: the staging's ring of
-// staging_blocks slots, each in the staging layout (keys, then values; per kv head block_tokens rows of
+// staging_blocks slots (or its first `bytes` of them, version 6, when no saved layer reached the others), each in the staging layout (keys, then values; per kv head block_tokens rows of
 // the staging codec, f32 or f16), position p at slot (p / block_tokens) % staging_blocks, with every row
 // not staged zero, so a cache's contents alone decide the bytes (a truncate leaves stale rows behind,
 // which no read ever sees).
-void staging_payload(const detail::CacheImpl& c, const detail::LayerState& st, std::vector<uint8_t>& out) {
-    out.assign(c.staging_payload_bytes(), 0);
+void staging_payload(const detail::CacheImpl& c, const detail::LayerState& st, size_t bytes, std::vector<uint8_t>& out) {
+    out.assign(bytes, 0);
     for (size_t pos = st.pool_end(); pos < st.n_tokens; ++pos) {
         for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
             for (const bool keys : {true, false}) {
@@ -118,8 +119,14 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     for (size_t k = 0; k < kinds.size(); ++k) {
         for (const uint8_t* b : p.blocks[k]) t.crcs.push_back(detail::crc32c(file_block(k, b), pool->block_bytes(k)));
     }
+    // Staging payloads of the ring's slots the saved tokens reached (the same for every payload: the most
+    // any layer reached), not the whole ring: what the cache holds, decided by its tokens alone.
+    size_t held_slots = p.staging.empty() ? staging_blocks : 1;
+    for (const detail::LayerState* st : p.staging) held_slots = std::max(held_slots, staging_slots_for(st->n_tokens));
+    const size_t payload_bytes = held_slots == staging_blocks ? staging_payload_bytes()
+                                                              : align_up(held_slots * staging_block_bytes, detail::file::kPayloadStride);
     for (const detail::LayerState* st : p.staging) {
-        staging_payload(*this, *st, buffer);
+        staging_payload(*this, *st, payload_bytes, buffer);
         t.crcs.push_back(detail::crc32c(buffer.data(), buffer.size()));
     }
     const std::vector<uint8_t> tables = detail::file::encode_tables(t);
@@ -127,7 +134,8 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     detail::file::Header h;
     // The oldest version that holds the cache (3 without an exact tail or key scales), so an older kvq
     // reads its files.
-    h.version = cfg.head_dim_v != cfg.head_dim || cfg.latent_values ? detail::file::kValueHeadFormatVersion
+    h.version = payload_bytes != staging_payload_bytes() || cfg.head_dim_v != cfg.head_dim || cfg.latent_values
+                    ? detail::file::kHeldStagingFormatVersion
                 : !cfg.key_scales.empty() ? detail::file::kKeyScalesFormatVersion
                 : cfg.exact_tail_tokens  ? detail::file::kExactTailFormatVersion
                                          : detail::file::kExactTailFormatVersion - 1;
@@ -154,7 +162,7 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
     h.key_row_bytes = h.kinds[0].key_row_bytes;
     h.value_row_bytes = h.kinds[0].value_row_bytes;
     h.n_staging = p.staging.size();
-    h.staging_bytes = staging_payload_bytes();
+    h.staging_bytes = payload_bytes;
     h.n_sequences = chosen.size();
     // The header's size does not depend on the offsets it holds, so it is known before they are.
     h.header_bytes = static_cast<uint32_t>(detail::file::encode_header(h).size());
@@ -172,7 +180,7 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
         for (const uint8_t* b : p.blocks[k]) out.write(file_block(k, b), h.kinds[k].block_bytes);
     }
     for (const detail::LayerState* st : p.staging) {
-        staging_payload(*this, *st, buffer);
+        staging_payload(*this, *st, payload_bytes, buffer);
         out.write(buffer.data(), buffer.size());
     }
     out.write(tables.data(), tables.size());

@@ -21,7 +21,7 @@ SequenceId detail::CacheImpl::fork(SequenceId parent) {
         for (size_t l = 0; l < child.layers.size(); ++l) {
             const auto& st = child.layers[l];
             shared.insert(shared.end(), st.table.begin(), st.table.end());
-            staging_added += st.staging.size();
+            staging_added += st.staging.empty() ? 0 : staging_layer_bytes;  // the reservation, not what is held
             units += st.staging.empty() ? 0 : kind(static_cast<int>(l)).staging_units;
         }
         // The copy's bookkeeping: its state and its copies of the parent's block tables.
@@ -61,8 +61,10 @@ void detail::CacheImpl::remove(SequenceId id) {
     for (size_t l = 0; l < seq->layers.size(); ++l) {
         auto& st = seq->layers[l];
         pool->release(st.table);
-        staging_bytes -= st.staging.size();
-        if (!st.staging.empty()) pool->unreserve(kind(static_cast<int>(l)).staging_units, st.staging.size());
+        if (!st.staging.empty()) {
+            staging_bytes -= staging_layer_bytes;
+            pool->unreserve(kind(static_cast<int>(l)).staging_units, staging_layer_bytes);
+        }
     }
     seq->layers.clear();
     metadata_bytes -= seq->charged;

@@ -388,6 +388,11 @@ const Codec& KVCache::value_codec(int layer) const {
     impl_->check_layer("value_codec", layer);
     return impl_->kind(layer).value;
 }
+std::string KVCache::key_spec() const { return impl_->key_format->name(); }
+std::string KVCache::key_spec(int layer) const {
+    impl_->check_layer("key_spec", layer);
+    return impl_->kind(layer).keys->name();
+}
 
 size_t detail::CacheImpl::sequence_metadata_bytes() const { return KVCache::sequence_bookkeeping_bytes(cfg.n_layers); }
 
@@ -422,7 +427,13 @@ void KVCache::append(int layer, SequenceId seq, const uint16_t* k, const uint16_
     if (type != HalfType::f16 && type != HalfType::bf16) throw std::invalid_argument("KVCache::append: unknown HalfType");
     const size_t row = size_t(impl_->cfg.n_kv_heads) * size_t(impl_->cfg.head_dim);
     const size_t row_v = impl_->latent() ? 0 : size_t(impl_->cfg.n_kv_heads) * size_t(impl_->dv());
-    if (n_tokens > kMaxSequenceTokens || n_tokens > SIZE_MAX / sizeof(float) / std::max(row, row_v)) {
+    // Before a value is read or a copy made: the halves, and their float copies, must be buffers that can exist.
+    detail::check_buffer_sizes({{"k", detail::CheckedSize(n_tokens) * row * sizeof(float),
+                                 "n_tokens x n_kv_heads x head_dim halves, converted to floats"},
+                                {"v", detail::CheckedSize(n_tokens) * row_v * sizeof(float),
+                                 "n_tokens x n_kv_heads x head_dim_v halves, converted to floats"}},
+                               [&] { return "KVCache::append: n_tokens = " + std::to_string(n_tokens); });
+    if (n_tokens > kMaxSequenceTokens) {
         throw std::invalid_argument("KVCache::append: " + std::to_string(n_tokens) + " tokens is beyond what a sequence holds");
     }
     if (n_tokens > 0 && (!k || (!v && !impl_->latent()))) throw std::invalid_argument("KVCache::append: k or v is null");

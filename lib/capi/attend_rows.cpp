@@ -23,11 +23,7 @@ extern "C" kvq_status kvq_attend_rows(const kvq_codec* key_codec, const kvq_code
         }
         const kvq::Codec& keys = key_codec->codec;
         const kvq::Codec& values = value_codec->codec;
-        const int d = keys.head_dim();
-        if (values.head_dim() != d) {
-            return fail(KVQ_ERR_BAD_HEAD_DIM, "kvq_attend_rows: key codec has head_dim " + std::to_string(d) +
-                                                  ", value codec " + std::to_string(values.head_dim()));
-        }
+        const int d = keys.head_dim();  // of the queries (the results have the value codec's)
         if (n_kv_heads <= 0 || n_heads <= 0 || n_heads % n_kv_heads != 0) {
             return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_attend_rows: n_heads (" + std::to_string(n_heads) +
                                                       ") must be a positive multiple of n_kv_heads (" +
@@ -46,7 +42,7 @@ extern "C" kvq_status kvq_attend_rows(const kvq_codec* key_codec, const kvq_code
             return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_attend_rows: a token stride is smaller than the row bytes");
         }
         // Into scratch first: out is written only when the call has succeeded.
-        std::vector<float> result(n_q_values);
+        std::vector<float> result(static_cast<size_t>(n_heads) * values.head_dim());
         kvq::attend_rows(keys, values, n_heads, n_kv_heads, q, {k, k_token_stride, k_head_stride},
                          {v, v_token_stride, v_head_stride}, n_tokens, result.data(), scale > 0 ? scale : 0.0f);
         std::copy(result.begin(), result.end(), out);
@@ -80,11 +76,6 @@ extern "C" kvq_status kvq_attend_rows_ex(const kvq_codec* key_codec, const kvq_c
         }
         auto bad = [](const std::string& what) { return fail(KVQ_ERR_INVALID_ARGUMENT, "kvq_attend_rows_ex: " + what); };
         if (!key_codec || !value_codec) return bad("NULL codec");
-        if (key_codec->codec.head_dim() != value_codec->codec.head_dim()) {
-            return fail(KVQ_ERR_BAD_HEAD_DIM, "kvq_attend_rows_ex: key codec has head_dim " +
-                                                  std::to_string(key_codec->codec.head_dim()) + ", value codec " +
-                                                  std::to_string(value_codec->codec.head_dim()));
-        }
         if (p.mask_type != KVQ_MASK_F16 && p.mask_type != KVQ_MASK_F32) return bad("unknown mask_type");
         if (p.nan_policy != KVQ_NAN_REJECT && p.nan_policy != KVQ_NAN_PROPAGATE) return bad("unknown nan_policy");
         if (p.reserved != 0) return bad("reserved must be 0");

@@ -106,6 +106,10 @@ public:
     // A head's key rows (rows_bytes) from the pool's memory to the file's ggml rows (to_file) or back, in
     // place: only formats whose pool layout is not ggml's do anything.
     virtual void convert_rows(uint8_t* /*rows*/, bool /*to_file*/) const {}
+    // What is wrong with the fields of a head's side data that the format itself writes from the block's
+    // position (a loaded file's: they are checked as its rows are), given the position of the block's first
+    // row; empty when nothing is.
+    virtual std::string side_error(const ConstKeyHead& /*head*/, size_t /*first_token*/) const { return {}; }
     // Whether the pool's memory holds the rows as the file does (convert_rows does nothing).
     bool rows_as_file() const { return group_rows_ == 1; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../ref/half.hpp"
@@ -21,6 +22,17 @@ size_t SinkKeys::held(const uint8_t* side) const {
     uint32_t count;
     std::memcpy(&count, side + count_at(), sizeof(count));
     return std::min<size_t>(count, static_cast<size_t>(sinks_));  // a hostile file's count: never past the room
+}
+
+std::string SinkKeys::side_error(const ConstKeyHead& head, size_t first_token) const {
+    if (std::string e = inner_->side_error(inner_head(head), first_token); !e.empty()) return e;
+    uint32_t count;
+    std::memcpy(&count, head.side + count_at(), sizeof(count));
+    // What seal writes: blocks are sealed whole (block_tokens rows) in a cache.
+    const size_t want = first_token == 0 ? std::min<size_t>(static_cast<size_t>(block_tokens()), static_cast<size_t>(sinks_)) : 0;
+    if (count == want) return {};
+    return "its sink count is " + std::to_string(count) + " where a block at position " + std::to_string(first_token) +
+           " of '" + name() + "' holds " + std::to_string(want);
 }
 
 void SinkKeys::seal(const float* k, size_t n, size_t first_token, const KeyHead& head) const {

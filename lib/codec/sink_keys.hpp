@@ -36,6 +36,8 @@ public:
     void seal(const float* k, size_t n, size_t first_token, const KeyHead& head) const override;
     void read_rows(const ConstKeyHead& head, size_t lo, size_t n, float* out) const override;
     void convert_rows(uint8_t* rows, bool to_file) const override { inner_->convert_rows(rows, to_file); }
+    // The count of sink rows: min(block_tokens, N) in a sequence's first block, 0 in every other.
+    std::string side_error(const ConstKeyHead& head, size_t first_token) const override;
     size_t scratch_floats(int g) const override { return inner_->scratch_floats(g); }
     const float* score(const uint8_t* prep, const float* q, int g, const ConstKeyHead& head, size_t lo, size_t n,
                        float* scores, size_t stride, float* scratch) const override;

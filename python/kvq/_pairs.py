@@ -22,25 +22,42 @@ def split_pair(spec: str) -> tuple[str, str]:
     return k, v
 
 
-def _items(spec: str) -> list[str]:
-    """The per-layer list's pairs, runs expanded; a ValueError on any malformed item."""
-    out: list[str] = []
+# The most layers a list may name: a KVCache holds at most 65536 (kvq.KVCache's n_layers).
+MAX_LAYERS = 65536
+
+
+def _runs(spec: str) -> list[tuple[str, int]]:
+    """The per-layer list's runs (pair, n), not expanded, their layers at most MAX_LAYERS in all; a
+    ValueError on any malformed item (n in ASCII digits right after '*', no space around the pair)."""
+    out: list[tuple[str, int]] = []
+    total = 0
     for item in spec.split(";"):
         pair, star, count = item.strip().partition("*")
         n = 1
         if star:
-            if not count.isdigit() or int(count) < 1:
-                raise ValueError(f"a per-layer pair list repeats a pair as PAIR*n (n >= 1); got {item!r} in {spec!r}")
+            if not (count.isascii() and count.isdigit()) or int(count) < 1:
+                raise ValueError(f"a per-layer pair list repeats a pair as PAIR*n (n >= 1, ASCII digits); got {item!r} "
+                                 f"in {spec!r}")
+            if len(count) > 6 or int(count) > MAX_LAYERS:
+                raise ValueError(f"a per-layer pair list repeats {pair!r} {count} times; a cache has at most "
+                                 f"{MAX_LAYERS} layers")
             n = int(count)
+        if pair != pair.strip():
+            raise ValueError(f"a per-layer pair list's item is PAIR or PAIR*n without spaces around the pair; got "
+                             f"{item!r} in {spec!r}")
         split_pair(pair)
-        out += [pair] * n
+        total += n
+        if total > MAX_LAYERS:
+            raise ValueError(f"the per-layer pair list {spec[:80]!r}... names more than {MAX_LAYERS} layers, more than "
+                             "a cache holds")
+        out.append((pair, n))
     return out
 
 
 def check_spec(spec: str) -> None:
     """Raise a ValueError if spec is none of the three forms (the layer count is checked by layer_pairs)."""
     if ";" in spec or "*" in spec:
-        _items(spec)
+        _runs(spec)
     elif "|" in spec:
         full, _, windowed = spec.partition("|")
         split_pair(full)
@@ -55,10 +72,11 @@ def layer_pairs(spec: str, windows: Sequence[int]) -> list[str]:
     check_spec(spec)
     n = len(windows)
     if ";" in spec or "*" in spec:
-        pairs = _items(spec)
-        if len(pairs) != n:
-            raise ValueError(f"the per-layer pair list {spec!r} names {len(pairs)} layers; the model has {n}")
-        return pairs
+        runs = _runs(spec)
+        named = sum(k for _, k in runs)
+        if named != n:  # compared before the list is made
+            raise ValueError(f"the per-layer pair list {spec!r} names {named} layers; the model has {n}")
+        return [pair for pair, k in runs for _ in range(k)]
     full, _, windowed = spec.partition("|")
     return [windowed if windowed and w else full for w in windows]
 

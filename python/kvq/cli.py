@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import time
 from typing import Sequence
@@ -71,6 +72,25 @@ def _plot_path(path: str) -> str:
     if ext not in {"png", "pdf", "svg", "jpg", "jpeg"}:
         raise ValueError(f"--plot {path}: give a file name ending in .png, .pdf, .svg or .jpg")
     return path
+
+
+def _read_text(path: str, what: str) -> str:
+    """A text file's contents, refusing what is not a regular file before reading (a FIFO would block for
+    ever, /dev/zero never end), as the data-set readers do."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once; OSError as open() gives it
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+            raise ValueError(f"{what} {path} is {kind}, not a regular file; nothing was read")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            fd = -1
+            return f.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _writable(path: str, what: str) -> str:
@@ -243,22 +263,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     pairs = _pairs(args.pairs) or (None if args.budget else list(model_eval.DEFAULT_EVAL_PAIRS))
     sensitivity = None
     if args.sensitivity:
-        with open(args.sensitivity, encoding="utf-8") as f:
-            try:
-                sensitivity = json.load(f)["per_layer"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"--sensitivity {args.sensitivity}: not the JSON of kvq eval --per-layer (or "
-                                 f"--budget) --format json ({e})") from e
+        raw = _read_text(args.sensitivity, "--sensitivity")
+        try:
+            sensitivity = json.loads(raw)["per_layer"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"--sensitivity {args.sensitivity}: not the JSON of kvq eval --per-layer (or "
+                             f"--budget) --format json ({e})") from e
         if not sensitivity:
             raise ValueError(f"--sensitivity {args.sensitivity}: no per-layer rows")
-    with open(args.text, encoding="utf-8") as f:
-        text = f.read()
+    text = _read_text(args.text, "--text")
     if (args.key_scales == "calib") != (args.calib_text is not None):
         raise ValueError("--key-scales calib and --calib-text FILE go together (the prompt the scales are measured on)")
     calib_text = None
     if args.calib_text is not None:
-        with open(args.calib_text, encoding="utf-8") as f:
-            calib_text = f.read()
+        calib_text = _read_text(args.calib_text, "--calib-text")
     if args.plot and not (args.per_layer or args.budget):
         raise ValueError("--plot draws the per-layer KL: give --per-layer (or --budget) too")
     if args.plot:  # before the model loads and the evaluation runs

@@ -23,6 +23,20 @@ size_t non_negative(int64_t value, const char* name) {
     return static_cast<size_t>(value);
 }
 
+// exact_tail_tokens as validate_config's BadParams says it, whatever Python passes: an integer in
+// 0..kMaxExactTailTokens (a float, a bool, or an int beyond C's int is not turned into a TypeError).
+int parse_exact_tail_tokens(const py::object& x) {
+    const std::string range = "exact_tail_tokens must be an integer in 0.." + std::to_string(kMaxExactTailTokens);
+    if (py::isinstance<py::bool_>(x) || !PyIndex_Check(x.ptr())) {
+        throw BadParams(range + ", got " + std::string(py::repr(x)));
+    }
+    const py::int_ n(py::reinterpret_steal<py::object>(PyNumber_Index(x.ptr())));
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(n.ptr(), &overflow);
+    if (overflow != 0 || v < 0 || v > kMaxExactTailTokens) throw BadParams(range + ", got " + std::string(py::str(n)));
+    return static_cast<int>(v);
+}
+
 SealPolicy parse_seal(const std::string& s) {
     if (s == "on_block_full") return SealPolicy::on_block_full;
     if (s == "on_append") return SealPolicy::on_append;
@@ -242,7 +256,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
                                       const std::string& seal, bool center_keys, const std::string& nan_policy,
                                       int threads, uint64_t seed, const std::string& staging,
                                       const py::object& layer_codecs, int64_t max_bytes, bool int8_value_weights,
-                                      int exact_tail_tokens, const py::object& key_scales) {
+                                      const py::object& exact_tail_tokens, const py::object& key_scales) {
     CacheConfig c;
     c.n_layers = n_layers;
     c.n_kv_heads = n_kv_heads;
@@ -264,7 +278,7 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
     c.center_keys = center_keys;
     c.nan_policy = parse_nan_policy(nan_policy);
     c.int8_value_weights = int8_value_weights;
-    c.exact_tail_tokens = exact_tail_tokens;
+    c.exact_tail_tokens = parse_exact_tail_tokens(exact_tail_tokens);
     c.key_scales = parse_key_scales(key_scales, n_layers, n_kv_heads, head_dim);
     c.threads = threads;
     c.seed = seed;
@@ -373,13 +387,14 @@ error moved to the channels where s is small; values untouched; saved in cache f
         .def_property_readonly("n_kv_heads", [](const PyKVCache& c) { return c.config().n_kv_heads; })
         .def_property_readonly("n_heads", &PyKVCache::n_heads)
         .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.config().head_dim; })
-        .def_property_readonly("key_codec", [](const PyKVCache& c) { return c.cache().key_codec().name(); })
+        .def_property_readonly("key_codec", [](const PyKVCache& c) { return c.cache().key_spec(); },
+                               "The key codec as the configuration names it (with '+sinkN').")
         .def_property_readonly("value_codec", [](const PyKVCache& c) { return c.cache().value_codec().name(); })
         .def(
             "layer_codecs",
             [](const PyKVCache& c) {
                 std::vector<std::pair<std::string, std::string>> out;
-                for (int l = 0; l < c.config().n_layers; ++l) out.emplace_back(c.cache().key_codec(l).name(), c.cache().value_codec(l).name());
+                for (int l = 0; l < c.config().n_layers; ++l) out.emplace_back(c.cache().key_spec(l), c.cache().value_codec(l).name());
                 return out;
             },
             "Each layer's (key codec, value codec) names.")

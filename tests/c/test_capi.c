@@ -290,10 +290,24 @@ static void test_attend_rows(void) {
     CHECK_OK(kvq_attend_rows(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, 0, 0.0f, out));
     CHECK(out[0] == 0.0f && out[H * D - 1] == 0.0f);
 
+    /* Keys of another head size than the values (MLA's 576/512, llama.cpp's 192/128): keys [k, 0] of 2·D
+     * values and queries [q, anything] score as k and q do, so the result is the D-value keys' one. */
     kvq_codec* wide;
-    CHECK_OK(kvq_codec_create("q8_0", 2 * D, KVQ_DEFAULT_SEED, &wide));
-    CHECK_STATUS(kvq_attend_rows(wide, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, 0.0f, out),
-                 KVQ_ERR_BAD_HEAD_DIM, "head_dim");
+    CHECK_OK(kvq_codec_create("f32", 2 * D, KVQ_DEFAULT_SEED, &wide));
+    float* k2 = calloc((size_t)T * KV * 2 * D, sizeof(float));
+    static float q2[H * 2 * D], out2[H * D];
+    for (size_t r = 0; r < (size_t)T * KV; ++r) memcpy(k2 + r * 2 * D, k + r * D, sizeof(float) * D);
+    for (int h = 0; h < H; ++h) {
+        memcpy(q2 + h * 2 * D, q + h * D, sizeof(float) * D);
+        for (int j = D; j < 2 * D; ++j) q2[h * 2 * D + j] = 3.0f;
+    }
+    uint8_t* k2rows = malloc((size_t)T * KV * kvq_codec_row_bytes(wide));
+    CHECK_OK(kvq_codec_quantize_rows(wide, k2, (size_t)T * KV, k2rows, 0));
+    CHECK_OK(kvq_attend_rows(keys, values, H, KV, q, krows, 0, 0, vrows, 0, 0, T, 0.0f, out));
+    CHECK_OK(kvq_attend_rows(wide, values, H, KV, q2, k2rows, 0, 0, vrows, 0, 0, T, 1.0f / sqrtf((float)D), out2));
+    CHECK(relative_l2(out2, out, H * D) < 1e-6);
+    free(k2rows);
+    free(k2);
     kvq_codec_destroy(wide);
     free(k);
     free(v);

@@ -108,7 +108,7 @@ def test_bad_files_raise_and_change_nothing(tmp_path, small):
         assert snapshot(live) == before
 
     rejected(b"X" + good[1:], "magic")
-    rejected(good[:8] + b"\x06" + good[9:], "format version 6 is not supported")
+    rejected(good[:8] + b"\x07" + good[9:], "format version 7 is not supported")
     rejected(good + b"\0", "data after the end")
     for n in list(range(0, 40)) + list(range(40, len(good), 97)):
         rejected(good[:n], "truncated|less than a header")

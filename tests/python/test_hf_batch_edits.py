@@ -63,6 +63,8 @@ def next_logits(model, cache, rows):
     (torch.tensor([0, 3]), r"row 3 out of range \(3 rows: 0..2"),
     (torch.tensor([-1, 0]), r"row -1 out of range \(3 rows: 0..2, as index_select takes\)"),
     (torch.tensor([0, 1], dtype=torch.uint8), "must hold integers.*uint8"),
+    (torch.tensor([0, 1], dtype=torch.int8), "must hold integers.*int8"),  # issue 50: index_select refuses it
+    (torch.tensor([0, 1], dtype=torch.int16), "must hold integers.*int16"),
     (["a"], "must be a 1-D integer tensor or list"),
 ])
 def test_reorder_cache_refuses_what_index_select_refuses_and_changes_nothing(index, message):
@@ -166,3 +168,25 @@ def test_crop_takes_an_integer_only(tokens):
     assert same_state(state(cache), before)
     cache.crop(torch.tensor(-2))  # a 0-d integer tensor is a count
     assert cache.get_seq_length() == 18
+
+
+@pytest.mark.parametrize("repeats", [10**7, 2**62])
+def test_batch_repeat_interleave_is_bounded_before_its_row_list_is_made(repeats):
+    """Issue 50, item 4: without max_batch_size, n × rows was listed before any check (minutes, 13 GB)."""
+    import time
+    model = tiny_llama()
+    cache = filled_cache(model)
+    before = state(cache)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"exceed KVQCache.MAX_ROWS=65536"):
+        cache.batch_repeat_interleave(repeats)
+    assert time.monotonic() - start < 1.0
+    assert same_state(state(cache), before)
+    big = torch.zeros(kvq.hf.KVQCache.MAX_ROWS + 1, dtype=torch.long)
+    for edit in (cache.reorder_cache, cache.batch_select_indices):
+        with pytest.raises(ValueError, match=r"65537 rows exceed KVQCache.MAX_ROWS"):
+            edit(big)
+    assert same_state(state(cache), before)
+    limited = filled_cache(model, max_batch_size=4)
+    with pytest.raises(ValueError, match="exceed max_batch_size=4"):
+        limited.batch_repeat_interleave(2)

@@ -32,7 +32,11 @@ def _key_scales(scales, n_layers: int, n_kv: int, d: int, g: int) -> list:
             raise ValueError(f"kvq.hf.KVQCache: key_scales names layer {layer}; the model has {n_layers} layers")
         if s is None:
             continue
-        a = np.array(s.detach().cpu().numpy() if isinstance(s, torch.Tensor) else s, dtype=np.float64)
+        if isinstance(s, torch.Tensor):  # any real dtype (numpy has no bfloat16): through float64 in torch
+            if s.is_complex():
+                raise ValueError(f"kvq.hf.KVQCache: key_scales[{layer}] must be real, got {s.dtype}")
+            s = s.detach().cpu().to(torch.float64).numpy()
+        a = np.array(s, dtype=np.float64)
         if a.shape != (n_kv, d):
             raise ValueError(f"kvq.hf.KVQCache: key_scales[{layer}] has shape {a.shape}; expected ({n_kv}, {d})")
         with np.errstate(all="ignore"):
@@ -62,7 +66,8 @@ class KVQCache(Cache):
         config: the model's config (``model.config``; the text config of a multimodal model is used).
         key_codec, value_codec: kvq codec names (``kvq.codecs()``); a key codec may end in ``+center``, or be
             ``chan2`` .. ``chan8`` (per-channel keys, sealed a block at a time).
-        max_batch_size: the most batch rows (beams included) the cache accepts; None = no limit.
+        max_batch_size: the most batch rows (beams included) the cache accepts; None: at most MAX_ROWS
+            (65536) through batch edits (batch_repeat_interleave, reorder_cache, batch_select_indices).
         layer_codecs: optional ``{layer: "K/V"}`` for layers stored with another pair.
         key_scales: optional per-layer channel weights folded into the keys: ``{layer: s}`` (or a list, one
             entry per layer, None for none), s of shape (n_kv_heads, head_dim), positive and finite. Layer l's
@@ -72,6 +77,8 @@ class KVQCache(Cache):
         **cache_config: any other ``kvq.KVCache`` keyword (block_tokens, seal, threads, max_blocks, scale,
             softcap, nan_policy, seed, ...). ``scale`` and ``softcap`` default to the model's.
     """
+
+    MAX_ROWS = 1 << 16  # batch edits of a cache without max_batch_size: checked before a row list is made
 
     def __init__(self, config, key_codec: str = "q8_0", value_codec: str = "q4_0",
                  max_batch_size: int | None = None, *, layer_codecs: Mapping[int, Any] | None = None,
@@ -349,9 +356,11 @@ class KVQCache(Cache):
             idx = idx.nonzero().reshape(-1)
             if idx.numel() == 0:
                 raise ValueError(f"{where}: {name} selects no row; the cache would hold no rows")
-        elif idx.dtype == torch.bool or idx.dtype == torch.uint8 or idx.is_floating_point() or idx.is_complex():
-            kinds = "integers or a bool mask" if mask else "integers"
+        elif idx.dtype not in (torch.int64, torch.int32):  # what index_select and indexing take (int8, uint8: no)
+            kinds = "integers or a bool mask (int64 or int32 integers)" if mask else "integers (int64 or int32)"
             raise ValueError(f"{where}: {name} must hold {kinds} ({torch_op}), got {idx.dtype}")
+        if idx.numel() > self._row_limit():  # before a list of them is made
+            raise ValueError(f"{where}: {idx.numel()} rows exceed {self._row_limit_name()}")
         order = [int(i) for i in idx.tolist()]
         if not self.rows:
             return order
@@ -361,6 +370,14 @@ class KVQCache(Cache):
                 allowed = f"{low}..{self.rows - 1}"
                 raise ValueError(f"{where}: row {i} out of range ({self.rows} rows: {allowed}, as {torch_op} takes)")
         return [i % self.rows for i in order]
+
+    def _row_limit(self) -> int:
+        return self.max_batch_size if self.max_batch_size is not None else self.MAX_ROWS
+
+    def _row_limit_name(self) -> str:
+        if self.max_batch_size is not None:
+            return f"max_batch_size={self.max_batch_size}"
+        return f"KVQCache.MAX_ROWS={self.MAX_ROWS} (the most rows a cache without max_batch_size takes)"
 
     def _rebuild_rows(self, order: list[int]) -> None:
         """Row i of the new batch is old row order[i]: forks share the full blocks; old sequences removed. The
@@ -406,8 +423,10 @@ class KVQCache(Cache):
         if n < 1:
             raise ValueError(f"kvq.hf.KVQCache.batch_repeat_interleave: repeats must be >= 1, got {n} (the cache "
                              "would hold no rows)")
-        if self.max_batch_size is not None and self.rows * n > self.max_batch_size:
-            raise ValueError(f"kvq.hf.KVQCache: {self.rows * n} rows exceed max_batch_size={self.max_batch_size}")
+        # Bounded before the n × rows list is made: by max_batch_size, else by MAX_ROWS.
+        if self.rows * n > self._row_limit():
+            raise ValueError(f"kvq.hf.KVQCache.batch_repeat_interleave: {self.rows} rows repeated {n} times exceed "
+                             f"{self._row_limit_name()}")
         if self.rows:
             self._rebuild_rows([i for i in range(self.rows) for _ in range(n)])
 
