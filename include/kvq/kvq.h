@@ -382,6 +382,13 @@ typedef struct kvq_cache_params {
      * scores are unchanged; saved in cache files. Copied by kvq_cache_create. */
     const float* key_scales;
     size_t n_key_scales;
+    /* Values of their own head size (CacheConfig::head_dim_v): 0 means head_dim. kvq_cache_attend's out is
+     * then n_heads × head_dim_v floats (and so prefill's and batch's), kvq_cache_append's v n_tokens ×
+     * n_kv_heads × head_dim_v. latent_values = 1: DeepSeek's latent cache (MLA), one stored row of head_dim
+     * values per token whose first head_dim_v values are the value (no value bytes; append takes v = NULL;
+     * CacheConfig::latent_values says which key codecs can). Saved in cache files (format version 6). */
+    int32_t head_dim_v;
+    int32_t latent_values;
 } kvq_cache_params;
 
 static inline kvq_cache_params kvq_cache_params_default(void) {

@@ -40,14 +40,15 @@ constexpr size_t kPoolStatsSizeV1 = offsetof(kvq_pool_stats, blocks_reserved);
 constexpr size_t kLoadParamsSizeV1 = sizeof(kvq_load_params);  // added whole, after the first release
 // Input structs have no implicit padding (kvq.h ABI notes): every byte past an older library's sizeof is
 // a field, which is what lets read_versioned reject fields it does not know.
-static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 208 && offsetof(kvq_cache_params, seed) == 112 &&
+static_assert(sizeof(void*) != 8 || (sizeof(kvq_cache_params) == 216 && offsetof(kvq_cache_params, seed) == 112 &&
                                      offsetof(kvq_cache_params, executor) == 120 &&
                                      offsetof(kvq_cache_params, staging) == 136 &&
                                      offsetof(kvq_cache_params, layer_key_codecs) == 144 &&
                                      offsetof(kvq_cache_params, max_bytes) == 168 &&
                                      offsetof(kvq_cache_params, int8_value_weights) == 176 &&
                                      offsetof(kvq_cache_params, exact_tail_tokens) == 184 &&
-                                     offsetof(kvq_cache_params, key_scales) == 192),
+                                     offsetof(kvq_cache_params, key_scales) == 192 &&
+                                     offsetof(kvq_cache_params, head_dim_v) == 208),
               "kvq_cache_params has implicit padding");
 static_assert(KVQ_MAX_POOL_BLOCKS == kMaxPoolBlocks && KVQ_MAX_CACHE_DIM == kMaxCacheDim &&
               KVQ_MAX_SEQUENCE_TOKENS == kMaxSequenceTokens && KVQ_MAX_EXACT_TAIL_TOKENS == kMaxExactTailTokens,
@@ -153,6 +154,11 @@ kvq_status to_config(const kvq_cache_params& p, CacheConfig& cfg) {
     cfg.nan_policy = p.nan_policy == KVQ_NAN_REJECT ? NanPolicy::reject : NanPolicy::propagate;
     cfg.staging = p.staging == KVQ_STAGING_F16 ? StagingType::f16 : StagingType::f32;
     cfg.exact_tail_tokens = p.exact_tail_tokens;
+    if (p.latent_values != 0 && p.latent_values != 1) {
+        return bad_params("latent_values must be 0 or 1, got " + std::to_string(p.latent_values));
+    }
+    cfg.head_dim_v = p.head_dim_v;
+    cfg.latent_values = p.latent_values != 0;
     // Its length is validate_config's to check (n_layers x n_kv_heads x head_dim); copied first only up
     // to that bound, so a wrong count fails as BAD_PARAMS without reading far past the caller's array.
     const size_t n_scales = static_cast<size_t>(std::max(p.n_layers, 0)) * static_cast<size_t>(std::max(p.n_kv_heads, 0)) *
@@ -271,7 +277,8 @@ kvq_status kvq_cache_append(kvq_cache* cache, int32_t layer, int64_t seq, const 
                             size_t n_tokens) {
     return guarded([&] {
         KVQ_REQUIRE(cache, "kvq_cache_append", "cache is NULL");
-        KVQ_REQUIRE(n_tokens == 0 || (k && v), "kvq_cache_append", "k or v is NULL");
+        // A latent cache takes v = NULL (its values are the keys' leading values); the C++ cache says so.
+        KVQ_REQUIRE(n_tokens == 0 || (k && (v || cache->cache.config().latent_values)), "kvq_cache_append", "k or v is NULL");
         KVQ_TRY(check_layer(cache, layer, "kvq_cache_append"));
         KVQ_TRY(check_sequence(cache, seq, "kvq_cache_append"));
         // Sizes (n_tokens × n_kv_heads × head_dim overflowing) are checked before k and v are read.
@@ -284,7 +291,7 @@ kvq_status kvq_cache_append_half(kvq_cache* cache, int32_t layer, int64_t seq, c
                                  size_t n_tokens, int32_t type) {
     return guarded([&] {
         KVQ_REQUIRE(cache, "kvq_cache_append_half", "cache is NULL");
-        KVQ_REQUIRE(n_tokens == 0 || (k && v), "kvq_cache_append_half", "k or v is NULL");
+        KVQ_REQUIRE(n_tokens == 0 || (k && (v || cache->cache.config().latent_values)), "kvq_cache_append_half", "k or v is NULL");
         KVQ_REQUIRE(type == KVQ_HALF_F16 || type == KVQ_HALF_BF16, "kvq_cache_append_half", "unknown kvq_half_type");
         KVQ_TRY(check_layer(cache, layer, "kvq_cache_append_half"));
         KVQ_TRY(check_sequence(cache, seq, "kvq_cache_append_half"));
@@ -316,7 +323,8 @@ kvq_status kvq_cache_attend_batch(const kvq_cache* cache, int32_t layer, const i
         using kvq::detail::CheckedSize;
         kvq::detail::check_buffer_sizes(
             {{"seqs", CheckedSize(n_seqs) * sizeof(int64_t), "n_seqs ids"},
-             {"q and out", CheckedSize(n_seqs) * n_heads * cfg.head_dim * sizeof(float), "n_seqs x n_heads x head_dim floats"}},
+             {"q", CheckedSize(n_seqs) * n_heads * cfg.head_dim * sizeof(float), "n_seqs x n_heads x head_dim floats"},
+             {"out", CheckedSize(n_seqs) * n_heads * cfg.head_dim_v * sizeof(float), "n_seqs x n_heads x head_dim_v floats"}},
             [&] { return function; });
         for (size_t i = 0; i < n_seqs; ++i) KVQ_TRY(kvq::capi::check_sequence(cache, seqs[i], function));
         // NaN/Inf queries come back as kvq::NonFiniteInput (KVQ_ERR_NON_FINITE, see guarded).

@@ -544,6 +544,49 @@ static void test_exact_tail(void) {
     free(v);
 }
 
+/* DeepSeek's latent cache through C: head_dim 576, head_dim_v 512, latent_values 1, append with v = NULL,
+ * results of 512 floats per head: kvq_attend_rows over the same q8_0 rows with v a view of k, bit for bit. */
+static void test_latent_cache(void) {
+    enum { T = 300, H = 16, DK = 576, DV = 512 };
+    kvq_cache_params p = kvq_cache_params_default();
+    p.n_heads = H;
+    p.head_dim = DK;
+    p.head_dim_v = DV;
+    p.latent_values = 1;
+    p.key_codec = "q8_0";
+    p.value_codec = "";
+    p.block_tokens = 256;
+    p.seal = KVQ_SEAL_ON_APPEND;
+    kvq_cache* cache;
+    CHECK_OK(kvq_cache_create(&p, &cache));
+    int64_t seq;
+    CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+    float* k = malloc(sizeof(float) * T * DK);
+    static float q[H * DK], out[H * DV], rows_out[H * DV];
+    fill_gaussian(k, (size_t)T * DK, 21);
+    fill_gaussian(q, H * DK, 22);
+    for (int i = 0; i < H * DK; ++i) q[i] *= 0.05f;
+    CHECK_STATUS(kvq_cache_append(cache, 0, seq, k, k, T), KVQ_ERR_INVALID_ARGUMENT, "v = null");
+    CHECK_OK(kvq_cache_append(cache, 0, seq, k, NULL, T));
+    CHECK_OK(kvq_cache_attend(cache, 0, seq, q, out));
+    const kvq_codec* keys = kvq_cache_key_codec(cache);
+    const kvq_codec* values = kvq_cache_value_codec(cache);
+    const size_t rb = kvq_codec_row_bytes(keys);
+    uint8_t* rows = malloc((size_t)T * rb);
+    CHECK_OK(kvq_codec_quantize_rows(keys, k, T, rows, 0));
+    CHECK_OK(kvq_attend_rows(keys, values, H, 1, q, rows, 0, 0, rows, rb, 0, T, 0.0f, rows_out));
+    CHECK(memcmp(out, rows_out, sizeof out) == 0);
+    p.latent_values = 2;
+    kvq_cache* bad;
+    CHECK_STATUS(kvq_cache_create(&p, &bad), KVQ_ERR_BAD_PARAMS, "latent_values");
+    p.latent_values = 1;
+    p.key_codec = "turbo4";
+    CHECK_STATUS(kvq_cache_create(&p, &bad), KVQ_ERR_BAD_PARAMS, "leading values");
+    free(rows);
+    free(k);
+    kvq_cache_destroy(cache);
+}
+
 int main(void) {
     test_cache_params_errors();
     test_int8_value_weights();
@@ -552,5 +595,6 @@ int main(void) {
     test_attend_batch();
     test_broken_executor();
     test_exact_tail();
+    test_latent_cache();
     return check_report("test_capi_cache");
 }
