@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks kvq's include graph: every #include in lib/ points to the same folder or one below it.
+"""Checks kvq's include graph: every #include in lib/ points to the same folder or one below it, and the
+interfaces (ggml/, python/src/) include only kvq's public headers.
 
 The layers, bottom to top (docs/DESIGN.md, "Layers"): util, rotation, ref, simd, codec, attention, cache,
 check, capi form the engine library; eval is the research library above it. Public headers
@@ -20,6 +21,14 @@ RANK = {name: i for i, name in enumerate(ORDER)}
 FLOOR = {"util", "rotation", "ref", "simd"}
 FLOOR_PUBLIC = {"kvq/simd.hpp", "kvq/errors.hpp"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# The layer each engine public header belongs to: a layer includes those of its own layer and below only
+# (the attention layer never the cache's header).
+PUBLIC_LAYER = {"kvq/simd.hpp": "simd", "kvq/errors.hpp": "util", "kvq/codec.hpp": "codec",
+                "kvq/attention.hpp": "attention", "kvq/cache.hpp": "cache", "kvq/selftest.hpp": "check",
+                "kvq/kvq.h": "capi", "kvq/kvq.hpp": "capi"}
+# The interfaces above both libraries: they include kvq's public headers and their own files only (and,
+# for the ggml backend, ggml's headers), never the libraries' internals.
+INTERFACES = {"ggml": ("ggml.h", "ggml-backend.h", "ggml-backend-impl.h", "ggml-cpu.h"), "python/src": ()}
 
 
 def target_folder(source: pathlib.Path, include: str, lib: pathlib.Path):
@@ -51,10 +60,23 @@ def main() -> int:
                 bad.append(f"{source.relative_to(root)} ({folder}) includes {include}: below codec, only "
                            f"{' and '.join(sorted(FLOOR_PUBLIC))} of the public headers")
                 continue
+            if to == "public" and folder in RANK and include in PUBLIC_LAYER and RANK[PUBLIC_LAYER[include]] > RANK[folder]:
+                bad.append(f"{source.relative_to(root)} ({folder}) includes {include} ({PUBLIC_LAYER[include]}'s "
+                           f"public header): points up")
+                continue
             if to in (None, "public", folder):
                 continue
             if to not in RANK or RANK[to] > RANK[folder]:
                 bad.append(f"{source.relative_to(root)} ({folder}) includes {include} ({to}): points up")
+    for name, foreign in INTERFACES.items():
+        folder = root / name
+        for source in sorted(folder.glob("*.[ch]pp")):
+            for include in INCLUDE.findall(source.read_text()):
+                own = (folder / include).resolve()
+                if include.startswith("kvq/") or include in foreign or (own.exists() and own.is_relative_to(folder)):
+                    continue
+                bad.append(f"{source.relative_to(root)} includes {include}: an interface includes kvq's public "
+                           "headers only, never the libraries' internals")
     public = root / "include" / "kvq"
     for header in sorted(p for p in public.rglob("*") if p.is_file()):
         research = header.parent.name == "research"
