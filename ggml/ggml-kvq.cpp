@@ -33,6 +33,7 @@
 #include "kvq/attention.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/simd.hpp"
+#include "kv-formats.hpp"
 
 namespace {
 
@@ -73,6 +74,12 @@ const kvq::Codec* codec_for(ggml_type t, int64_t head_dim) {
     return &it->second;
 }
 
+// A flash attention's K or V: kvq's format where KVQ_KV_FORMATS put one there, else the codec of ggml's type.
+const kvq::Codec* rows_codec(const ggml_tensor* t) {
+    if (kvq_ggml::kv_format_of(t)) return kvq_ggml::kv_format_codec(t);
+    return codec_for(t->type, t->ne[0]);
+}
+
 bool row_contiguous(const ggml_tensor* t) { return t->nb[0] == ggml_type_size(t->type); }
 
 // Whether kvq computes this flash attention exactly as ggml defines it (ggml-cpu's ops.cpp): everything
@@ -100,7 +107,7 @@ bool supports_flash_attn(const ggml_tensor* op) {
     const int64_t dk = k->ne[0], dv = v->ne[0];
     if (q->ne[0] != dk || op->ne[0] != dv) return false;
     if (!row_contiguous(q) || !row_contiguous(k) || !row_contiguous(v)) return false;
-    if (!codec_for(k->type, dk) || !codec_for(v->type, dv)) return false;
+    if (!rows_codec(k) || !rows_codec(v)) return false;
     // Shapes: tokens k->ne[1] == v->ne[1]; kv heads dividing the query heads (GQA); one batch of
     // sequences per dim 3 (ggml asserts equal ne[3]).
     if (k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2] || k->ne[2] <= 0 || q->ne[2] % k->ne[2] != 0) return false;
@@ -143,8 +150,8 @@ void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
     float scale = 0.0f, softcap = 0.0f;
     std::memcpy(&scale, reinterpret_cast<const float*>(dst->op_params) + 0, sizeof(float));
     std::memcpy(&softcap, reinterpret_cast<const float*>(dst->op_params) + 2, sizeof(float));
-    const kvq::Codec& keys = *codec_for(k->type, k->ne[0]);
-    const kvq::Codec& values = *codec_for(v->type, v->ne[0]);
+    const kvq::Codec& keys = *rows_codec(k);
+    const kvq::Codec& values = *rows_codec(v);
     const int n_heads = static_cast<int>(q->ne[2]);
     const int n_kv_heads = static_cast<int>(k->ne[2]);
     const size_t n_rows = static_cast<size_t>(q->ne[1]);
@@ -254,11 +261,37 @@ void backend_free(ggml_backend_t backend) {
     delete backend;
 }
 
+void refuse_kv_formats_op(const ggml_tensor* node, const std::string& why) {
+    const ggml_tensor* cache = kvq_ggml::kv_format_of(node) ? node : nullptr;
+    for (const ggml_tensor* src : node->src) cache = cache ? cache : (src && kvq_ggml::kv_format_of(src) ? src : nullptr);
+    const kvq_ggml::KvFormat* f = kvq_ggml::kv_format_of(cache);
+    const char* base = cache->view_src ? cache->view_src->name : cache->name;
+    std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: refused %s (%s) on %s, whose bytes are kvq's %s, not ggml's %s: %s.%s\n",
+                 ggml_op_desc(node), node->name, base, f->spec.c_str(), ggml_type_name(f->slot), why.c_str(),
+                 node->op == GGML_OP_MUL_MAT ? " Attention without flash attention reads the cache with MUL_MAT: pass -fa on." : "");
+}
+
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph* cgraph) {
     Context& ctx = *static_cast<Context*>(backend->context);
     for (int i = 0; i < ggml_graph_n_nodes(cgraph); ++i) {
         ggml_tensor* node = ggml_graph_node(cgraph, i);
         if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
+        // KVQ_KV_FORMATS: the plugin claimed every op on a cache tensor holding a kvq format; what it does
+        // not compute fails here, loudly, rather than on ggml's CPU backend reading the bytes as ggml's.
+        const bool view = node->op == GGML_OP_NONE || node->op == GGML_OP_RESHAPE || node->op == GGML_OP_VIEW ||
+                          node->op == GGML_OP_PERMUTE || node->op == GGML_OP_TRANSPOSE;
+        if (!view && kvq_ggml::touches_kv_formats(node)) {
+            std::string error;
+            if (node->op == GGML_OP_FLASH_ATTN_EXT) {
+                if (!supports_flash_attn(node)) error = "this flash attention (ALiBi, a per-head mask or another shape)";
+            } else if (kvq_ggml::compute_kv_formats_op(node, error)) {
+                continue;
+            }
+            if (!error.empty()) {
+                refuse_kv_formats_op(node, error);
+                return GGML_STATUS_FAILED;
+            }
+        }
         switch (node->op) {
             case GGML_OP_FLASH_ATTN_EXT:
                 try {
@@ -377,6 +410,12 @@ ggml_backend_buffer_t device_buffer_from_host_ptr(ggml_backend_dev_t, void* ptr,
 }
 
 bool device_supports_op(ggml_backend_dev_t, const ggml_tensor* op) {
+    // Every op on a cache tensor that holds a kvq format is the plugin's (computed or refused): declined,
+    // ggml's scheduler would give it to the CPU backend, which would read the bytes as ggml's.
+    if (kvq_ggml::touches_kv_formats(op)) {
+        if (op->op == GGML_OP_FLASH_ATTN_EXT) supports_flash_attn(op);  // learns and logs the layer's formats
+        return true;
+    }
     switch (op->op) {
         case GGML_OP_NONE:
         case GGML_OP_RESHAPE:

