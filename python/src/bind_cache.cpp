@@ -166,18 +166,25 @@ public:
 
     void append(int layer, py::handle k_obj, py::handle v_obj, std::optional<SequenceId> seq) {
         const SequenceId s = resolve(seq);
-        const py::ssize_t kv_heads = config().n_kv_heads, d = config().head_dim;
+        const py::ssize_t kv_heads = config().n_kv_heads, d = config().head_dim, dv = config().head_dim_v;
         const CheckedArray k = float_array(k_obj, "append: k", {{"T"}, {"n_kv_heads", kv_heads}, {"head_dim", d}});
-        const CheckedArray v = float_array(v_obj, "append: v", {{"T", k.dim(0)}, {"n_kv_heads", kv_heads}, {"head_dim", d}});
+        // A latent cache's values are its keys' leading values: v is None there, and only there.
+        if (config().latent_values != v_obj.is_none()) {
+            raise_value_error(config().latent_values ? "append: a latent cache (latent_values=True) takes v=None: its values are "
+                                                       "the keys' leading head_dim_v values"
+                                                     : "append: v is None, but only a latent cache (latent_values=True) takes none");
+        }
+        std::optional<CheckedArray> v;
+        if (!v_obj.is_none()) v.emplace(float_array(v_obj, "append: v", {{"T", k.dim(0)}, {"n_kv_heads", kv_heads}, {"head_dim_v", dv}}));
         WithoutGil unlocked;
-        cache_.append(layer, s, k.floats(), v.floats(), static_cast<size_t>(k.dim(0)));
+        cache_.append(layer, s, k.floats(), v ? v->floats() : nullptr, static_cast<size_t>(k.dim(0)));
     }
 
     py::array attend(int layer, py::handle q_obj, std::optional<SequenceId> seq) const {
         const SequenceId s = resolve(seq);
         const py::ssize_t heads = n_heads(), d = config().head_dim;
         const CheckedArray q = float_array(q_obj, "attend: q", {{"n_heads", heads}, {"head_dim", d}});
-        auto out = new_float_array({heads, d});
+        auto out = new_float_array({heads, static_cast<py::ssize_t>(config().head_dim_v)});
         float* o = out.mutable_data();
         {
             WithoutGil unlocked;
@@ -191,7 +198,7 @@ public:
         const py::ssize_t heads = n_heads(), d = config().head_dim;
         const CheckedArray q =
             float_array(q_obj, "attend_prefill: q", {{"n_queries"}, {"n_heads", heads}, {"head_dim", d}});
-        auto out = new_float_array({q.dim(0), heads, d});
+        auto out = new_float_array({q.dim(0), heads, static_cast<py::ssize_t>(config().head_dim_v)});
         float* o = out.mutable_data();
         {
             WithoutGil unlocked;
@@ -205,7 +212,7 @@ public:
         const py::ssize_t heads = n_heads(), d = config().head_dim;
         const CheckedArray q = float_array(q_obj, "attend_batch: q",
                                            {{"len(seqs)", static_cast<py::ssize_t>(seqs.size())}, {"n_heads", heads}, {"head_dim", d}});
-        auto out = new_float_array({static_cast<py::ssize_t>(seqs.size()), heads, d});
+        auto out = new_float_array({static_cast<py::ssize_t>(seqs.size()), heads, static_cast<py::ssize_t>(config().head_dim_v)});
         float* o = out.mutable_data();
         {
             WithoutGil unlocked;
@@ -221,7 +228,7 @@ public:
         if (calls < 1) raise_value_error("_time_attend: calls must be at least 1");
         const py::ssize_t heads = n_heads(), d = config().head_dim;
         const CheckedArray q = float_array(q_obj, "_time_attend: q", {{"n_heads", heads}, {"head_dim", d}});
-        std::vector<float> out(static_cast<size_t>(heads * d));
+        std::vector<float> out(static_cast<size_t>(heads) * config().head_dim_v);
         WithoutGil unlocked;
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < calls; ++i) cache_.attend(layer, s, q.floats(), out.data());
@@ -256,12 +263,15 @@ std::unique_ptr<PyKVCache> make_cache(int n_layers, int n_kv_heads, int head_dim
                                       const std::string& seal, bool center_keys, const std::string& nan_policy,
                                       int threads, uint64_t seed, const std::string& staging,
                                       const py::object& layer_codecs, int64_t max_bytes, bool int8_value_weights,
-                                      const py::object& exact_tail_tokens, const py::object& key_scales) {
+                                      const py::object& exact_tail_tokens, const py::object& key_scales,
+                                      std::optional<int> head_dim_v, bool latent_values) {
     CacheConfig c;
     c.n_layers = n_layers;
     c.n_kv_heads = n_kv_heads;
     c.n_heads = n_heads.value_or(0);
     c.head_dim = head_dim;
+    c.head_dim_v = head_dim_v.value_or(0);  // None (or 0): head_dim
+    c.latent_values = latent_values;
     c.key_codec = std::move(key_codec);
     c.value_codec = std::move(value_codec);
     c.block_tokens = block_tokens;
@@ -291,6 +301,8 @@ py::dict config_dict(const CacheConfig& c, int n_heads) {
     d["n_kv_heads"] = c.n_kv_heads;
     d["n_heads"] = n_heads;
     d["head_dim"] = c.head_dim;
+    d["head_dim_v"] = c.head_dim_v;
+    d["latent_values"] = c.latent_values;
     d["key_codec"] = c.key_codec;
     d["value_codec"] = c.value_codec;
     d["block_tokens"] = c.block_tokens;
@@ -380,13 +392,17 @@ error moved to the channels where s is small; values untouched; saved in cache f
              "softcap"_a = 0.0f, "sliding_window"_a = py::none(), "seal"_a = "on_block_full",
              "center_keys"_a = false, "nan_policy"_a = "reject", "threads"_a = 1, "seed"_a = kDefaultSeed,
              "staging"_a = "f32", "layer_codecs"_a = py::none(), "max_bytes"_a = 0, "int8_value_weights"_a = false,
-             "exact_tail_tokens"_a = 0, "key_scales"_a = py::none())
+             "exact_tail_tokens"_a = 0, "key_scales"_a = py::none(), "head_dim_v"_a = py::none(),
+             "latent_values"_a = false)
         .def_property_readonly("config", [](const PyKVCache& c) { return config_dict(c.config(), c.n_heads()); },
                                "The configuration as a dict (the constructor's keyword arguments).")
         .def_property_readonly("n_layers", [](const PyKVCache& c) { return c.config().n_layers; })
         .def_property_readonly("n_kv_heads", [](const PyKVCache& c) { return c.config().n_kv_heads; })
         .def_property_readonly("n_heads", &PyKVCache::n_heads)
         .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.config().head_dim; })
+        .def_property_readonly("head_dim_v", [](const PyKVCache& c) { return c.config().head_dim_v; },
+                               "The values' (and results') head size: head_dim unless set apart.")
+        .def_property_readonly("latent_values", [](const PyKVCache& c) { return c.config().latent_values; })
         .def_property_readonly("key_codec", [](const PyKVCache& c) { return c.cache().key_spec(); },
                                "The key codec as the configuration names it (with '+sinkN').")
         .def_property_readonly("value_codec", [](const PyKVCache& c) { return c.cache().value_codec().name(); })
