@@ -69,6 +69,8 @@ TEST_CASE("every level's kernel table: each (codec, op) named and non-null, one 
         CHECK((kvq::detail::level_softmax(level) != nullptr));
         CHECK((kvq::detail::level_channel_score(level) != nullptr));
         for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"turbo", "quantize"},
+                                 {"turbo_split", "score"}, {"turbo_qjl", "accumulate"}, {"tcq2", "quantize"},
+                                 {"tcq3", "score"}, {"tcq3", "accumulate"},
                                  {"polar", "score"}, {"polar", "accumulate"}, {"polar", "quantize"},
                                  {"softmax", "update"}, {"chanB", "score"}, {"floats", "all_finite"},
                                  {"floats", "finite_max_abs"}}) {
@@ -96,8 +98,9 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
         CHECK(kernel(level, "iq4_nl", "score").rfind(level == SimdLevel::scalar ? "spec" : "score_blocks<iq4_nl", 0) == 0);
         CHECK(kernel(level, "iq4_nl", "dequantize") == (level == SimdLevel::scalar ? "spec" : "dequantize_blocks<iq4_nl>"));
         // The turbo/tcq, polar and chanB decode kernels: a level's own at every SIMD level.
-        for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"polar", "score"},
-                                 {"polar", "accumulate"}, {"chanB", "score"}}) {
+        for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"tcq2", "score"},
+                                 {"tcq3", "accumulate"}, {"polar", "score"}, {"polar", "accumulate"},
+                                 {"chanB", "score"}}) {
             CAPTURE(name.first);
             CHECK((kernel(level, name.first, name.second) == "spec") == (level == SimdLevel::scalar));
         }

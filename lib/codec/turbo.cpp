@@ -30,7 +30,7 @@ class TurboCodec final : public CodecImpl {
 public:
     TurboCodec(const TurboConfig& cfg, std::string name, int d, uint64_t seed)
         : name_(std::move(name)), rot_(d, seed), hi_(codebook(cfg, cfg.bits_hi, d)), lo_(codebook(cfg, cfg.bits_lo, d)),
-          scale_(cfg.scale) {
+          scale_(cfg.scale), row_(kernel_row(cfg)) {
         if (cfg.trellis) {
             init_trellis(cfg.trellis);
             return;
@@ -91,7 +91,7 @@ public:
     // The MSE stage at the active level (rotated_quantize.hpp); the QJL sign sketch of each row's residual
     // after it, in chunks of rows.
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        const auto& kernel = active_rotated_quantize().turbo;
+        const auto kernel = active_rotated_kernels().row(row_).quantize;
         if (!qjl_) {
             kernel(q_, x, n_rows, dst, dst_stride, nullptr);
             return;
@@ -173,7 +173,7 @@ public:
 
     void score_rows(const uint8_t* prep, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows,
                     float* scores, size_t score_stride) const override {
-        active_rotated_kernels().turbo.score(l_, prep, query_bytes(), n_q, rows, row_stride, n_rows, scores,
+        active_rotated_kernels().row(row_).score(l_, prep, query_bytes(), n_q, rows, row_stride, n_rows, scores,
                                              score_stride);
     }
 
@@ -191,7 +191,7 @@ public:
             sketch = sketch_buffer.data();
             std::fill(sketch, sketch + need, 0.0f);
         }
-        active_rotated_kernels().turbo.accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
+        active_rotated_kernels().row(row_).accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
         if (qjl_) {
             for (int i = 0; i < n_q; ++i) {
                 qjl_->add_transposed(sketch + size_t(i) * d, qjl_->scale(), acc + size_t(i) * d);
@@ -211,6 +211,13 @@ public:
     }
 
 private:
+    // The codec's row in the kernel grid (rotated_kernels.hpp).
+    static RotatedCodec kernel_row(const TurboConfig& cfg) {
+        if (cfg.trellis) return cfg.trellis == 2 ? RotatedCodec::tcq2 : RotatedCodec::tcq3;
+        if (cfg.qjl) return RotatedCodec::turbo_qjl;
+        return cfg.half_split ? RotatedCodec::turbo_split : RotatedCodec::turbo;
+    }
+
     static TurboCodebook codebook(const TurboConfig& cfg, int bits, int d) {
         return cfg.trellis ? TurboCodebook{} : make_turbo_codebook(sphere_coordinate_codebook(bits, d));
     }
@@ -296,6 +303,7 @@ private:
     Rotation rot_;
     TurboCodebook hi_, lo_;
     TurboScale scale_;
+    RotatedCodec row_;
     std::unique_ptr<QjlSketch> qjl_;
     TurboLayout l_;
     struct RankTables {

@@ -42,12 +42,10 @@ struct TurboLayout {
 // int8 values (int32: a kernel on unsigned codes takes back its offset with it). Scores are q̃ · x̃.
 // accumulate: acc (rotated basis) += Σ_r w·‖x_r‖·c[code]; for QJL also sketch[i·d + k] +=
 // Σ_r w·‖x_r‖·‖r_r‖·sign_k (the caller maps it back with Sᵀ once).
-struct TurboKernels {
-    void (*score)(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
-                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
-    void (*accumulate)(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                       size_t row_stride, size_t n_rows, float* acc, float* sketch);
-};
+using TurboScore = void (*)(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q,
+                            const uint8_t* rows, size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+using TurboAccumulate = void (*)(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                                 size_t row_stride, size_t n_rows, float* acc, float* sketch);
 
 struct PolarLayout {
     int d = 0, levels = 0;
@@ -72,19 +70,59 @@ struct PolarLayout {
 // Prepared polar query: q′ = R·q with each 16-value batch stored as its 8 even then its 8 odd values
 // (values past the last whole batch as they are), then the level-1 table T[p·n₁ + c] = q′₂ₚ·cos θ_c +
 // q′₂ₚ₊₁·sin θ_c for every pair p (the scalar specification scores with T).
-struct PolarKernels {
-    void (*score)(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
-                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
-    void (*accumulate)(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                       size_t row_stride, size_t n_rows, float* acc);
+using PolarScore = void (*)(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q,
+                            const uint8_t* rows, size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+using PolarAccumulate = void (*)(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                                 size_t row_stride, size_t n_rows, float* acc);
+
+// Quantizers (rotated_quantize.hpp). residual (turbo_qjl, else null): n_rows × d floats, u − c of each row
+// (the QJL stage's input).
+struct TurboQuantizeLayout;
+struct PolarQuantizeLayout;
+struct TcqAlphabet;
+using TurboQuantize = void (*)(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                               size_t dst_stride, float* residual);
+using PolarQuantize = void (*)(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                               size_t dst_stride);
+// The signature of tcq_viterbi (tcq.hpp).
+using TcqViterbi = float (*)(const TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f);
+
+// The rows of the rotated codecs in the kernel grid: each has its own quantize, score and accumulate slot
+// at every level, and a slot a level leaves empty is the specification's (lib/simd/dispatch.hpp). A codec
+// picks its row once, when it is made (lib/codec/turbo.cpp, polar.cpp): turbo is turbo2…turbo4,
+// turbo_split turbo2.5 and turbo3.5, turbo_qjl turboB_qjl, tcq2 and tcq3 the trellis codecs, polar every
+// polar configuration. The rows before polar share the turbo layout description (TurboLayout: codes, an
+// fp16 scale, the int8 prepared query), each with kernels of its own.
+enum class RotatedCodec : int { turbo, turbo_split, turbo_qjl, tcq2, tcq3, polar, count };
+inline constexpr int kRotatedCodecCount = static_cast<int>(RotatedCodec::count);
+inline constexpr int kTurboRows = static_cast<int>(RotatedCodec::polar);  // the rows on TurboLayout
+inline constexpr const char* kRotatedCodecNames[] = {"turbo", "turbo_split", "turbo_qjl", "tcq2", "tcq3", "polar"};
+static_assert(sizeof kRotatedCodecNames / sizeof *kRotatedCodecNames == kRotatedCodecCount);
+enum class RotatedOp : int { quantize, score, accumulate, count };
+inline constexpr const char* kRotatedOpNames[] = {"quantize", "score", "accumulate"};
+
+struct TurboRowKernels {
+    TurboQuantize quantize = nullptr;
+    TurboScore score = nullptr;
+    TurboAccumulate accumulate = nullptr;
+};
+struct PolarRowKernels {
+    PolarQuantize quantize = nullptr;
+    PolarScore score = nullptr;
+    PolarAccumulate accumulate = nullptr;
 };
 
+// One level's rotated kernels: a row each, and tcqB's Viterbi encoder (the helper both tcq rows' quantize
+// share: the specification's or a level's, the same u and f).
 struct RotatedKernels {
-    TurboKernels turbo;
-    PolarKernels polar;
+    TurboRowKernels turbo_rows[kTurboRows] = {};
+    PolarRowKernels polar = {};
+    TcqViterbi tcq_viterbi = nullptr;
+
+    const TurboRowKernels& row(RotatedCodec c) const { return turbo_rows[static_cast<int>(c)]; }
 };
 
-// The scalar specification (rotated_scalar.cpp).
+// The scalar specification (rotated_scalar.cpp, rotated_quantize_scalar.cpp).
 const RotatedKernels& scalar_rotated_kernels();
 
 // Row decoding shared by dequantize and the kernels. turbo: c[j] = centroid of code j (not yet

@@ -32,7 +32,6 @@ namespace kvq::detail {
 
 class Rotation;
 class QjlSketch;
-struct TcqAlphabet;
 
 // The seeded rotation as a SIMD level reads it: y = H·D·x with H block-diagonal over power-of-two blocks.
 struct RotationLayout {
@@ -74,20 +73,12 @@ struct PolarQuantizeLayout {
     size_t radius_off = 0, row_bytes = 0;
 };
 
-// The signature of tcq_viterbi (tcq.hpp).
-using TcqViterbi = float (*)(const TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f);
-
-// residual (turbo, may be null): n_rows × d floats, u − c of each row (the QJL stage's input).
-struct RotatedQuantizeKernels {
-    void (*turbo)(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
-                  float* residual) = nullptr;
-    void (*polar)(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) = nullptr;
-    // tcqB's Viterbi encoder: the specification (tcq_viterbi, tcq.hpp) or a level's, the same u and f.
-    TcqViterbi tcq_viterbi = nullptr;
-};
-
-// The specification: whole calls, and one row (for the rows a SIMD level leaves to it).
-const RotatedQuantizeKernels& scalar_rotated_quantize();
+// The specification: whole calls (scalar_rotated_kernels(), rotated_kernels.hpp), and one row (for the
+// rows a SIMD level leaves to it).
+void turbo_quantize_rows_spec(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride, float* residual);
+void polar_quantize_rows_spec(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride);
 void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row, float* residual);
 void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8_t* row);
 // tcqB: y = R·x and the norm as turbo's row, t = y·(1/‖x‖)·√d in float (u = y/‖x‖ first, as turbo's, then

@@ -27,8 +27,10 @@ uint32_t rank_below(const float* tangents, int n, float x, float y) {
     return static_cast<uint32_t>(std::partition_point(tangents, tangents + n, [&](float t) { return x * t < y; }) - tangents);
 }
 
-void turbo_rows(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
-                float* residual) {
+}  // namespace
+
+void turbo_quantize_rows_spec(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride, float* residual) {
     const int d = l.rot.d;
     for (size_t r = 0; r < n_rows; ++r) {
         if (l.trellis) {
@@ -39,9 +41,12 @@ void turbo_rows(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uin
     }
 }
 
-void polar_rows(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) {
+void polar_quantize_rows_spec(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride) {
     for (size_t r = 0; r < n_rows; ++r) polar_quantize_row_spec(l, x + r * l.rot.d, dst + r * dst_stride);
 }
+
+namespace {
 
 // y = R·x into y; returns ‖x‖ (in double, 16 partial sums).
 double rotate_row(const TurboQuantizeLayout& l, const float* x, float* y) {
@@ -208,11 +213,6 @@ RotationLayout rotation_layout(const Rotation& r) {
     for (int i = 0; i < l.n_blocks; ++i) l.blocks[i] = r.blocks()[i];
     l.rotation = &r;
     return l;
-}
-
-const RotatedQuantizeKernels& scalar_rotated_quantize() {
-    static const RotatedQuantizeKernels k{turbo_rows, polar_rows, tcq_viterbi};
-    return k;
 }
 
 }  // namespace kvq::detail

@@ -6,6 +6,7 @@
 #include "bit_codes.hpp"
 #include "half.hpp"
 #include "rotated_kernels.hpp"
+#include "rotated_quantize.hpp"
 #include "tcq.hpp"
 
 namespace kvq::detail {
@@ -155,7 +156,13 @@ void polar_decode_rotated(const PolarLayout& l, const uint8_t* row, float* y) {
 }
 
 const RotatedKernels& scalar_rotated_kernels() {
-    static const RotatedKernels k{{turbo_score, turbo_accumulate}, {polar_score, polar_accumulate}};
+    static const RotatedKernels k = [] {
+        RotatedKernels s;
+        for (TurboRowKernels& row : s.turbo_rows) row = {turbo_quantize_rows_spec, turbo_score, turbo_accumulate};
+        s.polar = {polar_quantize_rows_spec, polar_score, polar_accumulate};
+        s.tcq_viterbi = tcq_viterbi;
+        return s;
+    }();
     return k;
 }
 

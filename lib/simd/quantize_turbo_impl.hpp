@@ -222,7 +222,7 @@ struct TurboQuantize : RotatedQuantize<A> {
                       size_t dst_stride, float* residual) {
         const int d = l.rot.d;
         if (!turbo_fits(l)) {
-            detail::scalar_rotated_quantize().turbo(l, x, n_rows, dst, dst_stride, residual);
+            detail::turbo_quantize_rows_spec(l, x, n_rows, dst, dst_stride, residual);
             return;
         }
         // A tile of rows in three passes: the norms (and their inverses), the codes (two rows at a time),
