@@ -122,8 +122,19 @@ struct RotatedKernels {
     const TurboRowKernels& row(RotatedCodec c) const { return turbo_rows[static_cast<int>(c)]; }
 };
 
-// The scalar specification (rotated_scalar.cpp, rotated_quantize_scalar.cpp).
+// The scalar level's rows: the specification's kernels of every row (rotated_spec.cpp, one line a row).
 const RotatedKernels& scalar_rotated_kernels();
+
+// The specification's score and accumulate of turbo's rows (turbo, turbo_split, turbo_qjl) and polar's
+// (rotated_scalar.cpp); their quantizers are in rotated_quantize.hpp.
+void turbo_score_spec(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                      size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+void turbo_accumulate_spec(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                           size_t row_stride, size_t n_rows, float* acc, float* sketch);
+void polar_score_spec(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                      size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+void polar_accumulate_spec(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                           size_t row_stride, size_t n_rows, float* acc);
 
 // Row decoding shared by dequantize and the kernels. turbo: c[j] = centroid of code j (not yet
 // times the norm); signs[k] = ±1. polar: the row in the rotated basis.

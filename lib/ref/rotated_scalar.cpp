@@ -6,7 +6,6 @@
 #include "bit_codes.hpp"
 #include "half.hpp"
 #include "rotated_kernels.hpp"
-#include "rotated_quantize.hpp"
 #include "tcq.hpp"
 
 namespace kvq::detail {
@@ -32,8 +31,10 @@ uint32_t polar_code(const PolarLayout& l, const uint8_t* row, int level, int nod
     return get_code(row, l.bit_off[level - 1] + size_t(node) * l.bits[level - 1], l.bits[level - 1]);
 }
 
+}  // namespace
+
 // score = ‖x‖ · (Σ_j q′_j c[code_j] + ‖r‖ · Σ_k sign_k (√(π/2)/d · S·q′)_k)
-void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+void turbo_score_spec(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
     for (size_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = rows + r * row_stride;
@@ -52,7 +53,7 @@ void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, i
     }
 }
 
-void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+void turbo_accumulate_spec(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
     for (size_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = rows + r * row_stride;
@@ -72,7 +73,7 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
 
 // The tree, bottom-up: t = T[code] at the leaves, t = cos ψ·t_left + sin ψ·t_right above, radius·t at the
 // top of each group.
-void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+void polar_score_spec(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
     const int leaves = 1 << (l.levels - 1), groups = l.d >> l.levels;
     const size_t n1 = size_t(1) << l.bits[0];
@@ -101,7 +102,7 @@ void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, i
     }
 }
 
-void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+void polar_accumulate_spec(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc) {
     const int group = 1 << l.levels;
     float v[256];
@@ -117,8 +118,6 @@ void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int
         }
     }
 }
-
-}  // namespace
 
 void turbo_decode_centroids(const TurboLayout& l, const uint8_t* row, float* c) {
     for (int j = 0; j < l.d; ++j) c[j] = turbo_centroid(l, row, j);
@@ -153,17 +152,6 @@ void polar_decode_group(const PolarLayout& l, const uint8_t* row, int g, float* 
 void polar_decode_rotated(const PolarLayout& l, const uint8_t* row, float* y) {
     const int group = 1 << l.levels;
     for (int g = 0; g < l.d / group; ++g) polar_decode_group(l, row, g, y + size_t(g) * group);
-}
-
-const RotatedKernels& scalar_rotated_kernels() {
-    static const RotatedKernels k = [] {
-        RotatedKernels s;
-        for (TurboRowKernels& row : s.turbo_rows) row = {turbo_quantize_rows_spec, turbo_score, turbo_accumulate};
-        s.polar = {polar_quantize_rows_spec, polar_score, polar_accumulate};
-        s.tcq_viterbi = tcq_viterbi;
-        return s;
-    }();
-    return k;
 }
 
 }  // namespace kvq::detail
