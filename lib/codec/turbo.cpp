@@ -74,8 +74,8 @@ public:
     // It takes no unbiased scale: the trellis may pick a level against u's sign, so ⟨c, u⟩ has no floor.
     InputLimit input_limit() const override {
         if (scale_ == TurboScale::norm) return {65504.0f, true};
-        if (l_.trellis) {
-            const double c_min = l_.centroids_hi[tcq_alphabet(l_.trellis).n_levels / 2];
+        if (tcq_bits_) {
+            const double c_min = l_.centroids_hi[tcq_alphabet(tcq_bits_).n_levels / 2];
             return {static_cast<float>(65504.0 * std::min(std::sqrt(double(l_.d)) * c_min, 1.0)), true};
         }
         const double min_hi = smallest_magnitude(hi_), min_lo = smallest_magnitude(lo_);
@@ -118,7 +118,11 @@ public:
             const uint8_t* row = src + r * src_stride;
             float* yr = y + r * d;
             const float norm = load_half(row + l_.norm_off);
-            turbo_decode_centroids(l_, row, yr);
+            if (tcq_bits_) {
+                tcq_decode_levels(l_, tcq_bits_, row, yr);
+            } else {
+                turbo_decode_centroids(l_, row, yr);
+            }
             for (int j = 0; j < d; ++j) yr[j] *= norm;
             if (qjl_) {
                 turbo_decode_signs(l_, row, signs.data());
@@ -232,8 +236,8 @@ private:
         l_.centroids_hi = l_.centroids_lo = a.levels;
         l_.scale_hi = a.scale;
         l_.ints_hi = a.ints;
-        l_.trellis = bits;
         l_.int8_order = 2;
+        tcq_bits_ = bits;
         l_.plane_off = bytes_for_bits(size_t(d) * (bits - 1));
         l_.norm_off = l_.plane_off + bytes_for_bits(d);
         row_bytes_ = l_.norm_off + 2;
@@ -241,7 +245,6 @@ private:
         q_.scale_mode = static_cast<int>(scale_);
         q_.norm_off = l_.norm_off;
         q_.row_bytes = row_bytes_;
-        q_.trellis = bits;
         q_.plane_off = l_.plane_off;
         build_query_layout();
     }
@@ -304,6 +307,7 @@ private:
     TurboCodebook hi_, lo_;
     TurboScale scale_;
     RotatedCodec row_;
+    int tcq_bits_ = 0;  // B for tcqB, else 0
     std::unique_ptr<QjlSketch> qjl_;
     TurboLayout l_;
     struct RankTables {

@@ -24,10 +24,9 @@ struct TurboLayout {
     float scale_hi = 0;
     const int8_t* ints_hi = nullptr;
     int int8_order = 0;
-    // tcqB (lib/ref/tcq.hpp): the value of rank k is centroids_hi[k] = scale_hi · ints_hi[k] (σ units), the
-    // rank from the f code and the u plane; int8_order is 2 (the SIMD kernels' order of ranks; the scalar
-    // ones score from the float q̃).
-    int trellis = 0;  // 0: turbo codes; B: tcqB (f codes of B−1 bits at byte 0, the u plane at plane_off)
+    // The tcq rows (lib/ref/tcq.hpp; B from the row): f codes of B−1 bits at byte 0, the u plane at
+    // plane_off; the value of rank k is centroids_hi[k] = scale_hi · ints_hi[k] (σ units); int8_order is 2
+    // (the SIMD kernels' order of ranks; the scalar ones score from the float q̃).
     size_t plane_off = 0;
     bool qjl = false;
     size_t sign_off = 0, norm_off = 0, gamma_off = 0;  // byte offsets in a row

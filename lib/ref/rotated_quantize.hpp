@@ -60,8 +60,7 @@ struct TurboQuantizeLayout {
     int n_sections = 1;
     int scale_mode = 1;  // TurboScale: 0 norm, 1 ls, 2 unbiased
     size_t norm_off = 0, row_bytes = 0;
-    int trellis = 0;  // B for tcqB (tcq_quantize_row_spec; sections unused), else 0
-    size_t plane_off = 0;
+    size_t plane_off = 0;  // the tcq rows' u plane (their sections unused)
 };
 
 struct PolarQuantizeLayout {
@@ -81,13 +80,13 @@ void polar_quantize_rows_spec(const PolarQuantizeLayout& l, const float* x, size
                               size_t dst_stride);
 void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row, float* residual);
 void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8_t* row);
-// tcqB: y = R·x and the norm as turbo's row, t = y·(1/‖x‖)·√d in float (u = y/‖x‖ first, as turbo's, then
-// times fl(√d)), the Viterbi codes of t (tcq.hpp), and turbo's scale of c = the chosen levels (σ units)
-// and u, so x̃ = s·Rᵀc: ls and unbiased as they are; norm stores ‖x‖/√d. A row whose 1/‖x‖ is 0 (zero,
-// too small, NaN, Inf) gets all codes 0, so the encoder sees only finite t.
-void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row);
-// The same row with another encoder in tcq_viterbi's place (a SIMD level's, which writes the same codes).
-void tcq_quantize_row(const TurboQuantizeLayout& l, const float* x, uint8_t* row, TcqViterbi viterbi);
+// A tcqB row over alphabet a: y = R·x and the norm as turbo's row, t = y·(1/‖x‖)·√d in float (u = y/‖x‖
+// first, as turbo's, then times fl(√d)), the Viterbi codes of t (tcq.hpp), and turbo's scale of c = the
+// chosen levels (σ units) and u, so x̃ = s·Rᵀc: ls and unbiased as they are; norm stores ‖x‖/√d. A row
+// whose 1/‖x‖ is 0 (zero, too small, NaN, Inf) gets all codes 0, so the encoder sees only finite t.
+// viterbi: the specification's tcq_viterbi or a SIMD level's, which writes the same codes.
+void tcq_quantize_row(const TcqAlphabet& a, const TurboQuantizeLayout& l, const float* x, uint8_t* row,
+                      TcqViterbi viterbi);
 
 // The specification's last steps of a turbo row: the partial sums' trees, and turbo's stored scale from
 // the norm, ⟨c, u⟩ and ‖c‖² (fp16, written to row + norm_off). A SIMD level repeats them operation for

@@ -33,11 +33,7 @@ void turbo_quantize_rows_spec(const TurboQuantizeLayout& l, const float* x, size
                               size_t dst_stride, float* residual) {
     const int d = l.rot.d;
     for (size_t r = 0; r < n_rows; ++r) {
-        if (l.trellis) {
-            tcq_quantize_row_spec(l, x + r * d, dst + r * dst_stride);
-        } else {
-            turbo_quantize_row_spec(l, x + r * d, dst + r * dst_stride, residual ? residual + r * d : nullptr);
-        }
+        turbo_quantize_row_spec(l, x + r * d, dst + r * dst_stride, residual ? residual + r * d : nullptr);
     }
 }
 
@@ -111,13 +107,9 @@ void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8
     turbo_store_scale(l, norm, sum16_float(cu), sum16_float(cc), row);
 }
 
-void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row) {
-    tcq_quantize_row(l, x, row, tcq_viterbi);
-}
-
-void tcq_quantize_row(const TurboQuantizeLayout& l, const float* x, uint8_t* row, TcqViterbi viterbi) {
+void tcq_quantize_row(const TcqAlphabet& a, const TurboQuantizeLayout& l, const float* x, uint8_t* row,
+                      TcqViterbi viterbi) {
     const int d = l.rot.d;
-    const TcqAlphabet& a = tcq_alphabet(l.trellis);
     thread_local std::vector<float> buffer;
     thread_local std::vector<uint8_t> path;
     if (buffer.size() < size_t(d) * 2) buffer.resize(size_t(d) * 2), path.resize(size_t(d) * 2);

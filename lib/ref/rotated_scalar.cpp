@@ -6,7 +6,6 @@
 #include "bit_codes.hpp"
 #include "half.hpp"
 #include "rotated_kernels.hpp"
-#include "tcq.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -17,9 +16,7 @@ float half_at(const uint8_t* p) {
     return f16_to_f32(h);
 }
 
-// tcqB: the level of rank_j (tcq.hpp), in σ units; the row's scale makes it the row's value.
 float turbo_centroid(const TurboLayout& l, const uint8_t* row, int j) {
-    if (l.trellis) return l.centroids_hi[tcq_rank(row, row + l.plane_off, l.trellis, j)];
     if (j < l.n_hi) return l.centroids_hi[get_code(row, size_t(j) * l.bits_hi, l.bits_hi)];
     const size_t bit = size_t(l.n_hi) * l.bits_hi + size_t(j - l.n_hi) * l.bits_lo;
     return l.centroids_lo[get_code(row, bit, l.bits_lo)];

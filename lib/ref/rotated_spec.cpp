@@ -14,8 +14,8 @@ const RotatedKernels& scalar_rotated_kernels() {
         row(R::turbo) = {turbo_quantize_rows_spec, turbo_score_spec, turbo_accumulate_spec};
         row(R::turbo_split) = {turbo_quantize_rows_spec, turbo_score_spec, turbo_accumulate_spec};
         row(R::turbo_qjl) = {turbo_quantize_rows_spec, turbo_score_spec, turbo_accumulate_spec};
-        row(R::tcq2) = {turbo_quantize_rows_spec, turbo_score_spec, turbo_accumulate_spec};
-        row(R::tcq3) = {turbo_quantize_rows_spec, turbo_score_spec, turbo_accumulate_spec};
+        row(R::tcq2) = {tcq_quantize_rows_spec<2>, tcq_score_spec<2>, tcq_accumulate_spec<2>};
+        row(R::tcq3) = {tcq_quantize_rows_spec<3>, tcq_score_spec<3>, tcq_accumulate_spec<3>};
         s.polar = {polar_quantize_rows_spec, polar_score_spec, polar_accumulate_spec};
         s.tcq_viterbi = tcq_viterbi;
         return s;

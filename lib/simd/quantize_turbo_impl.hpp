@@ -28,7 +28,6 @@ struct TurboQuantize : RotatedQuantize<A> {
     using Base::kMaxD;
 
     static bool turbo_fits(const detail::TurboQuantizeLayout& l) {
-        if (l.trellis) return false;  // tcqB: the specification's rows (the x86 levels': quantize_tcq_avx2.hpp)
         if (!Rot::fits(l.rot) || l.row_bytes > kMaxD) return false;
         for (int s = 0; s < l.n_sections; ++s) {
             const detail::TurboSection& sec = l.sections[s];
