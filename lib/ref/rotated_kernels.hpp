@@ -1,7 +1,7 @@
-// The score and accumulate kernels of the always-rotated codecs (lib/codec/turbo.hpp, polar.hpp), over
-// plain descriptions of their row layouts. The scalar set (rotated_scalar.cpp) is the specification;
-// SIMD levels (lib/simd/) may provide their own set, which must agree to float rounding.
-// Kernels never throw and never allocate.
+// The kernels of the always-rotated codecs (lib/codec/turbo.hpp, polar.hpp) over plain descriptions of
+// their row layouts, and their rows in the kernel grid (RotatedCodec, below). The scalar rows
+// (rotated_spec.cpp) are the specification; a SIMD level may provide its own kernel for any slot, which
+// must agree to float rounding (quantize: the same bytes). Kernels never throw and never allocate.
 #pragma once
 
 #include <cstddef>
