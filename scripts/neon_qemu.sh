@@ -61,6 +61,8 @@ qp=$!
 qemu-aarch64 "$work/score_parity" >"$work/score_parity.log" 2>&1 &
 sp=$!
 qemu-aarch64 "$work/selftest" || status=1
+# The level's kernel table against its listing (tests/levels/kernel_golden.hpp).
+qemu-aarch64 "$work/selftest" --kernels "$root/tests/data/kernels" neon || status=1
 wait $qp || status=1
 wait $sp || status=1
 cat "$work/quantize_parity.log" "$work/score_parity.log"

@@ -11,7 +11,8 @@
 #                                under qemu-aarch64
 #   what nothing here runs       "level X: not tested on this machine (why)": qemu 7.2's TCG emulates no
 #                                AVX-512, so an x86-64 CPU without it leaves the avx512 level untested
-# Exits non-zero if any run fails. KVQ_EMULATE_LEVELS="avx2 ..." also runs those x86 levels under qemu when
+# Each level run here also compares its kernel table with its listing in tests/data/kernels
+# (kvq_level_selftest --kernels; ctest does it for the levels the CPU runs). Exits non-zero if any run fails. KVQ_EMULATE_LEVELS="avx2 ..." also runs those x86 levels under qemu when
 # the CPU has them (to try that path on a machine that needs no emulation); KVQ_NEON_QEMU=0 leaves the
 # neon run out (and says so).
 set -euo pipefail
@@ -47,7 +48,7 @@ if [ "$(uname -m)" = x86_64 ]; then
     if grep -qw avx512_vnni /proc/cpuinfo; then
       # ctest checked the VNNI build, the one kvq uses here; the plain build is what CPUs without VNNI get.
       echo "simd_levels.sh: avx512's build without VNNI, natively (KVQ_AVX512_VNNI=0)"
-      if KVQ_AVX512_VNNI=0 "$driver" avx512; then
+      if KVQ_AVX512_VNNI=0 "$driver" avx512 && KVQ_AVX512_VNNI=0 "$driver" --kernels "$root/tests/data/kernels" avx512; then
         say "level avx512, build without VNNI: passed natively (KVQ_AVX512_VNNI=0); its VNNI build: native (ctest)"
       else
         say "level avx512, build without VNNI: FAILED natively (KVQ_AVX512_VNNI=0)"; status=1
@@ -58,7 +59,8 @@ if [ "$(uname -m)" = x86_64 ]; then
   fi
   if [ ${#under_qemu[@]} -gt 0 ]; then
     echo "simd_levels.sh: ${under_qemu[*]} under qemu-x86_64 -cpu max"
-    if qemu-x86_64 -cpu max "$driver" "${under_qemu[@]}"; then
+    if qemu-x86_64 -cpu max "$driver" "${under_qemu[@]}" &&
+       qemu-x86_64 -cpu max "$driver" --kernels "$root/tests/data/kernels" "${under_qemu[@]}"; then
       for l in "${under_qemu[@]}"; do say "level $l: passed under qemu-x86_64 -cpu max (kvq::selftest)"; done
     else
       for l in "${under_qemu[@]}"; do say "level $l: FAILED under qemu-x86_64 -cpu max (output above)"; done

@@ -24,7 +24,7 @@ namespace {
 std::vector<kvq::SimdLevel> quantize_levels() {
     std::vector<kvq::SimdLevel> levels;
     for (auto l : kvq::available_simd_levels()) {
-        if (l != kvq::SimdLevel::scalar && kvq::detail::level_rotated_quantize(l)) levels.push_back(l);
+        if (l != kvq::SimdLevel::scalar && kvq::detail::level_rotated_kernels(l)) levels.push_back(l);
     }
     return levels;
 }
@@ -72,11 +72,20 @@ std::vector<uint8_t> quantize(const kvq::Codec& c, const std::vector<float>& x, 
 
 // Every level ships polar/turbo quantizers, in each of its builds (the avx512 level's VNNI build once
 // had none: the level then quantized with the specification at a thirtieth of the speed, untested here).
-TEST_CASE("every SIMD level the CPU runs has polar and turbo quantizers of its own") {
+// (neon's polar quantize is the specification's: lib/simd/level_neon.cpp says why.)
+TEST_CASE("every SIMD level the CPU runs has quantizers of its own for every turbo and tcq row") {
+    namespace kd = kvq::detail;
     for (auto l : kvq::available_simd_levels()) {
         if (l == kvq::SimdLevel::scalar) continue;
         CAPTURE(std::string(kvq::simd_level_name(l)));
-        CHECK(kvq::detail::level_rotated_quantize(l) != nullptr);
+        for (int c = 0; c < kd::kRotatedCodecCount; ++c) {
+            const auto row = static_cast<kd::RotatedCodec>(c);
+            if (row == kd::RotatedCodec::polar && l == kvq::SimdLevel::neon) continue;
+            CAPTURE(kd::kRotatedCodecNames[c]);
+            const char* name = kd::level_rotated_kernel_name(l, row, kd::RotatedOp::quantize);
+            REQUIRE(name != nullptr);
+            CHECK(std::string(name) != kd::kSpecKernel);
+        }
     }
 }
 

@@ -19,8 +19,7 @@ namespace {
 std::vector<kvq::SimdLevel> rotated_simd_levels() {
     std::vector<kvq::SimdLevel> levels;
     for (auto l : kvq::available_simd_levels()) {
-        const auto* k = kvq::detail::level_rotated_kernels(l);
-        if (l != kvq::SimdLevel::scalar && k && k != &kvq::detail::scalar_rotated_kernels()) levels.push_back(l);
+        if (l != kvq::SimdLevel::scalar && kvq::detail::level_rotated_kernels(l)) levels.push_back(l);
     }
     return levels;
 }

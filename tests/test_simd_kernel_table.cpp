@@ -4,14 +4,19 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <tuple>
 #include <utility>
 
 #include "kvq/simd.hpp"
+#include "levels/kernel_golden.hpp"
 #include "ref/block_codecs.hpp"
 #include "simd/dispatch.hpp"
+#include "test_util.hpp"
 
 using kvq::SimdLevel;
 using kvq::detail::BlockCodec;
@@ -69,6 +74,8 @@ TEST_CASE("every level's kernel table: each (codec, op) named and non-null, one 
         CHECK((kvq::detail::level_softmax(level) != nullptr));
         CHECK((kvq::detail::level_channel_score(level) != nullptr));
         for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"turbo", "quantize"},
+                                 {"turbo_split", "score"}, {"turbo_qjl", "accumulate"}, {"tcq2", "quantize"},
+                                 {"tcq3", "score"}, {"tcq3", "accumulate"},
                                  {"polar", "score"}, {"polar", "accumulate"}, {"polar", "quantize"},
                                  {"softmax", "update"}, {"chanB", "score"}, {"floats", "all_finite"},
                                  {"floats", "finite_max_abs"}}) {
@@ -96,8 +103,9 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
         CHECK(kernel(level, "iq4_nl", "score").rfind(level == SimdLevel::scalar ? "spec" : "score_blocks<iq4_nl", 0) == 0);
         CHECK(kernel(level, "iq4_nl", "dequantize") == (level == SimdLevel::scalar ? "spec" : "dequantize_blocks<iq4_nl>"));
         // The turbo/tcq, polar and chanB decode kernels: a level's own at every SIMD level.
-        for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"polar", "score"},
-                                 {"polar", "accumulate"}, {"chanB", "score"}}) {
+        for (const auto& name : {std::pair{"turbo", "score"}, {"turbo", "accumulate"}, {"tcq2", "score"},
+                                 {"tcq3", "accumulate"}, {"polar", "score"}, {"polar", "accumulate"},
+                                 {"chanB", "score"}}) {
             CAPTURE(name.first);
             CHECK((kernel(level, name.first, name.second) == "spec") == (level == SimdLevel::scalar));
         }
@@ -127,4 +135,31 @@ TEST_CASE("the kernel table names the level files' choices (x86: the int8 kernel
     MESSAGE(text);
     CHECK(text.rfind("codec", 0) == 0);
     CHECK(text.find("q4_0") != std::string::npos);
+}
+
+// The levels this CPU lacks are compared where scripts/simd_levels.sh runs them (qemu, the neon build),
+// by kvq_level_selftest --kernels; avx512's build without VNNI there too (KVQ_AVX512_VNNI=0).
+TEST_CASE("every level's kernel table is its checked-in listing, line for line (tests/data/kernels)") {
+    const std::string dir = std::string(kvq::test::data_dir()) + "/kernels";
+    for (SimdLevel level : kvq::available_simd_levels()) {
+        CAPTURE(kvq::test::kernel_build_name(level));
+        CHECK(kvq::test::check_kernel_listing(level, dir) == "");
+    }
+}
+
+TEST_CASE("a kernel listing that lacks a line, or has one more, fails the comparison") {
+    const SimdLevel level = kvq::available_simd_levels().back();
+    const std::string listing = kvq::test::kernel_listing(level);
+    REQUIRE(listing.find("tcq3        score") != std::string::npos);
+    if (const char* env = std::getenv("KVQ_UPDATE_GOLDEN"); env && std::string(env) == "1") return;
+    // The real listing, with its tcq3 score line dropped: written to a temporary directory and compared.
+    const std::string tmp = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/kvq_golden_test";
+    std::filesystem::create_directories(tmp);
+    const size_t at = listing.find("tcq3        score");
+    const std::string without = listing.substr(0, at) + listing.substr(listing.find('\n', at) + 1);
+    std::ofstream(tmp + "/" + kvq::test::kernel_build_name(level) + ".txt", std::ios::binary) << without;
+    CHECK(kvq::test::check_kernel_listing(level, tmp).find("tcq3") != std::string::npos);
+    std::ofstream(tmp + "/" + kvq::test::kernel_build_name(level) + ".txt", std::ios::binary) << listing + "extra line\n";
+    CHECK(kvq::test::check_kernel_listing(level, tmp) != "");
+    std::filesystem::remove_all(tmp);
 }

@@ -87,10 +87,15 @@ TEST_CASE("no kernel lookup is a null call at any level") {
         CHECK((kvq::detail::level_softmax(level) != nullptr));
         kvq::detail::LevelOverride at(level);
         const auto& r = kvq::detail::active_rotated_kernels();
-        CHECK((r.turbo.score != nullptr));
-        CHECK((r.turbo.accumulate != nullptr));
+        for (const auto& row : r.turbo_rows) {
+            CHECK((row.quantize != nullptr));
+            CHECK((row.score != nullptr));
+            CHECK((row.accumulate != nullptr));
+        }
+        CHECK((r.polar.quantize != nullptr));
         CHECK((r.polar.score != nullptr));
         CHECK((r.polar.accumulate != nullptr));
+        CHECK((r.tcq_viterbi != nullptr));
         CHECK((kvq::detail::active_softmax() != nullptr));
     }
     const bool no_neon = kvq::detail::level_kernels(BlockCodec::q8_0, SimdLevel::neon) == nullptr;

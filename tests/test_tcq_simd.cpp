@@ -50,7 +50,7 @@ bool same_float(float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0 ||
 TEST_CASE("every SIMD level's tcq Viterbi encoder writes the specification's codes on ties, huge values, NaN") {
     int levels_with_own = 0;
     for (auto level : kvq::available_simd_levels()) {
-        const kd::RotatedQuantizeKernels* k = kd::level_rotated_quantize(level);
+        const kd::RotatedKernels* k = kd::level_rotated_kernels(level);
         if (level == kvq::SimdLevel::scalar || !k) continue;
         if (k->tcq_viterbi != kd::tcq_viterbi) ++levels_with_own;
         CAPTURE(std::string(kvq::simd_level_name(level)));

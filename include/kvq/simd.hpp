@@ -52,7 +52,8 @@ std::string format_simd_report(const SimdReport& report);
 // where the scalar specification fills a gap the level leaves.
 struct SimdKernel {
     SimdLevel level = SimdLevel::scalar;
-    std::string codec;   // a block codec (f32 .. iq4_nls), turbo, polar, chanB, softmax, floats or primitives
+    std::string codec;   // a block codec (f32 .. iq4_nls), a rotated codec's row (turbo, turbo_split, turbo_qjl,
+                         // tcq2, tcq3, polar), tcqB, chanB, softmax, floats or primitives
     std::string op;      // quantize, dequantize, prepare_query, score, accumulate, accumulate_grid, score_groups, ...
     std::string kernel;  // e.g. "accumulate_sym_avx512<q4_0>", or "spec"
 };

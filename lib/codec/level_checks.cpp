@@ -133,9 +133,10 @@ std::string check_rotated_codecs(SimdLevel level) {
         size_t rows;
         int n_q;
     };
-    // turbo4 and turbo3: the int8 scores (17 rows: a group of 16 and a tail at avx512); turbo3.5: the
-    // float path; turbo2_qjl: the signs; tcq3: the trellis kernels (rotated_tcq_avx2.hpp).
-    for (const char* spec : {"turbo4", "turbo3", "turbo3.5", "turbo2_qjl", "tcq3", "polar"}) {
+    // Every row of the kernel grid (rotated_kernels.hpp): turbo4 and turbo3 (turbo), the int8 scores (17
+    // rows: a group of 16 and a tail at avx512); turbo3.5 (turbo_split): the float path; turbo2_qjl: the
+    // signs; tcq2 and tcq3: tcq's kernels (rotated_tcq_*.hpp); polar.
+    for (const char* spec : {"turbo4", "turbo3", "turbo3.5", "turbo2_qjl", "tcq2", "tcq3", "polar"}) {
         for (const Case& k : {Case{128, 17, 7}, Case{64, 2, 2}}) {
             const std::string f = check_codec_path(level, spec, k.n, k.rows, k.n_q, 77, checks);
             if (!f.empty()) return std::string(spec) + ": " + f;

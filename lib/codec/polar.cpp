@@ -79,7 +79,7 @@ public:
 
     // At the active level (rotated_quantize.hpp).
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        active_rotated_quantize().polar(q_, x, n_rows, dst, dst_stride);
+        active_rotated_kernels().polar.quantize(q_, x, n_rows, dst, dst_stride);
     }
 
     void dequantize_rows(const uint8_t* src, size_t src_stride, size_t n_rows, float* y) const override {

@@ -30,7 +30,7 @@ class TurboCodec final : public CodecImpl {
 public:
     TurboCodec(const TurboConfig& cfg, std::string name, int d, uint64_t seed)
         : name_(std::move(name)), rot_(d, seed), hi_(codebook(cfg, cfg.bits_hi, d)), lo_(codebook(cfg, cfg.bits_lo, d)),
-          scale_(cfg.scale) {
+          scale_(cfg.scale), row_(kernel_row(cfg)) {
         if (cfg.trellis) {
             init_trellis(cfg.trellis);
             return;
@@ -74,8 +74,8 @@ public:
     // It takes no unbiased scale: the trellis may pick a level against u's sign, so ⟨c, u⟩ has no floor.
     InputLimit input_limit() const override {
         if (scale_ == TurboScale::norm) return {65504.0f, true};
-        if (l_.trellis) {
-            const double c_min = l_.centroids_hi[tcq_alphabet(l_.trellis).n_levels / 2];
+        if (tcq_bits_) {
+            const double c_min = l_.centroids_hi[tcq_alphabet(tcq_bits_).n_levels / 2];
             return {static_cast<float>(65504.0 * std::min(std::sqrt(double(l_.d)) * c_min, 1.0)), true};
         }
         const double min_hi = smallest_magnitude(hi_), min_lo = smallest_magnitude(lo_);
@@ -91,7 +91,7 @@ public:
     // The MSE stage at the active level (rotated_quantize.hpp); the QJL sign sketch of each row's residual
     // after it, in chunks of rows.
     void quantize_rows(const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) const override {
-        const auto& kernel = active_rotated_quantize().turbo;
+        const auto kernel = active_rotated_kernels().row(row_).quantize;
         if (!qjl_) {
             kernel(q_, x, n_rows, dst, dst_stride, nullptr);
             return;
@@ -118,7 +118,11 @@ public:
             const uint8_t* row = src + r * src_stride;
             float* yr = y + r * d;
             const float norm = load_half(row + l_.norm_off);
-            turbo_decode_centroids(l_, row, yr);
+            if (tcq_bits_) {
+                tcq_decode_levels(l_, tcq_bits_, row, yr);
+            } else {
+                turbo_decode_centroids(l_, row, yr);
+            }
             for (int j = 0; j < d; ++j) yr[j] *= norm;
             if (qjl_) {
                 turbo_decode_signs(l_, row, signs.data());
@@ -173,7 +177,7 @@ public:
 
     void score_rows(const uint8_t* prep, int n_q, const uint8_t* rows, size_t row_stride, size_t n_rows,
                     float* scores, size_t score_stride) const override {
-        active_rotated_kernels().turbo.score(l_, prep, query_bytes(), n_q, rows, row_stride, n_rows, scores,
+        active_rotated_kernels().row(row_).score(l_, prep, query_bytes(), n_q, rows, row_stride, n_rows, scores,
                                              score_stride);
     }
 
@@ -191,7 +195,7 @@ public:
             sketch = sketch_buffer.data();
             std::fill(sketch, sketch + need, 0.0f);
         }
-        active_rotated_kernels().turbo.accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
+        active_rotated_kernels().row(row_).accumulate(l_, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
         if (qjl_) {
             for (int i = 0; i < n_q; ++i) {
                 qjl_->add_transposed(sketch + size_t(i) * d, qjl_->scale(), acc + size_t(i) * d);
@@ -211,6 +215,13 @@ public:
     }
 
 private:
+    // The codec's row in the kernel grid (rotated_kernels.hpp).
+    static RotatedCodec kernel_row(const TurboConfig& cfg) {
+        if (cfg.trellis) return cfg.trellis == 2 ? RotatedCodec::tcq2 : RotatedCodec::tcq3;
+        if (cfg.qjl) return RotatedCodec::turbo_qjl;
+        return cfg.half_split ? RotatedCodec::turbo_split : RotatedCodec::turbo;
+    }
+
     static TurboCodebook codebook(const TurboConfig& cfg, int bits, int d) {
         return cfg.trellis ? TurboCodebook{} : make_turbo_codebook(sphere_coordinate_codebook(bits, d));
     }
@@ -225,8 +236,8 @@ private:
         l_.centroids_hi = l_.centroids_lo = a.levels;
         l_.scale_hi = a.scale;
         l_.ints_hi = a.ints;
-        l_.trellis = bits;
         l_.int8_order = 2;
+        tcq_bits_ = bits;
         l_.plane_off = bytes_for_bits(size_t(d) * (bits - 1));
         l_.norm_off = l_.plane_off + bytes_for_bits(d);
         row_bytes_ = l_.norm_off + 2;
@@ -234,7 +245,6 @@ private:
         q_.scale_mode = static_cast<int>(scale_);
         q_.norm_off = l_.norm_off;
         q_.row_bytes = row_bytes_;
-        q_.trellis = bits;
         q_.plane_off = l_.plane_off;
         build_query_layout();
     }
@@ -296,6 +306,8 @@ private:
     Rotation rot_;
     TurboCodebook hi_, lo_;
     TurboScale scale_;
+    RotatedCodec row_;
+    int tcq_bits_ = 0;  // B for tcqB, else 0
     std::unique_ptr<QjlSketch> qjl_;
     TurboLayout l_;
     struct RankTables {

@@ -1,7 +1,7 @@
-// The score and accumulate kernels of the always-rotated codecs (lib/codec/turbo.hpp, polar.hpp), over
-// plain descriptions of their row layouts. The scalar set (rotated_scalar.cpp) is the specification;
-// SIMD levels (lib/simd/) may provide their own set, which must agree to float rounding.
-// Kernels never throw and never allocate.
+// The kernels of the always-rotated codecs (lib/codec/turbo.hpp, polar.hpp) over plain descriptions of
+// their row layouts, and their rows in the kernel grid (RotatedCodec, below). The scalar rows
+// (rotated_spec.cpp) are the specification; a SIMD level may provide its own kernel for any slot, which
+// must agree to float rounding (quantize: the same bytes). Kernels never throw and never allocate.
 #pragma once
 
 #include <cstddef>
@@ -24,10 +24,9 @@ struct TurboLayout {
     float scale_hi = 0;
     const int8_t* ints_hi = nullptr;
     int int8_order = 0;
-    // tcqB (lib/ref/tcq.hpp): the value of rank k is centroids_hi[k] = scale_hi · ints_hi[k] (σ units), the
-    // rank from the f code and the u plane; int8_order is 2 (the SIMD kernels' order of ranks; the scalar
-    // ones score from the float q̃).
-    int trellis = 0;  // 0: turbo codes; B: tcqB (f codes of B−1 bits at byte 0, the u plane at plane_off)
+    // The tcq rows (lib/ref/tcq.hpp; B from the row): f codes of B−1 bits at byte 0, the u plane at
+    // plane_off; the value of rank k is centroids_hi[k] = scale_hi · ints_hi[k] (σ units); int8_order is 2
+    // (the SIMD kernels' order of ranks; the scalar ones score from the float q̃).
     size_t plane_off = 0;
     bool qjl = false;
     size_t sign_off = 0, norm_off = 0, gamma_off = 0;  // byte offsets in a row
@@ -42,12 +41,10 @@ struct TurboLayout {
 // int8 values (int32: a kernel on unsigned codes takes back its offset with it). Scores are q̃ · x̃.
 // accumulate: acc (rotated basis) += Σ_r w·‖x_r‖·c[code]; for QJL also sketch[i·d + k] +=
 // Σ_r w·‖x_r‖·‖r_r‖·sign_k (the caller maps it back with Sᵀ once).
-struct TurboKernels {
-    void (*score)(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
-                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
-    void (*accumulate)(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                       size_t row_stride, size_t n_rows, float* acc, float* sketch);
-};
+using TurboScore = void (*)(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q,
+                            const uint8_t* rows, size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+using TurboAccumulate = void (*)(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                                 size_t row_stride, size_t n_rows, float* acc, float* sketch);
 
 struct PolarLayout {
     int d = 0, levels = 0;
@@ -72,20 +69,71 @@ struct PolarLayout {
 // Prepared polar query: q′ = R·q with each 16-value batch stored as its 8 even then its 8 odd values
 // (values past the last whole batch as they are), then the level-1 table T[p·n₁ + c] = q′₂ₚ·cos θ_c +
 // q′₂ₚ₊₁·sin θ_c for every pair p (the scalar specification scores with T).
-struct PolarKernels {
-    void (*score)(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
-                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
-    void (*accumulate)(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                       size_t row_stride, size_t n_rows, float* acc);
+using PolarScore = void (*)(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q,
+                            const uint8_t* rows, size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+using PolarAccumulate = void (*)(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                                 size_t row_stride, size_t n_rows, float* acc);
+
+// Quantizers (rotated_quantize.hpp). residual (turbo_qjl, else null): n_rows × d floats, u − c of each row
+// (the QJL stage's input).
+struct TurboQuantizeLayout;
+struct PolarQuantizeLayout;
+struct TcqAlphabet;
+using TurboQuantize = void (*)(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                               size_t dst_stride, float* residual);
+using PolarQuantize = void (*)(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                               size_t dst_stride);
+// The signature of tcq_viterbi (tcq.hpp).
+using TcqViterbi = float (*)(const TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f);
+
+// The rows of the rotated codecs in the kernel grid: each has its own quantize, score and accumulate slot
+// at every level, and a slot a level leaves empty is the specification's (lib/simd/dispatch.hpp). A codec
+// picks its row once, when it is made (lib/codec/turbo.cpp, polar.cpp): turbo is turbo2…turbo4,
+// turbo_split turbo2.5 and turbo3.5, turbo_qjl turboB_qjl, tcq2 and tcq3 the trellis codecs, polar every
+// polar configuration. The rows before polar share the turbo layout description (TurboLayout: codes, an
+// fp16 scale, the int8 prepared query), each with kernels of its own.
+enum class RotatedCodec : int { turbo, turbo_split, turbo_qjl, tcq2, tcq3, polar, count };
+inline constexpr int kRotatedCodecCount = static_cast<int>(RotatedCodec::count);
+inline constexpr int kTurboRows = static_cast<int>(RotatedCodec::polar);  // the rows on TurboLayout
+inline constexpr const char* kRotatedCodecNames[] = {"turbo", "turbo_split", "turbo_qjl", "tcq2", "tcq3", "polar"};
+static_assert(sizeof kRotatedCodecNames / sizeof *kRotatedCodecNames == kRotatedCodecCount);
+enum class RotatedOp : int { quantize, score, accumulate, count };
+inline constexpr const char* kRotatedOpNames[] = {"quantize", "score", "accumulate"};
+
+struct TurboRowKernels {
+    TurboQuantize quantize = nullptr;
+    TurboScore score = nullptr;
+    TurboAccumulate accumulate = nullptr;
+};
+struct PolarRowKernels {
+    PolarQuantize quantize = nullptr;
+    PolarScore score = nullptr;
+    PolarAccumulate accumulate = nullptr;
 };
 
+// One level's rotated kernels: a row each, and tcqB's Viterbi encoder (the helper both tcq rows' quantize
+// share: the specification's or a level's, the same u and f).
 struct RotatedKernels {
-    TurboKernels turbo;
-    PolarKernels polar;
+    TurboRowKernels turbo_rows[kTurboRows] = {};
+    PolarRowKernels polar = {};
+    TcqViterbi tcq_viterbi = nullptr;
+
+    const TurboRowKernels& row(RotatedCodec c) const { return turbo_rows[static_cast<int>(c)]; }
 };
 
-// The scalar specification (rotated_scalar.cpp).
+// The scalar level's rows: the specification's kernels of every row (rotated_spec.cpp, one line a row).
 const RotatedKernels& scalar_rotated_kernels();
+
+// The specification's score and accumulate of turbo's rows (turbo, turbo_split, turbo_qjl) and polar's
+// (rotated_scalar.cpp); their quantizers are in rotated_quantize.hpp.
+void turbo_score_spec(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                      size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+void turbo_accumulate_spec(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                           size_t row_stride, size_t n_rows, float* acc, float* sketch);
+void polar_score_spec(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                      size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+void polar_accumulate_spec(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                           size_t row_stride, size_t n_rows, float* acc);
 
 // Row decoding shared by dequantize and the kernels. turbo: c[j] = centroid of code j (not yet
 // times the norm); signs[k] = ±1. polar: the row in the rotated basis.

@@ -32,7 +32,6 @@ namespace kvq::detail {
 
 class Rotation;
 class QjlSketch;
-struct TcqAlphabet;
 
 // The seeded rotation as a SIMD level reads it: y = H·D·x with H block-diagonal over power-of-two blocks.
 struct RotationLayout {
@@ -61,8 +60,7 @@ struct TurboQuantizeLayout {
     int n_sections = 1;
     int scale_mode = 1;  // TurboScale: 0 norm, 1 ls, 2 unbiased
     size_t norm_off = 0, row_bytes = 0;
-    int trellis = 0;  // B for tcqB (tcq_quantize_row_spec; sections unused), else 0
-    size_t plane_off = 0;
+    size_t plane_off = 0;  // the tcq rows' u plane (their sections unused)
 };
 
 struct PolarQuantizeLayout {
@@ -74,29 +72,21 @@ struct PolarQuantizeLayout {
     size_t radius_off = 0, row_bytes = 0;
 };
 
-// The signature of tcq_viterbi (tcq.hpp).
-using TcqViterbi = float (*)(const TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f);
-
-// residual (turbo, may be null): n_rows × d floats, u − c of each row (the QJL stage's input).
-struct RotatedQuantizeKernels {
-    void (*turbo)(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
-                  float* residual) = nullptr;
-    void (*polar)(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) = nullptr;
-    // tcqB's Viterbi encoder: the specification (tcq_viterbi, tcq.hpp) or a level's, the same u and f.
-    TcqViterbi tcq_viterbi = nullptr;
-};
-
-// The specification: whole calls, and one row (for the rows a SIMD level leaves to it).
-const RotatedQuantizeKernels& scalar_rotated_quantize();
+// The specification: whole calls (scalar_rotated_kernels(), rotated_kernels.hpp), and one row (for the
+// rows a SIMD level leaves to it).
+void turbo_quantize_rows_spec(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride, float* residual);
+void polar_quantize_rows_spec(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride);
 void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row, float* residual);
 void polar_quantize_row_spec(const PolarQuantizeLayout& l, const float* x, uint8_t* row);
-// tcqB: y = R·x and the norm as turbo's row, t = y·(1/‖x‖)·√d in float (u = y/‖x‖ first, as turbo's, then
-// times fl(√d)), the Viterbi codes of t (tcq.hpp), and turbo's scale of c = the chosen levels (σ units)
-// and u, so x̃ = s·Rᵀc: ls and unbiased as they are; norm stores ‖x‖/√d. A row whose 1/‖x‖ is 0 (zero,
-// too small, NaN, Inf) gets all codes 0, so the encoder sees only finite t.
-void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row);
-// The same row with another encoder in tcq_viterbi's place (a SIMD level's, which writes the same codes).
-void tcq_quantize_row(const TurboQuantizeLayout& l, const float* x, uint8_t* row, TcqViterbi viterbi);
+// A tcqB row over alphabet a: y = R·x and the norm as turbo's row, t = y·(1/‖x‖)·√d in float (u = y/‖x‖
+// first, as turbo's, then times fl(√d)), the Viterbi codes of t (tcq.hpp), and turbo's scale of c = the
+// chosen levels (σ units) and u, so x̃ = s·Rᵀc: ls and unbiased as they are; norm stores ‖x‖/√d. A row
+// whose 1/‖x‖ is 0 (zero, too small, NaN, Inf) gets all codes 0, so the encoder sees only finite t.
+// viterbi: the specification's tcq_viterbi or a SIMD level's, which writes the same codes.
+void tcq_quantize_row(const TcqAlphabet& a, const TurboQuantizeLayout& l, const float* x, uint8_t* row,
+                      TcqViterbi viterbi);
 
 // The specification's last steps of a turbo row: the partial sums' trees, and turbo's stored scale from
 // the norm, ⟨c, u⟩ and ‖c‖² (fp16, written to row + norm_off). A SIMD level repeats them operation for

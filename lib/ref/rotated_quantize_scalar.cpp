@@ -27,21 +27,22 @@ uint32_t rank_below(const float* tangents, int n, float x, float y) {
     return static_cast<uint32_t>(std::partition_point(tangents, tangents + n, [&](float t) { return x * t < y; }) - tangents);
 }
 
-void turbo_rows(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
-                float* residual) {
+}  // namespace
+
+void turbo_quantize_rows_spec(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride, float* residual) {
     const int d = l.rot.d;
     for (size_t r = 0; r < n_rows; ++r) {
-        if (l.trellis) {
-            tcq_quantize_row_spec(l, x + r * d, dst + r * dst_stride);
-        } else {
-            turbo_quantize_row_spec(l, x + r * d, dst + r * dst_stride, residual ? residual + r * d : nullptr);
-        }
+        turbo_quantize_row_spec(l, x + r * d, dst + r * dst_stride, residual ? residual + r * d : nullptr);
     }
 }
 
-void polar_rows(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride) {
+void polar_quantize_rows_spec(const PolarQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                              size_t dst_stride) {
     for (size_t r = 0; r < n_rows; ++r) polar_quantize_row_spec(l, x + r * l.rot.d, dst + r * dst_stride);
 }
+
+namespace {
 
 // y = R·x into y; returns ‖x‖ (in double, 16 partial sums).
 double rotate_row(const TurboQuantizeLayout& l, const float* x, float* y) {
@@ -106,13 +107,9 @@ void turbo_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8
     turbo_store_scale(l, norm, sum16_float(cu), sum16_float(cc), row);
 }
 
-void tcq_quantize_row_spec(const TurboQuantizeLayout& l, const float* x, uint8_t* row) {
-    tcq_quantize_row(l, x, row, tcq_viterbi);
-}
-
-void tcq_quantize_row(const TurboQuantizeLayout& l, const float* x, uint8_t* row, TcqViterbi viterbi) {
+void tcq_quantize_row(const TcqAlphabet& a, const TurboQuantizeLayout& l, const float* x, uint8_t* row,
+                      TcqViterbi viterbi) {
     const int d = l.rot.d;
-    const TcqAlphabet& a = tcq_alphabet(l.trellis);
     thread_local std::vector<float> buffer;
     thread_local std::vector<uint8_t> path;
     if (buffer.size() < size_t(d) * 2) buffer.resize(size_t(d) * 2), path.resize(size_t(d) * 2);
@@ -208,11 +205,6 @@ RotationLayout rotation_layout(const Rotation& r) {
     for (int i = 0; i < l.n_blocks; ++i) l.blocks[i] = r.blocks()[i];
     l.rotation = &r;
     return l;
-}
-
-const RotatedQuantizeKernels& scalar_rotated_quantize() {
-    static const RotatedQuantizeKernels k{turbo_rows, polar_rows, tcq_viterbi};
-    return k;
 }
 
 }  // namespace kvq::detail

@@ -6,7 +6,6 @@
 #include "bit_codes.hpp"
 #include "half.hpp"
 #include "rotated_kernels.hpp"
-#include "tcq.hpp"
 
 namespace kvq::detail {
 namespace {
@@ -17,9 +16,7 @@ float half_at(const uint8_t* p) {
     return f16_to_f32(h);
 }
 
-// tcqB: the level of rank_j (tcq.hpp), in σ units; the row's scale makes it the row's value.
 float turbo_centroid(const TurboLayout& l, const uint8_t* row, int j) {
-    if (l.trellis) return l.centroids_hi[tcq_rank(row, row + l.plane_off, l.trellis, j)];
     if (j < l.n_hi) return l.centroids_hi[get_code(row, size_t(j) * l.bits_hi, l.bits_hi)];
     const size_t bit = size_t(l.n_hi) * l.bits_hi + size_t(j - l.n_hi) * l.bits_lo;
     return l.centroids_lo[get_code(row, bit, l.bits_lo)];
@@ -31,8 +28,10 @@ uint32_t polar_code(const PolarLayout& l, const uint8_t* row, int level, int nod
     return get_code(row, l.bit_off[level - 1] + size_t(node) * l.bits[level - 1], l.bits[level - 1]);
 }
 
+}  // namespace
+
 // score = ‖x‖ · (Σ_j q′_j c[code_j] + ‖r‖ · Σ_k sign_k (√(π/2)/d · S·q′)_k)
-void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+void turbo_score_spec(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
     for (size_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = rows + r * row_stride;
@@ -51,7 +50,7 @@ void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, i
     }
 }
 
-void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+void turbo_accumulate_spec(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
     for (size_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = rows + r * row_stride;
@@ -71,7 +70,7 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
 
 // The tree, bottom-up: t = T[code] at the leaves, t = cos ψ·t_left + sin ψ·t_right above, radius·t at the
 // top of each group.
-void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+void polar_score_spec(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
     const int leaves = 1 << (l.levels - 1), groups = l.d >> l.levels;
     const size_t n1 = size_t(1) << l.bits[0];
@@ -100,7 +99,7 @@ void polar_score(const PolarLayout& l, const uint8_t* prep, size_t prep_bytes, i
     }
 }
 
-void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+void polar_accumulate_spec(const PolarLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc) {
     const int group = 1 << l.levels;
     float v[256];
@@ -116,8 +115,6 @@ void polar_accumulate(const PolarLayout& l, const float* w, size_t w_stride, int
         }
     }
 }
-
-}  // namespace
 
 void turbo_decode_centroids(const TurboLayout& l, const uint8_t* row, float* c) {
     for (int j = 0; j < l.d; ++j) c[j] = turbo_centroid(l, row, j);
@@ -152,11 +149,6 @@ void polar_decode_group(const PolarLayout& l, const uint8_t* row, int g, float* 
 void polar_decode_rotated(const PolarLayout& l, const uint8_t* row, float* y) {
     const int group = 1 << l.levels;
     for (int g = 0; g < l.d / group; ++g) polar_decode_group(l, row, g, y + size_t(g) * group);
-}
-
-const RotatedKernels& scalar_rotated_kernels() {
-    static const RotatedKernels k{{turbo_score, turbo_accumulate}, {polar_score, polar_accumulate}};
-    return k;
 }
 
 }  // namespace kvq::detail

@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "rotated_kernels.hpp"
+
 namespace kvq::detail {
 
 struct TcqAlphabet {
@@ -40,5 +42,19 @@ int tcq_rank(const uint8_t* codes, const uint8_t* plane, int bits, int j);
 // The encoder over n values t (σ units): u[j] ∈ {0, 1} and f[j] < 2^(B−1) of the least-cost path; returns
 // its cost. Uses a buffer of this thread, grown once (12 bytes per value).
 float tcq_viterbi(const TcqAlphabet& a, const float* t, int n, uint8_t* u, uint8_t* f);
+
+// The specification's kernels of the rows tcq2 and tcq3 (B = 2, 3; tcq_kernels.cpp): the scalar level's
+// entries of the kernel grid (rotated_spec.cpp). tcqB has no QJL stage: residual and sketch are unused.
+template <int B>
+void tcq_quantize_rows_spec(const TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                            size_t dst_stride, float* residual);
+template <int B>
+void tcq_score_spec(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
+                    size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
+template <int B>
+void tcq_accumulate_spec(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
+                         size_t row_stride, size_t n_rows, float* acc, float* sketch);
+// A row's levels c[j] = level(rank_j), σ units (dequantize: times the scale, then Rᵀ).
+void tcq_decode_levels(const TurboLayout& l, int bits, const uint8_t* row, float* c);
 
 }  // namespace kvq::detail

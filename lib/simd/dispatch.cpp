@@ -56,13 +56,7 @@ bool has(const BlockKernels& b, KernelOp op) {
 }
 bool has(const LevelKernels& k, OtherKernel o) {
     switch (o) {
-        case OtherKernel::turbo_score: return k.rotated.turbo.score;
-        case OtherKernel::turbo_accumulate: return k.rotated.turbo.accumulate;
-        case OtherKernel::turbo_quantize: return k.rotated_quantize.turbo;
-        case OtherKernel::tcq_viterbi: return k.rotated_quantize.tcq_viterbi;
-        case OtherKernel::polar_score: return k.rotated.polar.score;
-        case OtherKernel::polar_accumulate: return k.rotated.polar.accumulate;
-        case OtherKernel::polar_quantize: return k.rotated_quantize.polar;
+        case OtherKernel::tcq_viterbi: return k.rotated.tcq_viterbi;
         case OtherKernel::softmax_update: return k.softmax;
         case OtherKernel::chan_score: return k.channel_score;
         case OtherKernel::all_finite: return k.all_finite;
@@ -73,6 +67,20 @@ bool has(const LevelKernels& k, OtherKernel o) {
     return false;
 }
 
+template <class Row>
+bool has(const Row& row, RotatedOp op) {
+    switch (op) {
+        case RotatedOp::quantize: return row.quantize;
+        case RotatedOp::score: return row.score;
+        case RotatedOp::accumulate: return row.accumulate;
+        case RotatedOp::count: break;
+    }
+    return false;
+}
+bool has(const RotatedKernels& k, RotatedCodec c, RotatedOp op) {
+    return c == RotatedCodec::polar ? has(k.polar, op) : has(k.row(c), op);
+}
+
 // Every slot that holds a kernel its level did not name holds the specification's (filled below, or the
 // scalar level's own).
 void name_gaps(LevelKernels& k) {
@@ -80,6 +88,12 @@ void name_gaps(LevelKernels& k) {
         for (int op = 0; op < static_cast<int>(KernelOp::count); ++op) {
             const char*& name = k.codec_names[c][op];
             if (has(k.codec[c], static_cast<KernelOp>(op)) && !name) name = kSpecKernel;
+        }
+    }
+    for (int c = 0; c < kRotatedCodecCount; ++c) {
+        for (int op = 0; op < static_cast<int>(RotatedOp::count); ++op) {
+            const char*& name = k.rotated_names[c][op];
+            if (has(k.rotated, static_cast<RotatedCodec>(c), static_cast<RotatedOp>(op)) && !name) name = kSpecKernel;
         }
     }
     for (int o = 0; o < static_cast<int>(OtherKernel::count); ++o) {
@@ -111,7 +125,6 @@ LevelKernels scalar_level() {
     k.all_finite = scalar_all_finite;
     k.finite_max_abs = scalar_finite_max_abs;
     k.rotated = scalar_rotated_kernels();
-    k.rotated_quantize = scalar_rotated_quantize();
     k.softmax = softmax_update_scalar;
     k.channel_score = channel_score_scalar;
     name_gaps(k);
@@ -122,6 +135,12 @@ LevelKernels scalar_level() {
 template <class T>
 void fill(T*& p, T* ref) {
     if (!p) p = ref;
+}
+template <class Row>
+void fill_row(Row& row, const Row& ref) {
+    fill(row.quantize, ref.quantize);
+    fill(row.score, ref.score);
+    fill(row.accumulate, ref.accumulate);
 }
 void fill_missing(LevelKernels& k, const LevelKernels& ref) {
     for (int c = 0; c < static_cast<int>(BlockCodec::count); ++c) {
@@ -135,13 +154,10 @@ void fill_missing(LevelKernels& k, const LevelKernels& ref) {
     }
     fill(k.all_finite, ref.all_finite);
     fill(k.finite_max_abs, ref.finite_max_abs);
-    fill(k.rotated.turbo.score, ref.rotated.turbo.score);
-    fill(k.rotated.turbo.accumulate, ref.rotated.turbo.accumulate);
-    fill(k.rotated.polar.score, ref.rotated.polar.score);
-    fill(k.rotated.polar.accumulate, ref.rotated.polar.accumulate);
-    fill(k.rotated_quantize.turbo, ref.rotated_quantize.turbo);
-    fill(k.rotated_quantize.tcq_viterbi, ref.rotated_quantize.tcq_viterbi);
-    fill(k.rotated_quantize.polar, ref.rotated_quantize.polar);
+    // the rotated codecs slot by slot: a row a level gives only some kernels runs the specification's others
+    for (int c = 0; c < kTurboRows; ++c) fill_row(k.rotated.turbo_rows[c], ref.rotated.turbo_rows[c]);
+    fill_row(k.rotated.polar, ref.rotated.polar);
+    fill(k.rotated.tcq_viterbi, ref.rotated.tcq_viterbi);
     fill(k.softmax, ref.softmax);
     fill(k.channel_score, ref.channel_score);
     name_gaps(k);
@@ -149,8 +165,6 @@ void fill_missing(LevelKernels& k, const LevelKernels& ref) {
 
 struct LevelState {
     bool present = false;      // compiled, and this CPU runs it
-    bool own_rotated = false;  // has polar/turbo kernels of its own
-    bool own_rotated_quantize = false;  // has polar/turbo quantizers of its own
     LevelKernels kernels{};    // gaps filled from the specification
     bool checked = false, passed = false;
     std::string finding;       // what the self-check found
@@ -177,8 +191,6 @@ struct Dispatch {
             s.present = true;
             s.kernels = *k;
             share_decoders(s.kernels);
-            s.own_rotated = l != SimdLevel::scalar && k->rotated.turbo.score != nullptr;
-            s.own_rotated_quantize = l != SimdLevel::scalar && k->rotated_quantize.turbo != nullptr;
             fill_missing(s.kernels, ref);
         }
         LevelState& scalar = levels[0];
@@ -340,18 +352,12 @@ SoftmaxUpdate active_softmax() { return active_level().softmax; }
 
 const RotatedKernels* level_rotated_kernels(SimdLevel level) {
     const LevelState* s = present_level(level);
-    if (!s) return nullptr;
-    if (level == SimdLevel::scalar) return &scalar_rotated_kernels();
-    return s->own_rotated ? &s->kernels.rotated : nullptr;
+    return s ? &s->kernels.rotated : nullptr;
 }
 
-const RotatedQuantizeKernels& active_rotated_quantize() { return active_level().rotated_quantize; }
-
-const RotatedQuantizeKernels* level_rotated_quantize(SimdLevel level) {
+const char* level_rotated_kernel_name(SimdLevel level, RotatedCodec c, RotatedOp op) {
     const LevelState* s = present_level(level);
-    if (!s) return nullptr;
-    if (level == SimdLevel::scalar) return &scalar_rotated_quantize();
-    return s->own_rotated_quantize ? &s->kernels.rotated_quantize : nullptr;
+    return s ? s->kernels.rotated_names[static_cast<int>(c)][static_cast<int>(op)] : nullptr;
 }
 
 ChannelScore active_channel_score() { return active_level().channel_score; }
@@ -469,6 +475,11 @@ std::vector<SimdKernel> simd_kernel_table() {
                 if (!detail::has(k.codec[c], static_cast<detail::KernelOp>(op))) continue;
                 table.push_back({l, detail::codec_name(static_cast<detail::BlockCodec>(c)), detail::kKernelOpNames[op],
                                  k.codec_names[c][op]});
+            }
+        }
+        for (int c = 0; c < detail::kRotatedCodecCount; ++c) {
+            for (int op = 0; op < static_cast<int>(detail::RotatedOp::count); ++op) {
+                table.push_back({l, detail::kRotatedCodecNames[c], detail::kRotatedOpNames[op], k.rotated_names[c][op]});
             }
         }
         for (int o = 0; o < static_cast<int>(detail::OtherKernel::count); ++o) {

@@ -24,20 +24,19 @@ namespace kvq::detail {
 enum class KernelOp : int { quantize, dequantize, prepare_query, score, accumulate, accumulate_grid, score_groups, count };
 inline constexpr const char* kKernelOpNames[] = {"quantize",   "dequantize",      "prepare_query", "score",
                                                  "accumulate", "accumulate_grid", "score_groups"};
-// A level's other kernels, each named by (codec, op) in the table: the polar and turbo codecs', the online
-// softmax's, the chanB keys' score, the float checks and the primitives' contract check.
+// The rotated codecs' operations are rows of the same grid (RotatedCodec × RotatedOp, rotated_kernels.hpp).
+// A level's other kernels, each named by (codec, op) in the table: tcqB's Viterbi encoder (the helper of
+// both tcq rows' quantize), the online softmax's, the chanB keys' score, the float checks and the
+// primitives' contract check.
 enum class OtherKernel : int {
-    turbo_score, turbo_accumulate, turbo_quantize, tcq_viterbi, polar_score, polar_accumulate, polar_quantize,
-    softmax_update, chan_score, all_finite, finite_max_abs, check_ops, count
+    tcq_viterbi, softmax_update, chan_score, all_finite, finite_max_abs, check_ops, count
 };
 struct OtherKernelName {
     const char* codec;
     const char* op;
 };
 inline constexpr OtherKernelName kOtherKernelNames[] = {
-    {"turbo", "score"},   {"turbo", "accumulate"},  {"turbo", "quantize"},        {"tcqB", "viterbi"},
-    {"polar", "score"},
-    {"polar", "accumulate"}, {"polar", "quantize"}, {"softmax", "update"},        {"chanB", "score"},
+    {"tcqB", "viterbi"},      {"softmax", "update"},          {"chanB", "score"},
     {"floats", "all_finite"}, {"floats", "finite_max_abs"}, {"primitives", "check_ops"},
 };
 static_assert(sizeof kKernelOpNames / sizeof *kKernelOpNames == static_cast<size_t>(KernelOp::count));
@@ -48,16 +47,15 @@ static_assert(sizeof kOtherKernelNames / sizeof *kOtherKernelNames == static_cas
 inline constexpr const char* kSpecKernel = "spec";
 
 // The kernels of one SIMD level, made by lib/simd/level_<isa>.cpp (each compiled with its own flags): the
-// one place that chooses, by set<...>(), which kernel runs for each (codec, op) at that level, and names
-// it. Any slot may stay empty (the level has no such kernel): dispatch fills it from the specification
+// one place that chooses, by set<...>(), which kernel runs for each (codec, op) at that level (block codecs
+// and rotated codecs alike), and names it. Any slot may stay empty (the level has no such kernel): dispatch fills it from the specification
 // (named kSpecKernel), except accumulate_grid and score_groups, which stay null where a codec or level has
 // none (their callers then take accumulate, or keys in rows).
 struct LevelKernels {
     BlockKernels codec[kBlockCodecCount]{};
     bool (*all_finite)(const float* x, size_t n) = nullptr;  // no NaN or Inf in x[0..n)
     float (*finite_max_abs)(const float* x, size_t n) = nullptr;  // max |x_j| (0 for n = 0), or NaN if any is NaN or Inf
-    RotatedKernels rotated{};  // polar and turbo codecs
-    RotatedQuantizeKernels rotated_quantize{};  // their quantizers
+    RotatedKernels rotated{};  // the rotated codecs' rows (turbo … polar) and tcqB's Viterbi encoder
     SoftmaxUpdate softmax = nullptr;
     ChannelScore channel_score = nullptr;  // chanB key scores
     // The contract check of the level's primitives (ops_check.hpp): null if all hold, else the first
@@ -65,6 +63,7 @@ struct LevelKernels {
     const char* (*check_ops)() = nullptr;
     // Each slot's kernel name (null: empty), as the level file gives it.
     const char* codec_names[kBlockCodecCount][static_cast<int>(KernelOp::count)] = {};
+    const char* rotated_names[kRotatedCodecCount][static_cast<int>(RotatedOp::count)] = {};
     const char* other_names[static_cast<int>(OtherKernel::count)] = {};
 
     // The slot of operation Op in a codec's kernels, and of another kernel K.
@@ -80,13 +79,7 @@ struct LevelKernels {
     }
     template <OtherKernel K>
     constexpr auto& slot() {
-        if constexpr (K == OtherKernel::turbo_score) return rotated.turbo.score;
-        else if constexpr (K == OtherKernel::turbo_accumulate) return rotated.turbo.accumulate;
-        else if constexpr (K == OtherKernel::turbo_quantize) return rotated_quantize.turbo;
-        else if constexpr (K == OtherKernel::tcq_viterbi) return rotated_quantize.tcq_viterbi;
-        else if constexpr (K == OtherKernel::polar_score) return rotated.polar.score;
-        else if constexpr (K == OtherKernel::polar_accumulate) return rotated.polar.accumulate;
-        else if constexpr (K == OtherKernel::polar_quantize) return rotated_quantize.polar;
+        if constexpr (K == OtherKernel::tcq_viterbi) return rotated.tcq_viterbi;
         else if constexpr (K == OtherKernel::softmax_update) return softmax;
         else if constexpr (K == OtherKernel::chan_score) return channel_score;
         else if constexpr (K == OtherKernel::all_finite) return all_finite;
@@ -99,6 +92,24 @@ struct LevelKernels {
              const char* name) {
         slot<Op>(codec[static_cast<int>(c)]) = kernel;
         codec_names[static_cast<int>(c)][static_cast<int>(Op)] = name;
+    }
+    // The slot of rotated codec R's operation Op: polar's, or that of a row on TurboLayout.
+    template <RotatedCodec R, RotatedOp Op>
+    constexpr auto& slot() {
+        if constexpr (R == RotatedCodec::polar) return rotated_slot<Op>(rotated.polar);
+        else return rotated_slot<Op>(rotated.turbo_rows[static_cast<int>(R)]);
+    }
+    template <RotatedOp Op, class Row>
+    static constexpr auto& rotated_slot(Row& row) {
+        if constexpr (Op == RotatedOp::quantize) return row.quantize;
+        else if constexpr (Op == RotatedOp::score) return row.score;
+        else return row.accumulate;
+    }
+    // Rotated codec R's operation Op runs `kernel`, called `name` in the table.
+    template <RotatedCodec R, RotatedOp Op, class F>
+    void set(F kernel, const char* name) {
+        slot<R, Op>() = kernel;
+        rotated_names[static_cast<int>(R)][static_cast<int>(Op)] = name;
     }
     // (The kernel's type is checked by the assignment: a parameter type naming slot<K>() would need this
     // class complete, which clang requires at the declaration.)
@@ -126,14 +137,13 @@ const BlockKernels& active_kernels(BlockCodec c);
 // and benchmarks); nullptr if the level is not compiled or this CPU cannot run it.
 const BlockKernels* level_kernels(BlockCodec c, SimdLevel level);
 
-// The same for the polar and turbo codecs: the active level's; and a given level's own (nullptr if it
-// has none and uses the scalar specification).
+// The same for the rotated codecs (every row, every slot filled): the active level's; and a given level's
+// (nullptr if the level is not compiled or this CPU cannot run it).
 const RotatedKernels& active_rotated_kernels();
 const RotatedKernels* level_rotated_kernels(SimdLevel level);
-
-// Their quantizers: the active level's; and a given level's own (nullptr if it has none).
-const RotatedQuantizeKernels& active_rotated_quantize();
-const RotatedQuantizeKernels* level_rotated_quantize(SimdLevel level);
+// The name the table gives rotated codec c's operation op at a level ("spec" where the level left it to
+// the specification); nullptr for a level not present.
+const char* level_rotated_kernel_name(SimdLevel level, RotatedCodec c, RotatedOp op);
 
 // The online softmax's block update at the active level, and at a given one (nullptr as above).
 SoftmaxUpdate active_softmax();

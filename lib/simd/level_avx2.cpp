@@ -10,6 +10,7 @@
 #include "accumulate_grid_avx2.hpp"
 #include "quantize_polar_impl.hpp"
 #include "rotated_avx2.hpp"
+#include "rotated_tcq_avx2.hpp"
 #include "quantize_tcq_avx2.hpp"
 #include "channel_portable.hpp"
 
@@ -25,6 +26,8 @@ detail::LevelKernels make() {
     using C = BlockCodec;
     using Op = KernelOp;
     using K = OtherKernel;
+    using R = detail::RotatedCodec;
+    using RO = detail::RotatedOp;
     detail::LevelKernels k;
     // plain codecs: values as they are, queries as floats
     k.set<Op::quantize>(C::f32, quantize_plain<A, PlainF32>, "quantize_plain<f32>");
@@ -78,13 +81,26 @@ detail::LevelKernels make() {
     k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL>::score, "score_blocks<iq4_nl>");
     k.set<Op::accumulate>(C::iq4_nl, accumulate_sym_avx2<detail::BlockIQ4_NL, CodesIQ4_NL>, "accumulate_sym_avx2<iq4_nl>");
     // polar and turbo: the 256-bit kernels (rotated_avx2.hpp)
-    k.set<K::turbo_score>(avx2::turbo_score, "turbo_score_avx2");
-    k.set<K::turbo_accumulate>(avx2::turbo_accumulate, "turbo_accumulate_avx2");
-    k.set<K::polar_score>(avx2::polar_score, "polar_score_avx2");
-    k.set<K::polar_accumulate>(avx2::polar_accumulate, "polar_accumulate_avx2");
-    k.set<K::turbo_quantize>(avx2::turbo_quantize<A>, "turbo_quantize (tcqB: quantize_tcq_avx2)");
+    k.set<R::turbo, RO::quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<R::turbo, RO::score>(avx2::turbo_score, "turbo_score_avx2");
+    k.set<R::turbo, RO::accumulate>(avx2::turbo_accumulate, "turbo_accumulate_avx2");
+    k.set<R::turbo_split, RO::quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<R::turbo_split, RO::score>(avx2::turbo_score, "turbo_score_avx2");
+    k.set<R::turbo_split, RO::accumulate>(avx2::turbo_accumulate, "turbo_accumulate_avx2");
+    k.set<R::turbo_qjl, RO::quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<R::turbo_qjl, RO::score>(avx2::turbo_score, "turbo_score_avx2");
+    k.set<R::turbo_qjl, RO::accumulate>(avx2::turbo_accumulate, "turbo_accumulate_avx2");
+    // tcq2, tcq3: their own kernels (rotated_tcq_avx2.hpp, quantize_tcq_avx2.hpp)
+    k.set<R::tcq2, RO::quantize>(avx2::tcq_quantize<A, 2>, "tcq_quantize_avx2");
+    k.set<R::tcq2, RO::score>(avx2::tcq_score<2>, "tcq_score_avx2<2>");
+    k.set<R::tcq2, RO::accumulate>(avx2::tcq_accumulate<2>, "tcq_accumulate_avx2<2>");
+    k.set<R::tcq3, RO::quantize>(avx2::tcq_quantize<A, 3>, "tcq_quantize_avx2");
+    k.set<R::tcq3, RO::score>(avx2::tcq_score<3>, "tcq_score_avx2<3>");
+    k.set<R::tcq3, RO::accumulate>(avx2::tcq_accumulate<3>, "tcq_accumulate_avx2<3>");
+    k.set<R::polar, RO::quantize>(PolarQuantize<A>::polar, "polar_quantize");
+    k.set<R::polar, RO::score>(avx2::polar_score, "polar_score_avx2");
+    k.set<R::polar, RO::accumulate>(avx2::polar_accumulate, "polar_accumulate_avx2");
     k.set<K::tcq_viterbi>(avx2::tcq_viterbi, "tcq_viterbi_avx2");
-    k.set<K::polar_quantize>(PolarQuantize<A>::polar, "polar_quantize");
     k.set<K::chan_score>(portable::channel_score<A>, "channel_score_portable");  // chanB key scores
     k.set<K::softmax_update>(softmax_update_lanes, "softmax_update_lanes");
     k.set<K::all_finite>(all_finite<A>, "all_finite");

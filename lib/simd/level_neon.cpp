@@ -9,6 +9,7 @@
 #include "quantize_polar_impl.hpp"
 #include "channel_portable.hpp"
 #include "tcq_viterbi_portable.hpp"
+#include "rotated_tcq_portable.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -22,6 +23,8 @@ detail::LevelKernels make() {
     using C = BlockCodec;
     using Op = KernelOp;
     using K = OtherKernel;
+    using R = detail::RotatedCodec;
+    using RO = detail::RotatedOp;
     detail::LevelKernels k;
     // plain codecs: values as they are, queries as floats
     k.set<Op::quantize>(C::f32, quantize_plain<A, PlainF32>, "quantize_plain<f32>");
@@ -74,12 +77,26 @@ detail::LevelKernels make() {
     k.set<Op::prepare_query>(C::iq4_nl, prepare_query_q8<A>, "prepare_query_q8");
     k.set<Op::score>(C::iq4_nl, ScoreBlocks<A, LayoutIQ4_NL>::score, "score_blocks<iq4_nl>");
     k.set<Op::accumulate>(C::iq4_nl, accumulate_scaled<A, LayoutIQ4_NL>, "accumulate_scaled<iq4_nl>");
-    // turbo, tcq, polar: rows decoded to floats (pair tables; polar's tree), then batches (rotated_portable.hpp)
-    k.set<K::turbo_score>(portable::turbo_score<A>, "turbo_score_portable");
-    k.set<K::turbo_accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
-    k.set<K::polar_score>(portable::polar_score<A>, "polar_score_portable");
-    k.set<K::polar_accumulate>(portable::polar_accumulate<A>, "polar_accumulate_portable");
-    k.set<K::turbo_quantize>(portable::turbo_quantize<A, TurboQuantize<A>>, "turbo_quantize (tcqB: tcq_viterbi_portable)");
+    // turbo, polar: rows decoded to floats (pair tables; polar's tree), then batches (rotated_portable.hpp)
+    k.set<R::turbo, RO::quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<R::turbo, RO::score>(portable::turbo_score<A>, "turbo_score_portable");
+    k.set<R::turbo, RO::accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
+    k.set<R::turbo_split, RO::quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<R::turbo_split, RO::score>(portable::turbo_score<A>, "turbo_score_portable");
+    k.set<R::turbo_split, RO::accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
+    k.set<R::turbo_qjl, RO::quantize>(TurboQuantize<A>::turbo, "turbo_quantize");
+    k.set<R::turbo_qjl, RO::score>(portable::turbo_score<A>, "turbo_score_portable");
+    k.set<R::turbo_qjl, RO::accumulate>(portable::turbo_accumulate<A>, "turbo_accumulate_portable");
+    // tcq2, tcq3: turbo's portable kernels over the tcq row decoder (rotated_tcq_portable.hpp); quantize: the
+    // specification's row steps with the portable Viterbi encoder (tcq_viterbi_portable.hpp)
+    k.set<R::tcq2, RO::quantize>(portable::tcq_quantize<A, 2>, "tcq_quantize<tcq_viterbi_portable>");
+    k.set<R::tcq2, RO::score>(portable::tcq_score<A, 2>, "tcq_score_portable<2>");
+    k.set<R::tcq2, RO::accumulate>(portable::tcq_accumulate<A, 2>, "tcq_accumulate_portable<2>");
+    k.set<R::tcq3, RO::quantize>(portable::tcq_quantize<A, 3>, "tcq_quantize<tcq_viterbi_portable>");
+    k.set<R::tcq3, RO::score>(portable::tcq_score<A, 3>, "tcq_score_portable<3>");
+    k.set<R::tcq3, RO::accumulate>(portable::tcq_accumulate<A, 3>, "tcq_accumulate_portable<3>");
+    k.set<R::polar, RO::score>(portable::polar_score<A>, "polar_score_portable");
+    k.set<R::polar, RO::accumulate>(portable::polar_accumulate<A>, "polar_accumulate_portable");
     k.set<K::tcq_viterbi>(portable::tcq_viterbi<A>, "tcq_viterbi_portable");
     k.set<K::chan_score>(portable::channel_score<A>, "channel_score_portable");  // chanB key scores
     // polar quantize: the specification. This level's gives other bytes than the specification on the

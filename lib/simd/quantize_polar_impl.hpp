@@ -201,7 +201,7 @@ struct PolarQuantize : RotatedQuantize<A> {
                       size_t dst_stride) {
         const int d = l.rot.d;
         if (!polar_fits(l)) {
-            detail::scalar_rotated_quantize().polar(l, x, n_rows, dst, dst_stride);
+            detail::polar_quantize_rows_spec(l, x, n_rows, dst, dst_stride);
             return;
         }
         Steps steps[8];
@@ -228,11 +228,6 @@ struct PolarQuantize : RotatedQuantize<A> {
         if (r < n_rows) one(r);
     }
 };
-
-template <class A>
-detail::RotatedQuantizeKernels rotated_quantize_kernels() {
-    return {TurboQuantize<A>::turbo, PolarQuantize<A>::polar};
-}
 
 }  // namespace
 }  // namespace kvq::simd

@@ -60,11 +60,10 @@ struct TcqQuantize : TurboQuantize<A> {
     using Base::kMaxD;
     using Base::kSumRegs;
 
-    static void row(const detail::TurboQuantizeLayout& l, const float* x, uint8_t* row) {
+    static void row(const detail::TcqAlphabet& a, const detail::TurboQuantizeLayout& l, const float* x, uint8_t* row) {
         const int d = l.rot.d;
         const double norm = Rot::fits(l.rot) ? Base::row_norm(x, d) : NAN;
-        if (!(norm <= 1e30)) return detail::tcq_quantize_row(l, x, row, tcq_viterbi);
-        const detail::TcqAlphabet& a = detail::tcq_alphabet(l.trellis);
+        if (!(norm <= 1e30)) return detail::tcq_quantize_row(a, l, x, row, tcq_viterbi);
         alignas(64) float u[kMaxD], t[kMaxD];
         Rot::apply(l.rot, x, u);
         std::memset(row, 0, l.row_bytes);
@@ -98,13 +97,12 @@ struct TcqQuantize : TurboQuantize<A> {
     }
 };
 
-// turbo's quantize at the x86 levels: tcqB rows are TcqQuantize's (no residual: tcqB has no QJL stage),
-// the others TurboQuantize's.
-template <class A>
-void turbo_quantize(const detail::TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
-                    size_t dst_stride, float* residual) {
-    if (!l.trellis) return TurboQuantize<A>::turbo(l, x, n_rows, dst, dst_stride, residual);
-    for (size_t r = 0; r < n_rows; ++r) TcqQuantize<A>::row(l, x + r * l.rot.d, dst + r * dst_stride);
+// The quantize of the rows tcq2 and tcq3 at the x86 levels (no residual: tcqB has no QJL stage).
+template <class A, int B>
+void tcq_quantize(const detail::TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst,
+                  size_t dst_stride, float*) {
+    const detail::TcqAlphabet& a = detail::tcq_alphabet(B);
+    for (size_t r = 0; r < n_rows; ++r) TcqQuantize<A>::row(a, l, x + r * l.rot.d, dst + r * dst_stride);
 }
 
 }  // namespace avx2

@@ -28,7 +28,6 @@ struct TurboQuantize : RotatedQuantize<A> {
     using Base::kMaxD;
 
     static bool turbo_fits(const detail::TurboQuantizeLayout& l) {
-        if (l.trellis) return false;  // tcqB: the specification's rows (the x86 levels': quantize_tcq_avx2.hpp)
         if (!Rot::fits(l.rot) || l.row_bytes > kMaxD) return false;
         for (int s = 0; s < l.n_sections; ++s) {
             const detail::TurboSection& sec = l.sections[s];
@@ -222,7 +221,7 @@ struct TurboQuantize : RotatedQuantize<A> {
                       size_t dst_stride, float* residual) {
         const int d = l.rot.d;
         if (!turbo_fits(l)) {
-            detail::scalar_rotated_quantize().turbo(l, x, n_rows, dst, dst_stride, residual);
+            detail::turbo_quantize_rows_spec(l, x, n_rows, dst, dst_stride, residual);
             return;
         }
         // A tile of rows in three passes: the norms (and their inverses), the codes (two rows at a time),

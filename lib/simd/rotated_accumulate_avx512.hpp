@@ -134,13 +134,8 @@ void chunk_weights(const float* w, size_t w_stride, int i0, size_t r0, size_t rn
     }
 }
 
-// tcqB rows (rotated_tcq_avx512.hpp, included after this file).
-void tcq_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                    size_t row_stride, size_t n_rows, float* acc);
-
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
-    if (l.trellis) return tcq_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
     if (l.d % 16 != 0 || l.n_hi % 16 != 0) {
         return avx2::turbo_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc, sketch);
     }

@@ -281,15 +281,8 @@ void for_score_groups(const uint8_t* prep, size_t prep_bytes, int n_q, const uin
     }
 }
 
-// tcqB rows (rotated_tcq_avx2.hpp, included below).
-void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
-               size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
-void tcq_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                    size_t row_stride, size_t n_rows, float* acc);
-
 void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    if (l.trellis) return tcq_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
         const size_t rn = std::min(kChunk, n_rows - r0);
         for_groups(n_q, [&]<int G>(int i0) {
@@ -392,7 +385,6 @@ void turbo_accumulate_any(int bits, const TurboLayout& l, size_t byte0, int j0, 
 
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
-    if (l.trellis) return tcq_accumulate(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
     const size_t lo_byte = size_t(l.n_hi) * l.bits_hi / 8;
     for (size_t r0 = 0; r0 < n_rows; r0 += kChunk) {
         const size_t rn = std::min(kChunk, n_rows - r0);
@@ -414,4 +406,3 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
 }  // namespace kvq::simd
 
 #include "rotated_polar_avx2.hpp"
-#include "rotated_tcq_avx2.hpp"

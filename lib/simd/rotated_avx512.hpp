@@ -364,16 +364,9 @@ void score_int8_any(const TurboLayout& l, const uint8_t* const* prep, const uint
     }
 }
 
-// tcqB rows (rotated_tcq_avx512.hpp, included below).
-void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
-               size_t row_stride, size_t n_rows, float* scores, size_t score_stride);
-
 void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    if (l.trellis && l.d <= 128 * kMaxSuper) {
-        return tcq_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
-    }
-    if (l.trellis || l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {
+    if (l.int8_order < 2 || l.int8_order > 4 || l.qjl || l.d > 128 * kMaxSuper) {
         return avx2::turbo_score(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
     }
     avx2::for_score_groups(prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride,
@@ -388,4 +381,3 @@ void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, i
 }  // namespace kvq::simd
 
 #include "rotated_accumulate_avx512.hpp"
-#include "rotated_tcq_avx512.hpp"

@@ -1,10 +1,10 @@
-// Score and accumulate of the turbo, tcq and polar codecs (layouts: lib/ref/rotated_kernels.hpp) for the
+// Score and accumulate of the turbo and polar codecs (layouts: lib/ref/rotated_kernels.hpp) for the
 // levels without AVX2: sse2 and neon, written once over the level's xsimd float batches (Ops<A> for fp16).
 //
 // A row's values are decoded once, into floats on the stack, two at a time: a code pair's bits index a
-// table of value pairs made per call from the layout's centroids (2^(2B) pairs for B-bit codes; for tcqB
-// the pair's two f codes, its two s1 and its two s0 bits, 2^(2B+2) pairs, s1 and s0 of 32 values at once
-// from the u plane with word shifts). Then every query runs over the decoded values with batches: a dot
+// table of value pairs made per call from the layout's centroids (2^(2B) pairs for B-bit codes). turbo's
+// kernels take the row decoder as a parameter (Slices), so another row of the grid on TurboLayout brings
+// its own (tcq's: rotated_tcq_portable.hpp). Then every query runs over the decoded values with batches: a dot
 // product per row (score), or register tiles of 16 columns over up to kRows rows (accumulate), as the
 // AVX2 kernels do on their decoded values. Rows are decoded kSlice values at a time, so any head_dim
 // takes the same stack.
@@ -39,7 +39,7 @@ struct Pair {
 
 // The pair tables of one call.
 struct Tables {
-    Pair hi[256], lo[256];  // turbo: index c0 | c1 << B; tcqB: see decode_tcq
+    Pair hi[256], lo[256];  // index c0 | c1 << B
     bool pairs_hi = false, pairs_lo = false;  // whether the section's width has a pair table (B ≤ 4)
 
     static bool make_codes(Pair* t, const float* centroids, int b) {
@@ -51,17 +51,6 @@ struct Tables {
     }
 
     explicit Tables(const TurboLayout& l) {
-        if (l.trellis) {
-            // index: f0 | f1 << (B−1) | s1_0 << 2(B−1) | s1_1 << (2B−1) | s0_0 << 2B | s0_1 << (2B+1)
-            const int fb = l.trellis - 1, n = 1 << (2 * fb + 4);
-            for (int x = 0; x < n; ++x) {
-                const int f0 = x & ((1 << fb) - 1), f1 = (x >> fb) & ((1 << fb) - 1);
-                const int s10 = (x >> 2 * fb) & 1, s11 = (x >> (2 * fb + 1)) & 1;
-                const int s00 = (x >> (2 * fb + 2)) & 1, s01 = (x >> (2 * fb + 3)) & 1;
-                hi[x] = {{l.centroids_hi[4 * f0 + 2 * s10 + s00], l.centroids_hi[4 * f1 + 2 * s11 + s01]}};
-            }
-            return;
-        }
         pairs_hi = make_codes(hi, l.centroids_hi, l.bits_hi);
         if (l.n_hi < l.d) pairs_lo = make_codes(lo, l.centroids_lo, l.bits_lo);
     }
@@ -107,35 +96,8 @@ void decode_codes_any(const Pair* pairs, bool have_pairs, const float* centroids
     for (int j = j0; j < j1; ++j) out[j - j0] = centroids[detail::get_code(codes, size_t(j - s0) * b, b)];
 }
 
-// Values [j0, j1) of a tcqB row (multiples of 32) into out: s1_j = u_j ⊕ u_{j−1} ⊕ u_{j−3}, s0_j = u_{j−2}
-// for 32 values at once from the u plane, with the three bits before them.
-template <int B>
-void decode_tcq(const TurboLayout& l, const Pair* pairs, const uint8_t* row, int j0, int j1, float* out) {
-    constexpr int fb = B - 1;
-    constexpr uint32_t fmask = (1u << (2 * fb)) - 1;
-    const uint8_t* plane = row + l.plane_off;
-    for (int j = j0; j < j1; j += 32) {
-        uint32_t u32;
-        std::memcpy(&u32, plane + j / 8, 4);
-        const uint64_t u = u32;
-        const uint64_t before = j > 0 ? plane[j / 8 - 1] >> 5 : 0;  // u_{j−3}, u_{j−2}, u_{j−1}
-        const uint64_t s1 = u ^ (u << 1 | before >> 2) ^ (u << 3 | before);
-        const uint64_t s0 = u << 2 | before >> 1;
-        uint64_t f = 0;
-        std::memcpy(&f, row + j / 8 * fb, 4 * fb);  // 32 f codes
-        for (int p = 0; p < 16; ++p) {
-            const uint32_t x = static_cast<uint32_t>((f >> (2 * fb * p)) & fmask) |
-                               static_cast<uint32_t>((s1 >> (2 * p)) & 3) << (2 * fb) |
-                               static_cast<uint32_t>((s0 >> (2 * p)) & 3) << (2 * fb + 2);
-            std::memcpy(out + (j - j0) + 2 * p, &pairs[x], 8);
-        }
-    }
-}
-
 // Values [j0, j1) of a row (in the rotated basis, before the row's norm) into out.
 void decode_slice(const TurboLayout& l, const Tables& t, const uint8_t* row, int j0, int j1, float* out) {
-    if (l.trellis == 3) return decode_tcq<3>(l, t.hi, row, j0, j1, out);
-    if (l.trellis) return decode_tcq<2>(l, t.hi, row, j0, j1, out);
     const int split = std::clamp(l.n_hi, j0, j1);
     if (j0 < split) decode_codes_any(t.hi, t.pairs_hi, l.centroids_hi, l.bits_hi, row, 0, j0, split, out);
     if (split < j1) {
@@ -143,6 +105,14 @@ void decode_slice(const TurboLayout& l, const Tables& t, const uint8_t* row, int
         decode_codes_any(t.lo, t.pairs_lo, l.centroids_lo, l.bits_lo, lo, l.n_hi, split, j1, out + (split - j0));
     }
 }
+
+// turbo's row decoder: values [j0, j1) of a row, by its sections' pair tables.
+struct TurboSlices {
+    const TurboLayout& l;
+    Tables t;
+    explicit TurboSlices(const TurboLayout& layout) : l(layout), t(layout) {}
+    void operator()(const uint8_t* row, int j0, int j1, float* out) const { decode_slice(l, t, row, j0, j1, out); }
+};
 
 // The QJL signs [j0, j1) (multiples of 8) as ±1.
 void decode_signs(const uint8_t* signs, int j0, int j1, float* out) {
@@ -176,17 +146,17 @@ float dot(const float* x, const float* y, int n) {
 }
 
 // score = ‖x‖ · (Σ_j q̃_j c_j + ‖r‖ · Σ_k sign_k p_k), q̃ and p the prepared floats.
-template <class A>
+template <class A, class Slices = TurboSlices>
 void turbo_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                  size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
-    const Tables t(l);
+    const Slices slices(l);
     alignas(64) float c[kSlice], s[kSlice];
     for (size_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = rows + r * row_stride;
         for (int i = 0; i < n_q; ++i) scores[i * score_stride + r] = 0.0f;
         for (int j0 = 0; j0 < l.d; j0 += kSlice) {
             const int j1 = std::min(l.d, j0 + kSlice), n = j1 - j0;
-            decode_slice(l, t, row, j0, j1, c);
+            slices(row, j0, j1, c);
             for (int i = 0; i < n_q; ++i) {
                 scores[i * score_stride + r] += dot<A>(c, reinterpret_cast<const float*>(prep + i * prep_bytes) + j0, n);
             }
@@ -242,11 +212,11 @@ void accumulate_rows(const float* wn, const float (*x)[kSlice], int rn, int n, f
 }
 
 // acc (rotated basis) += Σ_r w·‖x_r‖·c_r; QJL: sketch += Σ_r w·‖x_r‖·‖r_r‖·sign_r.
-template <class A>
+template <class A, class Slices = TurboSlices>
 void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                       size_t row_stride, size_t n_rows, float* acc, float* sketch) {
     static_assert(kSlice % 16 == 0);
-    const Tables t(l);
+    const Slices slices(l);
     alignas(64) float x[kRows][kSlice];
     float norm[kRows], gamma[kRows], wn[kRows];
     for (size_t r0 = 0; r0 < n_rows; r0 += kRows) {
@@ -258,7 +228,7 @@ void turbo_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int
         }
         for (int j0 = 0; j0 < l.d; j0 += kSlice) {
             const int j1 = std::min(l.d, j0 + kSlice), n = j1 - j0;
-            for (int r = 0; r < rn; ++r) decode_slice(l, t, chunk + r * row_stride, j0, j1, x[r]);
+            for (int r = 0; r < rn; ++r) slices(chunk + r * row_stride, j0, j1, x[r]);
             for (int i = 0; i < n_q; ++i) {
                 for (int r = 0; r < rn; ++r) wn[r] = w[i * w_stride + r0 + r] * norm[r];
                 accumulate_rows<A>(wn, x, rn, n, acc + size_t(i) * l.d + j0);

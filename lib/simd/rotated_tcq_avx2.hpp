@@ -1,5 +1,6 @@
-// AVX2 kernels of the tcqB codecs (part of rotated_avx2.hpp; format and decoding rule: lib/ref/tcq.hpp;
-// the AVX-512 levels have their own, rotated_tcq_avx512.hpp, and score head sizes above 1024 here). The
+// AVX2 kernels of the tcqB codecs, the rows tcq2 and tcq3 of the kernel grid (level_avx2.cpp; format and
+// decoding rule: lib/ref/tcq.hpp; the AVX-512 levels have their own, rotated_tcq_avx512.hpp, and score
+// head sizes above 1024 here), over turbo's int8 dot and accumulate tiles (rotated_avx2.hpp). The
 // ranks of a super-block (128 values) of a row are formed in 256-bit registers as rotated_tcq_avx512.hpp
 // forms them for two rows (tcq_ranks128): the u bits spread to 2-bit fields, the trellis's shifts as qword
 // shifts with the carry from the qword before, z = 2·s1 + s0 next to the f codes, x and y the nibble
@@ -21,6 +22,7 @@
 #include <cstring>
 
 #include "../ref/rotated_kernels.hpp"
+#include "rotated_avx2.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -113,12 +115,12 @@ void tcq_score_group(const TurboLayout& l, const uint8_t* const* prep, const uin
     }
 }
 
+template <int B>
 void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
     for_score_groups(prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride,
                      [&]<int G>(const uint8_t* const* p, const uint8_t* chunk, size_t rn, float* const* out) {
-                         if (l.trellis == 3) return tcq_score_group<3, G>(l, p, chunk, row_stride, rn, out);
-                         tcq_score_group<2, G>(l, p, chunk, row_stride, rn, out);
+                         tcq_score_group<B, G>(l, p, chunk, row_stride, rn, out);
                      });
 }
 
@@ -176,10 +178,11 @@ void tcq_accumulate_rows(const TurboLayout& l, const float* w, size_t w_stride, 
     }
 }
 
+// (tcqB has no QJL stage: no sketch.)
+template <int B>
 void tcq_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                    size_t row_stride, size_t n_rows, float* acc) {
-    if (l.trellis == 3) return tcq_accumulate_rows<3>(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-    tcq_accumulate_rows<2>(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+                    size_t row_stride, size_t n_rows, float* acc, float*) {
+    tcq_accumulate_rows<B>(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
 }
 
 }  // namespace avx2

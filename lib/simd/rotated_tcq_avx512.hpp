@@ -1,5 +1,5 @@
-// AVX-512 kernels of the tcqB codecs (format: lib/ref/tcq.hpp; the AVX2 kernels: rotated_tcq_avx2.hpp),
-// included by rotated_avx512.hpp. The ranks of a super-block (128 values) of two rows are formed at once
+// AVX-512 kernels of the tcqB codecs, the rows tcq2 and tcq3 of the kernel grid at the avx512 level
+// (level_avx512*.cpp; format: lib/ref/tcq.hpp; the AVX2 kernels: rotated_tcq_avx2.hpp). The ranks of a super-block (128 values) of two rows are formed at once
 // in 512-bit registers, with no scalar work on the u plane (TcqIndices::ranks2): the u bits are spread to
 // 2-bit fields (bit j → bit 2j, one vpshufb on nibbles), where the trellis's shifts are qword shifts with
 // the carry from the qword before (vpermt2q) and s1, s0 land next to each other as a 2-bit field z_j =
@@ -23,6 +23,7 @@
 
 #include "rotated_accumulate_avx512.hpp"
 #include "rotated_avx512.hpp"
+#include "rotated_tcq_avx2.hpp"
 
 namespace kvq::simd {
 namespace {
@@ -112,19 +113,22 @@ struct TcqIndices {
     }
 };
 
+// Head sizes past the super-blocks this kernel keeps (kMaxSuper): the AVX2 kernel's.
+template <int B>
 void tcq_score(const TurboLayout& l, const uint8_t* prep, size_t prep_bytes, int n_q, const uint8_t* rows,
                size_t row_stride, size_t n_rows, float* scores, size_t score_stride) {
+    if (l.d > 128 * kMaxSuper) {
+        return avx2::tcq_score<B>(l, prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride);
+    }
     avx2::for_score_groups(prep, prep_bytes, n_q, rows, row_stride, n_rows, scores, score_stride,
                            [&]<int G>(const uint8_t* const* p, const uint8_t* chunk, size_t rn, float* const* out) {
-                               if (l.trellis == 3) {
 #if defined(__AVX512VNNI__)
+                               if constexpr (B == 3) {
                                    return score_rows16_then_rest<G, TcqIndices<3>>(l, p, chunk, row_stride, rn, out,
                                                                                    score_nibbles_rows16<G, TcqIndices<3>>);
-#else
-                                   return score_int8_group<G, TcqIndices<3>>(l, p, chunk, row_stride, rn, out);
-#endif
                                }
-                               score_int8_group<G, TcqIndices<2>>(l, p, chunk, row_stride, rn, out);
+#endif
+                               score_int8_group<G, TcqIndices<B>>(l, p, chunk, row_stride, rn, out);
                            });
 }
 
@@ -197,10 +201,11 @@ void tcq_accumulate_rows(const TurboLayout& l, const float* w, size_t w_stride, 
     }
 }
 
+// (tcqB has no QJL stage: no sketch.)
+template <int B>
 void tcq_accumulate(const TurboLayout& l, const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                    size_t row_stride, size_t n_rows, float* acc) {
-    if (l.trellis == 3) return tcq_accumulate_rows<3>(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
-    tcq_accumulate_rows<2>(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
+                    size_t row_stride, size_t n_rows, float* acc, float*) {
+    tcq_accumulate_rows<B>(l, w, w_stride, n_q, rows, row_stride, n_rows, acc);
 }
 
 }  // namespace avx512

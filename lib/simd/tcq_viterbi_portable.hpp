@@ -107,12 +107,13 @@ float tcq_viterbi(const detail::TcqAlphabet& a, const float* t, int n, uint8_t* 
     return total;
 }
 
-// A level's turbo quantize with tcqB rows through the specification's row steps and this encoder.
-template <class A, class Turbo>
-void turbo_quantize(const detail::TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
-                    float* residual) {
-    if (!l.trellis) return Turbo::turbo(l, x, n_rows, dst, dst_stride, residual);
-    for (size_t r = 0; r < n_rows; ++r) detail::tcq_quantize_row(l, x + r * l.rot.d, dst + r * dst_stride, tcq_viterbi<A>);
+// The quantize of the rows tcq2 and tcq3 at sse2 and neon: the specification's row steps with this
+// encoder (no residual: tcqB has no QJL stage).
+template <class A, int B>
+void tcq_quantize(const detail::TurboQuantizeLayout& l, const float* x, size_t n_rows, uint8_t* dst, size_t dst_stride,
+                  float*) {
+    const detail::TcqAlphabet& a = detail::tcq_alphabet(B);
+    for (size_t r = 0; r < n_rows; ++r) detail::tcq_quantize_row(a, l, x + r * l.rot.d, dst + r * dst_stride, tcq_viterbi<A>);
 }
 
 }  // namespace portable

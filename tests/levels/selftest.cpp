@@ -4,6 +4,8 @@
 //   kvq_level_selftest            every level this CPU runs (scalar only through cache attention)
 //   kvq_level_selftest avx2 ...   those levels only; each must be one this CPU runs, else exit 2
 //   kvq_level_selftest --list     the levels this CPU runs, one line, separated by spaces
+//   kvq_level_selftest --kernels DIR avx2 ...   those levels' kernel tables against DIR/<build>.txt
+//                                 (kernel_golden.hpp; the test command passes tests/data/kernels)
 // Prints the SIMD report and one line per level and codec family; exits 1 if any line failed.
 // KVQ_AVX512_VNNI=0 checks the avx512 level's build without VNNI on a CPU with it.
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "check/selftest_levels.hpp"
+#include "kernel_golden.hpp"
 #include "simd/cpu_levels.hpp"
 #include "kvq/selftest.hpp"
 #include "kvq/simd.hpp"
@@ -22,10 +25,12 @@ int main(int argc, char** argv) {
         std::printf("\n");
         return 0;
     }
+    const bool kernels = argc >= 3 && std::string(argv[1]) == "--kernels";
+    const int first = kernels ? 3 : 1;
     std::vector<kvq::SimdLevel> levels = runs;
-    if (argc > 1) {
+    if (argc > first) {
         levels.clear();
-        for (int i = 1; i < argc; ++i) {
+        for (int i = first; i < argc; ++i) {
             kvq::SimdLevel l;
             try {
                 l = kvq::parse_simd_level(argv[i]);
@@ -41,6 +46,16 @@ int main(int argc, char** argv) {
             }
             levels.push_back(l);
         }
+    }
+    if (kernels) {
+        int failed = 0;
+        for (auto l : levels) {
+            const std::string finding = kvq::test::check_kernel_listing(l, argv[2]);
+            std::printf("kernel table %s: %s\n", kvq::test::kernel_build_name(l).c_str(),
+                        finding.empty() ? "as listed" : ("FAILED: " + finding).c_str());
+            failed += !finding.empty();
+        }
+        return failed ? 1 : 0;
     }
     std::printf("%s", kvq::format_simd_report(kvq::simd_report()).c_str());
     for (auto l : levels) {
