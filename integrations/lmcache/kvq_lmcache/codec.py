@@ -117,16 +117,14 @@ class ChunkCodec:
         if out.size < plan.frame_bytes:
             raise ValueError(f"kvq serde: a {out.size}-byte buffer for a {plan.frame_bytes}-byte frame")
         head = self._header(plan, g, model_name, key_digest).pack()
-        x = kv.float().contiguous().numpy().reshape(2, n_layers, n_tokens, plan.n_kv_heads, self.head_dim)
         at = len(head)
         plain = out[at : at + plan.plain_bytes] if not self.encryption else np.empty(plan.plain_bytes, np.uint8)
+        # A layer at a time: its float32 copy (what kvq quantizes) stays in cache, where a whole chunk's
+        # (64 MiB for 256 tokens of a Llama-3-8B chunk) made serialize wait on memory.
         for s, layers, fmt in plan.groups:
-            codes = fmt.encode(x[s] if len(layers) == n_layers else x[s, layers])
-            if len(layers) == n_layers:
-                plan.side_bytes(plain, s)[:] = codes
-            else:
-                for i, layer in enumerate(layers):
-                    plain[plan.layer_bytes(s, layer)] = codes[i]
+            for layer in layers:
+                x = kv[s, layer].float().numpy().reshape(1, n_tokens, plan.n_kv_heads, self.head_dim)
+                plain[plan.layer_bytes(s, layer)] = fmt.encode(x)[0]
         if self.encryption:
             out[at : at + plan.payload_bytes] = np.frombuffer(self.encryption.seal(os.urandom(NONCE_BYTES), plain, head),
                                                              np.uint8)
