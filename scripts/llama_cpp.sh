@@ -130,9 +130,9 @@ case "$what" in
     ;;
   perf-mla)
     # Decode of DeepSeek's latent attention (hsk 576, hsv 512, V a view of K): test-backend-ops' own perf
-    # cases on the same bytes, kvq's plugin against ggml's CPU backend, run back to back; the ratio is the
+    # decode cases (nb=1) on the same bytes, kvq's plugin against ggml's CPU backend, run back to back; the ratio is the
     # CPU backend's time over kvq's (> 1: kvq faster). KVQ_LLAMA_PERF_FILTER picks other cases.
-    filter=${KVQ_LLAMA_PERF_FILTER:-hsk=576}
+    filter=${KVQ_LLAMA_PERF_FILTER:-hsk=576,.*,nb=1,}
     for b in kvq CPU; do
       GGML_BACKEND_PATH=$plugin "$lbuild/bin/test-backend-ops" perf -o FLASH_ATTN_EXT -p "$filter" -b "$b" \
         >"$dir/perf-$b.log" 2>&1 || { cat "$dir/perf-$b.log" >&2; exit 1; }
