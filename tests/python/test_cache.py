@@ -204,7 +204,7 @@ def test_bad_shapes_dtypes_and_nan_are_value_errors_that_change_nothing(rng):
     cases = [
         ((0, k1.astype(np.int32), v1), "append: k: expected a float32, float16 or float64 array of " + shape +
          r", got a int32 array of shape \(4, 2, 64\)"),
-        ((0, k1, v1[:3]), r"append: v: expected .* shape \(T=4, n_kv_heads=2, head_dim=64\), got .* \(3, 2, 64\)"),
+        ((0, k1, v1[:3]), r"append: v: expected .* shape \(T=4, n_kv_heads=2, head_dim_v=64\), got .* \(3, 2, 64\)"),
         ((0, k1[:, :1], v1), r"got a non-contiguous float32 array of shape \(4, 1, 64\)"),
         ((0, k1.reshape(4, 1, 128), v1), r"got a float32 array of shape \(4, 1, 128\)"),
         ((0, k1[0], v1[0]), r"got a float32 array of shape \(2, 64\)"),
