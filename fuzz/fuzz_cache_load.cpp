@@ -32,8 +32,10 @@ constexpr int kD = 32;
 // blocks the cache keeps in groups of 16 rows where the SIMD level has a kernel for them
 // (lib/ref/key_groups.hpp): files hold rows, which loading groups again; 4: sink keys over centered
 // rotated q4_0 (lib/codec/sink_keys.hpp: a hostile file's sink count and fp16 rows). 3 also has key channel
-// scales (format version 5: a hostile file's scale count and values).
-constexpr int kConfigs = 5;
+// scales (format version 5: a hostile file's scale count and values); 5: a latent cache (MLA: values read
+// from the key rows, latent_values) with an exact tail (format version 6: a hostile file's head_dim_v,
+// latent flag and held staging slots).
+constexpr int kConfigs = 6;
 
 CacheConfig base_config(int which) {
     CacheConfig c;
@@ -52,6 +54,12 @@ CacheConfig base_config(int which) {
         c.key_scales.resize(size_t(c.n_layers) * c.n_kv_heads * kD);
         for (size_t i = 0; i < c.key_scales.size(); ++i) c.key_scales[i] = 0.5f + static_cast<float>(i % 7) / 4.0f;
     }
+    if (which == 5) {
+        c.value_codec = "";
+        c.latent_values = true;
+        c.head_dim_v = kD;
+        c.exact_tail_tokens = 6;
+    }
     c.nan_policy = NanPolicy::propagate;
     return c;
 }
@@ -64,7 +72,7 @@ std::vector<float> rows(size_t n, int n_kv, float start) {
 
 void append(KVCache& c, SequenceId s, int layer, size_t n, float start) {
     const auto k = rows(n, c.config().n_kv_heads, start), v = rows(n, c.config().n_kv_heads, start + 1);
-    c.append(layer, s, k.data(), v.data(), n);
+    c.append(layer, s, k.data(), c.config().latent_values ? nullptr : v.data(), n);  // a latent's values are its keys
 }
 
 std::string temp_path(const char* name) {
