@@ -18,26 +18,15 @@
 #include "kvq/research/eval.hpp"
 #include "kvq/research/report.hpp"
 #include "kvq/research/sweep.hpp"
+#include "sweep_rows.hpp"
 
 namespace {
 
+using kvq::test::row;
+using kvq::test::sweep;
+
 constexpr int kDk = 576, kDv = 512;
 const char* kTiny = "mla:tokens=96,q_heads=4,query_positions=2";
-
-kvq::SweepResult sweep(const std::string& data, const std::string& pairs, bool timing = false) {
-    kvq::SweepOptions o;
-    if (!pairs.empty()) o.formats = kvq::parse_kv_formats(pairs);
-    o.timing = timing;
-    o.timing_repeats = 1;
-    return kvq::run_sweep({kvq::make_dataset(data)}, o);
-}
-
-const kvq::SweepRow& row(const kvq::SweepResult& r, const std::string& label) {
-    for (const auto& x : r.rows) {
-        if (x.format.label() == label) return x;
-    }
-    throw std::logic_error("no row " + label);
-}
 
 // Attention as the definition reads, in double: scores q·k over all dk values, the output a weighted sum of
 // the key rows' first dv values (V a view of K). q: dk floats, k: n rows of dk floats; out: dv values.
