@@ -157,7 +157,8 @@ void bind_eval(py::module_& m) {
         .def("__repr__", [](const KVData& d) {
             return "<kvq.Dataset '" + d.name + "': " + std::to_string(d.layers) + " layers, " + std::to_string(d.tokens) +
                    " tokens, " + std::to_string(d.kv_heads) + " kv heads, " + std::to_string(d.q_heads) + " query heads, head_dim " +
-                   std::to_string(d.head_dim) + ">";
+                   std::to_string(d.head_dim) + (d.latent ? ", values its first " + std::to_string(d.dv()) + " (latent)"
+                                                : d.dv() != d.head_dim ? ", head_dim_v " + std::to_string(d.dv()) : "") + ">";
         });
 
     m.def("dataset", [](const std::string& spec, uint64_t seed) {
