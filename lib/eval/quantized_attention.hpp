@@ -31,11 +31,19 @@ void softmax_rows(float* s, int n_q, size_t n, size_t stride);
 
 // Decode attention of n_q queries (q: n_q × head_dim, finite) over rows first..n_rows−1 (first > 0: a
 // sliding window; blocks stay aligned to row 0, as in the cache); writes the scaled scores and weights
-// (n_q × (n_rows − first)) and out (n_q × head_dim). Row-wise keys: the output is the decode engine's (one
-// thread), bit for bit what KVCache::attend gives on the same bytes (with the same int8_value_weights);
-// the weights are a plain softmax of the scores (a measurement).
+// (n_q × (n_rows − first)) and out (n_q × values.head_dim()). v: the value rows of `values`, or null for a
+// latent (DeepSeek's MLA): the values are read in place from the key rows' leading bytes, as a latent
+// KVCache reads them (the key format's rows must be `values`' codec's rows of more values, without side
+// data). Row-wise keys: the output is the decode engine's (one thread), bit for bit what KVCache::attend
+// gives on the same bytes (with the same int8_value_weights); the weights are a plain softmax of the
+// scores (a measurement).
 void quantized_attention(const QuantizedKeys& k, const Codec& values,
-                         const std::vector<uint8_t>& v, const float* q, int n_q, size_t first, size_t n_rows,
+                         const std::vector<uint8_t>* v, const float* q, int n_q, size_t first, size_t n_rows,
                          float scale, float* scores, float* weights, float* out, bool int8_value_weights = false);
+inline void quantized_attention(const QuantizedKeys& k, const Codec& values, const std::vector<uint8_t>& v, const float* q,
+                                int n_q, size_t first, size_t n_rows, float scale, float* scores, float* weights, float* out,
+                                bool int8_value_weights = false) {
+    quantized_attention(k, values, &v, q, n_q, first, n_rows, scale, scores, weights, out, int8_value_weights);
+}
 
 }  // namespace kvq::detail
