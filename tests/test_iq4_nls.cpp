@@ -11,7 +11,7 @@
 #include "cache_file_util.hpp"
 #include "ggml_oracle.hpp"
 #include "kvq/simd.hpp"
-#include "ref/block_codecs.hpp"
+#include "ref/row_codecs.hpp"
 #include "simd/dispatch.hpp"
 
 using kvq::Codec;
