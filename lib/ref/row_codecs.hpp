@@ -6,7 +6,7 @@
 // ggml backend and the tests all read them. A codec is added here:
 //   - a block codec: its BlockCodec value, its row below (at that index), its scalar kernels (kernels.hpp),
 //     optionally SIMD kernels in lib/simd/ (level files name them);
-//   - a turbo variant: its row below, with its TurboConfig;
+//   - a turbo variant of widths, split, QJL or trellis the turbo kernels take: its row below, with its TurboConfig;
 //   - a new family: a CodecFamily value and its builder in lib/codec/table.cpp.
 // A codec that writes another codec's blocks with a different encoder (iq4_nls) names that codec in its
 // row's blocks_of: it then takes that codec's decode kernels at every level, its own quantize only.
