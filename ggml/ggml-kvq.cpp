@@ -39,28 +39,40 @@ namespace {
 
 constexpr const char* kName = "kvq";
 
-// The ggml types whose rows are kvq codecs byte for byte, by kvq's name.
-const char* codec_name(ggml_type t) {
-    switch (t) {
-        case GGML_TYPE_F32: return "f32";
-        case GGML_TYPE_F16: return "f16";
-        case GGML_TYPE_BF16: return "bf16";
-        case GGML_TYPE_Q8_0: return "q8_0";
-        case GGML_TYPE_Q4_0: return "q4_0";
-        case GGML_TYPE_Q4_1: return "q4_1";
-        case GGML_TYPE_Q5_0: return "q5_0";
-        case GGML_TYPE_Q5_1: return "q5_1";
-        case GGML_TYPE_IQ4_NL: return "iq4_nl";
-        default: return nullptr;
+// The ggml types whose rows are kvq codecs byte for byte come from kvq's codec table (its ggml_type
+// column): the codec that reads a type is named as ggml names it. registry_matches_ggml checks both
+// against this ggml when the plugin registers.
+bool registry_matches_ggml() {
+    bool ok = true;
+    for (const std::string& name : kvq::codec_names()) {
+        const kvq::CodecInfo info = kvq::codec_info(name);
+        if (info.ggml_type < 0) continue;
+        const char* problem = nullptr;
+        const auto t = static_cast<ggml_type>(info.ggml_type);
+        constexpr int64_t n = 256;  // values in a row: a multiple of every block
+        if (info.ggml_type >= GGML_TYPE_COUNT || ggml_blck_size(t) <= 0 || n % ggml_blck_size(t) != 0) {
+            problem = "not a type of this ggml";
+        } else if (kvq::codec_for_ggml_type(info.ggml_type) != ggml_type_name(t)) {
+            problem = "named otherwise by this ggml";
+        } else if (ggml_row_size(t, n) != kvq::Codec::make(name, n).row_bytes()) {
+            problem = "of another row size in this ggml";
+        }
+        if (problem) {
+            std::fprintf(stderr, "ggml-kvq: codec %s has ggml type %d, %s (ggml: %s); the plugin does not register\n",
+                         name.c_str(), info.ggml_type, problem,
+                         info.ggml_type < GGML_TYPE_COUNT ? ggml_type_name(t) : "none");
+            ok = false;
+        }
     }
+    return ok;
 }
 
 // Codecs by (type, head size), made on first use and kept for the process (a handful).
 const kvq::Codec* codec_for(ggml_type t, int64_t head_dim) {
     static std::mutex mu;
     static std::map<std::pair<int, int64_t>, kvq::Codec> codecs;
-    const char* name = codec_name(t);
-    if (!name || head_dim <= 0 || head_dim > (1 << 16)) return nullptr;
+    const std::string name = kvq::codec_for_ggml_type(t);
+    if (name.empty() || head_dim <= 0 || head_dim > (1 << 16)) return nullptr;
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_pair(static_cast<int>(t), head_dim);
     auto it = codecs.find(key);
@@ -491,6 +503,8 @@ const ggml_backend_reg_i reg_iface = {
 };
 
 ggml_backend_reg_t kvq_reg() {
+    static const bool matches = registry_matches_ggml();
+    if (!matches) return nullptr;
     static const bool formats_read = (kvq_ggml::init_kv_formats(), true);  // before llama.cpp makes its cache
     (void)formats_read;
     static ggml_backend_reg reg = {

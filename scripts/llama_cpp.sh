@@ -125,6 +125,7 @@ case "$what" in
       grep -E "tests passed" "$log" >&2 || true
       echo "test-backend-ops FLASH_ATTN_EXT on kvq ($threads threads): $ok cases passed, $declined declined by the plugin" >&2
       if [ "$ok" -eq 0 ]; then
+        grep -E "ggml-kvq|failed to initialize" "$log" | head -10 >&2 || true  # e.g. a codec table unlike ggml's types
         echo "llama_cpp.sh: the plugin took no case" >&2
         exit 1
       fi
