@@ -94,6 +94,28 @@ const kvq::Codec* rows_codec(const ggml_tensor* t) {
 
 bool row_contiguous(const ggml_tensor* t) { return t->nb[0] == ggml_type_size(t->type); }
 
+// A cache of plain types (f16, bf16, f32) is left to ggml's CPU backend unless KVQ_GGML_PLAIN_KV=1: there
+// kvq is faster only at depth (docs/llama-cpp.md), and llama.cpp's default -fa auto turns flash attention
+// off for the whole context when another device than the layer's computes it, which made a plain cache
+// slower with the plugin loaded than without. A quantized V forces flash attention on in llama.cpp; a
+// quantized K with a plain V does not, so the first such op prints what to pass.
+bool quantized_kv_or_opted_in(const ggml_tensor* k, const ggml_tensor* v) {
+    const auto plain = [](ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || t == GGML_TYPE_F32; };
+    static const bool plain_kv = [] {
+        const char* env = std::getenv("KVQ_GGML_PLAIN_KV");
+        return env && std::strcmp(env, "1") == 0;
+    }();
+    if (plain(k->type) && plain(v->type)) return plain_kv;
+    if (plain(v->type)) {
+        static std::once_flag hint;
+        std::call_once(hint, [] {
+            std::fprintf(stderr, "ggml-kvq: flash attention on a quantized K and a plain V: llama.cpp's -fa auto turns flash attention "
+                                 "off when this backend computes it (\"Flash Attention ... set to disabled\"); pass -fa on\n");
+        });
+    }
+    return true;
+}
+
 // Whether kvq computes this flash attention exactly as ggml defines it (ggml-cpu's ops.cpp): everything
 // else is declined and runs on the CPU backend.
 bool supports_flash_attn(const ggml_tensor* op) {
@@ -120,6 +142,7 @@ bool supports_flash_attn(const ggml_tensor* op) {
     if (q->ne[0] != dk || op->ne[0] != dv) return false;
     if (!row_contiguous(q) || !row_contiguous(k) || !row_contiguous(v)) return false;
     if (!rows_codec(k) || !rows_codec(v)) return false;
+    if (!kvq_ggml::kv_format_of(k) && !quantized_kv_or_opted_in(k, v)) return false;
     // Shapes: tokens k->ne[1] == v->ne[1]; kv heads dividing the query heads (GQA); one batch of
     // sequences per dim 3 (ggml asserts equal ne[3]).
     if (k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2] || k->ne[2] <= 0 || q->ne[2] % k->ne[2] != 0) return false;

@@ -113,7 +113,7 @@ case "$what" in
       env_threads=() filter=()
       # the split paths need few query rows: the decode-shaped cases (1 or 3 rows) the plugin takes
       [ "$threads" = default ] || { env_threads=(KVQ_GGML_THREADS=$threads); filter=(-p 'nb=[13],.*sinks=0,max_bias=0[.]0'); }
-      if ! env "${env_threads[@]}" GGML_BACKEND_PATH="$plugin" "$lbuild/bin/test-backend-ops" test -o FLASH_ATTN_EXT -b kvq "${filter[@]}" \
+      if ! env "${env_threads[@]}" KVQ_GGML_PLAIN_KV=1 GGML_BACKEND_PATH="$plugin" "$lbuild/bin/test-backend-ops" test -o FLASH_ATTN_EXT -b kvq "${filter[@]}" \
           >"$log" 2>&1; then
         grep -E "FAIL|error|Backend" "$log" | head -40 >&2
         tail -5 "$log" >&2
@@ -157,7 +157,7 @@ case "$what" in
     # CPU backend's time over kvq's (> 1: kvq faster). KVQ_LLAMA_PERF_FILTER picks other cases.
     filter=${KVQ_LLAMA_PERF_FILTER:-hsk=576,.*,nb=1,}
     for b in kvq CPU; do
-      GGML_BACKEND_PATH=$plugin "$lbuild/bin/test-backend-ops" perf -o FLASH_ATTN_EXT -p "$filter" -b "$b" \
+      KVQ_GGML_PLAIN_KV=1 GGML_BACKEND_PATH=$plugin "$lbuild/bin/test-backend-ops" perf -o FLASH_ATTN_EXT -p "$filter" -b "$b" \
         >"$dir/perf-$b.log" 2>&1 || { cat "$dir/perf-$b.log" >&2; exit 1; }
     done
     python3 - "$dir/perf-kvq.log" "$dir/perf-CPU.log" <<'PYEOF'
@@ -189,7 +189,7 @@ PYEOF
     out=$dir/results
     mkdir -p "$out"
     stock() { env -u GGML_BACKEND_PATH "$@"; }
-    kvq() { GGML_BACKEND_PATH=$plugin "$@"; }
+    kvq() { KVQ_GGML_PLAIN_KV=1 GGML_BACKEND_PATH=$plugin "$@"; }  # f16 rows measure kvq too
     if [ "$what" = bench ]; then
       # Stock and plugin back to back for each pair (same binaries, same minute of a shared machine).
       rm -f "$out/bench.jsonl"
