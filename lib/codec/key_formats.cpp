@@ -3,7 +3,6 @@
 #include <charconv>
 #include <string>
 
-#include "../ref/key_groups.hpp"
 #include "centering.hpp"
 #include "channel_keys.hpp"
 #include "row_keys.hpp"
@@ -42,10 +41,7 @@ std::string centering_refused(std::string_view spec) {
 
 }  // namespace
 
-bool keys_in_groups(const Codec& key, int block_tokens) {
-    // can_score_groups(): q8_0, with the level in use's score_groups kernel, and a head it takes.
-    return impl_of(key).can_score_groups() && block_tokens > 0 && static_cast<size_t>(block_tokens) % kGroupRows == 0;
-}
+bool keys_in_groups(const Codec& key, int block_tokens) { return GroupedKeys::takes(key, block_tokens); }
 
 std::unique_ptr<const KeyFormat> make_key_format(std::string_view spec, int head_dim, int block_tokens,
                                                  const KeyFormatOptions& options) {

@@ -5,8 +5,8 @@
 //
 // The formats (made by make_value_format):
 //   RowValues   a row codec's rows, accumulated on float weights (CodecImpl::accumulate_rows)
-//   GridValues  the same rows, accumulated on the int8 weight grid where the codec has one
-//               (CodecImpl::accumulate_attention; CacheConfig::int8_value_weights)
+//   GridValues  a block codec's rows, accumulated on the int8 weight grid where the codec has a kernel
+//               for it (BlockKernels::accumulate_grid: q4_0; CacheConfig::int8_value_weights)
 // Values have no side data today: a format with some would add it as the key formats do.
 #pragma once
 
