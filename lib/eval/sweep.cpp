@@ -67,13 +67,13 @@ Reference reference(const float* q, int n_q, const float* k, const float* v, siz
 struct Prepared {
     KVFormat format;
     std::shared_ptr<const detail::KeyFormat> keys, window_keys;  // "K/V|K2/V2": the sliding-window layers' too
-    std::optional<Codec> values, window_values;
+    std::shared_ptr<const detail::ValueFormat> values, window_values;
     std::string error;
 
     // The format and codecs of a layer.
     const KVFormat& format_of(bool windowed) const { return format.on_layer(windowed); }
     const detail::KeyFormat& keys_of(bool windowed) const { return windowed && window_keys ? *window_keys : *keys; }
-    const Codec& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
+    const detail::ValueFormat& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
     // Whether a KVCache can hold the format: every layer's keys centered alike.
     bool cache_holds() const {
         return error.empty() && (!format.window || format.window->center_keys == format.center_keys);
@@ -175,18 +175,25 @@ std::shared_ptr<const detail::KeyFormat> key_format(const KVFormat& f, int head_
     return detail::make_key_format(f.key_codec, head_dim, block_tokens, {f.center_keys, false, seed});
 }
 
-// The codecs of every format at the data set's head size; a format they cannot make carries the reason.
-std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int head_dim, int block_tokens, uint64_t seed) {
+// A format's value format, one kv head per block as the tables hold them.
+std::shared_ptr<const detail::ValueFormat> value_format(const KVFormat& f, int head_dim, int block_tokens, const SweepOptions& o) {
+    return detail::make_value_format(Codec::make(f.value_codec, head_dim, o.seed), block_tokens, o.int8_value_weights);
+}
+
+// The formats of every pair at the data set's head size; a pair they cannot make carries the reason.
+std::vector<Prepared> prepare_formats(const std::vector<KVFormat>& formats, int head_dim, const SweepOptions& o) {
+    const int block_tokens = o.block_tokens;
+    const uint64_t seed = o.seed;
     std::vector<Prepared> prepared;
     for (const auto& f : formats) {
         Prepared p;
         p.format = f;
         try {
             p.keys = key_format(f, head_dim, block_tokens, seed);
-            p.values = Codec::make(f.value_codec, head_dim, seed);
+            p.values = value_format(f, head_dim, block_tokens, o);
             if (const KVFormat* w = f.window.get()) {
                 p.window_keys = key_format(*w, head_dim, block_tokens, seed);
-                p.window_values = Codec::make(w->value_codec, head_dim, seed);
+                p.window_values = value_format(*w, head_dim, block_tokens, o);
             }
         } catch (const std::invalid_argument& e) {
             p.error = e.what();
@@ -226,14 +233,14 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
         }
     }
     std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
-    std::map<std::string, std::vector<uint8_t>> value_codes;
+    std::map<std::string, detail::QuantizedValues> value_codes;
     const bool windowed = d.window(l) > 0;
     for (size_t f = 0; f < prepared.size(); ++f) try {
         const Prepared& p = prepared[f];
         if (!p.error.empty()) continue;
         const KVFormat& lf = p.format_of(windowed);  // this layer's pair
         const detail::KeyFormat& keys = p.keys_of(windowed);
-        const Codec& values = p.values_of(windowed);
+        const detail::ValueFormat& values = p.values_of(windowed);
         auto kc = key_codes.find(lf.key_label());
         if (kc == key_codes.end())
             kc = key_codes.emplace(lf.key_label(), detail::quantize_keys(keys, k.data(), n_rows))
@@ -244,8 +251,8 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
             const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
             s.scores.resize(size_t(g) * (n - first));
             s.weights.resize(size_t(g) * (n - first));
-            detail::quantized_attention(kc->second, values, vc->second, q[i].data(), g, first, n, scale,
-                                        s.scores.data(), s.weights.data(), s.out.data(), options.int8_value_weights);
+            detail::quantized_attention(kc->second, vc->second, q[i].data(), g, first, n, scale, s.scores.data(),
+                                        s.weights.data(), s.out.data());
             const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
                                                         s.scores.data(), s.weights.data(), s.out.data(), g, n - first, dim,
                                                         options.top_k);
@@ -294,7 +301,7 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
     Prepared baseline;
     baseline.format = f16_format();
     baseline.keys = detail::make_key_format("f16", d.head_dim, options.block_tokens);
-    baseline.values = Codec::make("f16", d.head_dim, options.seed);
+    baseline.values = value_format(f16_format(), d.head_dim, options.block_tokens, options);
     if (baseline_index == SIZE_MAX) {
         baseline_index = timed.size();
         timed.push_back(&baseline);
@@ -408,7 +415,7 @@ SweepResult run_sweep(const std::vector<KVData>& data, const SweepOptions& optio
     for (const auto& d : data) d.validate();
     Progress progress(data, options);
     for (const KVData& d : data) {
-        const std::vector<Prepared> prepared = prepare_formats(formats, d.head_dim, options.block_tokens, options.seed);
+        const std::vector<Prepared> prepared = prepare_formats(formats, d.head_dim, options);
         const std::vector<FormatErrors> errors = measure_errors(d, prepared, options, progress);
         DecodeTimes times{std::vector<double>(prepared.size(), 0.0), 0.0};
         if (options.timing) {
