@@ -26,7 +26,7 @@ TEST_CASE("attention_scores: every query head's scores over a window of centered
     layout.values.head_stride = bt * vrb;
     const size_t block_bytes = layout.keys.side_offset + n_kv * d * sizeof(uint16_t);
     // The centered q8_0 key format reads that side data as its means.
-    const auto format = kvq::detail::make_key_format("q8_0", d, bt, {true});
+    const auto format = kvq::detail::make_key_format("q8_0+center", d, bt);
     REQUIRE(format->side_bytes() == layout.keys.side_stride);
     std::vector<uint8_t> kbytes(n_blocks * block_bytes), vbytes(n_blocks * n_kv * bt * vrb);
     auto k = kvq::test::gaussian(size_t(n_blocks) * n_kv * bt * d, 1), v = kvq::test::gaussian(k.size(), 2);

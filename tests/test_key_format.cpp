@@ -51,7 +51,7 @@ TEST_CASE("key formats: the cache, the planner and the tables hold the bytes it 
             CAPTURE(bt);
             CAPTURE(kind.key);
             CAPTURE(kind.center);
-            const auto format = kvq::detail::make_key_format(kind.key, kDim, bt, {kind.center});
+            const auto format = kvq::detail::make_key_format(kvq::detail::key_spec_centered(kind.key, kind.center), kDim, bt);
             const kvq::detail::KeyFormat& f = *format;
             const kvq::Codec& key = f.codec();
 
@@ -125,7 +125,7 @@ TEST_CASE("key formats: the cache, the planner and the tables hold the bytes it 
 }
 
 TEST_CASE("key formats: per-channel keys take no centering, and specs no format takes are refused") {
-    CHECK_THROWS_WITH_AS(kvq::detail::make_key_format("chan4", 64, 32, {true}), doctest::Contains("+center does not apply"), kvq::BadParams);
+    CHECK_THROWS_WITH_AS(kvq::detail::make_key_format("chan4+center", 64, 32), doctest::Contains("+center does not apply"), kvq::BadParams);
     for (const char* bad : {"q4_0+sink0", "q4_0+sink17", "q4_0+sink", "q4_0+sinkx", "q4_0+sink01", "chan9", "nope+sink1"}) {
         CAPTURE(bad);
         CHECK_THROWS_AS(kvq::detail::make_key_format(bad, 64, 32), std::invalid_argument);

@@ -74,7 +74,7 @@ private:
 TEST_CASE("value formats: side data of their own, placed after the keys', sealed with the block's position, read by the engine") {
     const int d = 64, dv = 32, n_kv = 3, g = 2, bt = 16, n_blocks = 3;
     const size_t n_rows = n_blocks * bt - 5;  // a partial last block
-    const auto keys = kvq::detail::make_key_format("f16", d, bt, {true});  // centered: side data of its own too
+    const auto keys = kvq::detail::make_key_format("f16+center", d, bt);  // centered: side data of its own too
     const CenteredValues values(kvq::Codec::make("q8_0", dv), bt);
     const kvq::detail::BlockLayout layout = kvq::detail::pool_block_layout(*keys, values, n_kv, false);
 

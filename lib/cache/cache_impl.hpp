@@ -90,6 +90,10 @@ class InFile;
 
 namespace kvq::detail {
 
+// The configuration with center_keys (deprecated) as "+center" on every key spec: the default's and each
+// layer's own (the flag itself as given).
+CacheConfig centered_key_specs(CacheConfig c);
+
 // What layers of one pair of codecs share: the key format and value codec, their input rules and the
 // block layout (one size class of the pool). Layers without codecs of their own are of kind 0 with the
 // default codecs.
@@ -118,7 +122,9 @@ struct CacheImpl {
     // allocated up front (initial_blocks), for validate_config.
     explicit CacheImpl(const CacheConfig& config, bool allocate = true);
 
-    CacheConfig cfg;  // as given, with n_heads and scale resolved
+    // As given, with n_heads, head_dim_v and scale resolved, center_keys folded into the key specs as
+    // "+center" and then reporting whether every layer's keys are centered.
+    CacheConfig cfg;
     std::shared_ptr<const KeyFormat> key_format;  // the default key format (cfg.key_codec)
     Codec key;    // the default codecs (cfg.key_codec's rows, cfg.value_codec)
     Codec value;
@@ -181,6 +187,7 @@ struct CacheImpl {
     // for a layer without scales.
     const float* scale_queries(const char* what, int layer, const float* q, size_t n, std::vector<float>& buf) const;
 
+    bool centered(int layer) const;  // whether a layer's key format centers its keys ("+center")
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     int dv() const { return cfg.head_dim_v; }  // the values' head size (validated: never 0)
     bool latent() const { return cfg.latent_values; }

@@ -111,10 +111,22 @@ CacheConfig checked_fields(CacheConfig c) {
         bad_config("center_keys needs seal = SealPolicy::on_block_full (a block's key mean is known only "
                    "when the block is full)");
     }
-    return c;
+    return detail::centered_key_specs(std::move(c));
 }
 
 }  // namespace
+
+CacheConfig detail::centered_key_specs(CacheConfig c) {
+    if (c.center_keys) {
+        c.key_codec = detail::key_spec_centered(c.key_codec, true);
+        for (LayerCodecs& l : c.layer_codecs) {
+            if (!l.key.empty()) l.key = detail::key_spec_centered(l.key, true);
+        }
+    }
+    return c;
+}
+
+bool detail::CacheImpl::centered(int layer) const { return detail::parse_key_spec(kind(layer).keys->name()).center; }
 
 CacheConfig validate_config(CacheConfig c) {
     // Every field, the codecs' names and parameters and whether they take head_dim (UnknownCodec,
@@ -129,7 +141,7 @@ namespace {
 std::shared_ptr<const detail::KeyFormat> make_keys(const CacheConfig& c, const std::string& spec) {
     // A latent cache's pool keeps its key rows as ggml's (not in q8_0's groups), as its values read them.
     std::shared_ptr<const detail::KeyFormat> keys =
-        detail::make_key_format(spec, c.head_dim, c.block_tokens, {c.center_keys, !c.latent_values, c.seed});
+        detail::make_key_format(spec, c.head_dim, c.block_tokens, {!c.latent_values, c.seed});
     if (!keys->writes_rows() && c.seal != SealPolicy::on_block_full) {
         bad_config("key codec '" + spec + "' needs seal = SealPolicy::on_block_full (its side data is fitted to a whole "
                    "block, known only when the block is full)");
@@ -241,6 +253,10 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
             scaled_layer[i / per_layer] |= cfg.key_scales[i] != 1.0f;
         }
     }
+    // center_keys as the cache reports it: whether every key spec, the default's and each layer's, is centered.
+    bool all_centered = detail::parse_key_spec(key_format->name()).center;
+    for (int l = 0; l < cfg.n_layers; ++l) all_centered &= centered(l);
+    cfg.center_keys = all_centered;
     if (cfg.executor) {
         runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { detail::run_checked(ex, n, task); };
     } else if (cfg.threads > 1) {
@@ -311,7 +327,7 @@ std::string detail::CacheImpl::dump() const {
        << ", keys " << key_format->name() << ", values " << (latent() ? "the keys' leading values (latent)" : value.name()) << ", "
        << (kinds.size() > 1 ? std::to_string(kinds.size()) + " kinds of layer codecs, " : std::string())
        << cfg.block_tokens << " tokens/block, seal "
-       << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
+       << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full")
        << (cfg.exact_tail_tokens ? ", exact tail of " + std::to_string(cfg.exact_tail_tokens) + " tokens" : std::string())
        << (cfg.key_scales.empty() ? "" : ", key channel scales")
        << "\npool: " << ps.blocks_used << " of " << ps.blocks_total << " blocks used (" << ps.blocks_shared

@@ -74,10 +74,8 @@ struct Prepared {
     const KVFormat& format_of(bool windowed) const { return format.on_layer(windowed); }
     const detail::KeyFormat& keys_of(bool windowed) const { return windowed && window_keys ? *window_keys : *keys; }
     const detail::ValueFormat& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
-    // Whether a KVCache can hold the format: every layer's keys centered alike.
-    bool cache_holds() const {
-        return error.empty() && (!format.window || format.window->center_keys == format.center_keys);
-    }
+    // Whether a KVCache can hold the format.
+    bool cache_holds() const { return error.empty(); }
 };
 
 // Decode time is measured on the first layers only: the ratio to f16 does not need all of them, and one
@@ -92,9 +90,8 @@ std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepar
     c.n_kv_heads = data.kv_heads;
     c.n_heads = data.q_heads;
     c.head_dim = data.head_dim;
-    c.key_codec = p.format.key_codec;
+    c.key_codec = p.format.key_label();
     c.value_codec = p.format.value_codec;
-    c.center_keys = p.format.center_keys;
     c.block_tokens = options.block_tokens;
     c.scale = data.softmax_scale();
     c.threads = 1;
@@ -103,7 +100,7 @@ std::unique_ptr<KVCache> fill_cache(const KVData& data, int layers, const Prepar
     if (!data.windows.empty()) c.sliding_window.assign(data.windows.begin(), data.windows.begin() + layers);
     for (int l = 0; p.format.window && l < layers; ++l) {
         const KVFormat& f = p.format_of(data.window(l) > 0);
-        c.layer_codecs.push_back({f.key_codec, f.value_codec});
+        c.layer_codecs.push_back({f.key_label(), f.value_codec});
     }
     auto cache = std::make_unique<KVCache>(c);
     const SequenceId seq = cache->add_sequence();
@@ -172,7 +169,7 @@ const KVFormat& f16_format() {
 
 // A format's key format (lib/codec/key_formats.hpp), one kv head per block as the tables hold them.
 std::shared_ptr<const detail::KeyFormat> key_format(const KVFormat& f, int head_dim, int block_tokens, uint64_t seed) {
-    return detail::make_key_format(f.key_codec, head_dim, block_tokens, {f.center_keys, false, seed});
+    return detail::make_key_format(f.key_label(), head_dim, block_tokens, {false, seed});
 }
 
 // A format's value format, one kv head per block as the tables hold them.
@@ -294,7 +291,7 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
     std::vector<const Prepared*> timed;
     size_t baseline_index = SIZE_MAX;
     for (const auto& p : prepared) {
-        if (!p.cache_holds()) continue;  // KVCache cannot center the keys of some layers only: not timed
+        if (!p.cache_holds()) continue;
         if (p.format.label() == f16_format().label()) baseline_index = timed.size();
         timed.push_back(&p);
     }
