@@ -6,7 +6,8 @@ norm; 128 absorbed query heads over one latent per token (hsk 576, hsv 512), Dee
 1/sqrt(192). For each key codec, a kvq.KVCache(latent_values=True) holds one row per token and attends;
 the float reference is softmax(q·k / sqrt(192))·c_kv on the exact latents. Prints the attention weights'
 KL (scores from the codec's rows as it reads them back) and the output's relative L2 error, with the
-bytes per token and layer.
+bytes per token and layer. `kvq table --data mla` measures the same in C++ (its data set draws by this
+recipe, lib/eval/mla_data.cpp: keep the two alike).
 
     build/venv/bin/python bench/mla_accuracy.py [--tokens 4096] [--seed 0]
 """

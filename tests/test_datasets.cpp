@@ -78,7 +78,7 @@ TEST_CASE("gaussian data set: isotropic keys and nearly uniform attention") {
 }
 
 TEST_CASE("data set specs: unknown names, knobs and values are errors") {
-    CHECK_THROWS_WITH_AS(kvq::make_dataset("wikitext"), doctest::Contains("known: gaussian, llm, npy:DIR"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(kvq::make_dataset("wikitext"), doctest::Contains("known: gaussian, llm, mla, npy:DIR"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(kvq::make_dataset("llm:bogus=1"), doctest::Contains("key one of layers"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(kvq::make_dataset("llm:tokens=many"), doctest::Contains("non-negative integer"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(kvq::make_dataset("llm:rope=maybe"), doctest::Contains("true/false"), std::invalid_argument);

@@ -15,23 +15,12 @@
 #include "kvq/cache.hpp"
 #include "kvq/research/report.hpp"
 #include "kvq/research/sweep.hpp"
+#include "sweep_rows.hpp"
 
 namespace {
 
-kvq::SweepResult sweep(const std::string& data, const std::string& pairs, bool timing = false) {
-    kvq::SweepOptions o;
-    o.formats = kvq::parse_kv_formats(pairs);
-    o.timing = timing;
-    o.timing_repeats = 1;
-    return kvq::run_sweep({kvq::make_dataset(data)}, o);
-}
-
-const kvq::SweepRow& row(const kvq::SweepResult& r, const std::string& label) {
-    for (const auto& x : r.rows) {
-        if (x.format.label() == label) return x;
-    }
-    throw std::logic_error("no row " + label);
-}
+using kvq::test::row;
+using kvq::test::sweep;
 
 // RFC 4180 fields of one line (quotes, doubled quotes).
 std::vector<std::string> csv_fields(const std::string& line) {

@@ -47,8 +47,11 @@ CacheConfig checked_fields(CacheConfig c) {
             bad_config("latent_values: head_dim_v (" + std::to_string(c.head_dim_v) + ") must be at most head_dim (" +
                        std::to_string(c.head_dim) + "): the values are the keys' leading values");
         }
-        if (c.center_keys || !c.key_scales.empty()) {
-            bad_config("latent_values takes no center_keys or key_scales: the values are the stored keys' leading values");
+        bool centered = c.center_keys || detail::parse_key_spec(c.key_codec).center;
+        for (const LayerCodecs& l : c.layer_codecs) centered |= !l.key.empty() && detail::parse_key_spec(l.key).center;
+        if (centered || !c.key_scales.empty()) {
+            bad_config("latent_values takes no center_keys ('+center' keys) or key_scales: the values are the stored keys' "
+                       "leading values");
         }
     }
     if (c.block_tokens < 1 || c.block_tokens > kMaxBlockTokens) {

@@ -23,7 +23,7 @@ double median(std::vector<double> x) {
 
 DataStats data_stats(const KVData& data) {
     data.validate();
-    const int dim = data.head_dim, T = data.tokens, g = data.group();
+    const int dim = data.head_dim, dv = data.dv(), T = data.tokens, g = data.group();
     DataStats s;
     std::vector<double> outlier_ratios, bias_ratios, entropies, value_norms;
     double sink_sum = 0, log_context_sum = 0;
@@ -53,7 +53,7 @@ DataStats data_stats(const KVData& data) {
             const auto values = data.values(l, h, size_t(T));
             for (int t = 0; t < T; ++t) {
                 double n2 = 0;
-                for (int c = 0; c < dim; ++c) n2 += double(values[size_t(t) * dim + c]) * values[size_t(t) * dim + c];
+                for (int c = 0; c < dv; ++c) n2 += double(values[size_t(t) * dv + c]) * values[size_t(t) * dv + c];
                 value_norms.push_back(std::sqrt(n2));
             }
 
@@ -62,8 +62,8 @@ DataStats data_stats(const KVData& data) {
                 const size_t first = data.first_token(l, data.query_positions[i]);
                 const size_t n = size_t(data.query_positions[i]) + 1 - first;
                 const auto q = data.queries(l, h, i);
-                std::vector<float> out(size_t(g) * dim), w(size_t(g) * n);
-                reference_attention(q.data(), g, keys.data() + first * dim, values.data() + first * dim, n, dim,
+                std::vector<float> out(size_t(g) * dv), w(size_t(g) * n);
+                reference_attention(q.data(), g, keys.data() + first * dim, values.data() + first * dv, n, dim, dv,
                                     data.softmax_scale(), out.data(), w.data());
                 for (int j = 0; j < g; ++j) {
                     const float* wj = w.data() + size_t(j) * n;

@@ -110,10 +110,11 @@ std::vector<float> KVData::keys(int layer, int kv_head, size_t n_tokens) const {
 }
 
 std::vector<float> KVData::values(int layer, int kv_head, size_t n_tokens) const {
-    std::vector<float> out(n_tokens * head_dim);
+    const size_t d = size_t(dv()), row = latent ? size_t(head_dim) : d;  // a latent's: its key rows' first dv()
+    std::vector<float> out(n_tokens * d);
     for (size_t t = 0; t < n_tokens; ++t) {
-        const float* src = v.data() + ((size_t(layer) * tokens + t) * kv_heads + kv_head) * head_dim;
-        std::copy(src, src + head_dim, out.data() + t * head_dim);
+        const float* src = (latent ? k : v).data() + ((size_t(layer) * tokens + t) * kv_heads + kv_head) * row;
+        std::copy(src, src + d, out.data() + t * d);
     }
     return out;
 }
@@ -133,8 +134,15 @@ void KVData::validate() const {
         bad("data set '" + name + "': query heads (" + std::to_string(q_heads) + ") must be a positive multiple of kv heads (" +
             std::to_string(kv_heads) + ")");
     }
-    const size_t kv_size = size_t(layers) * tokens * kv_heads * head_dim;
-    if (k.size() != kv_size || v.size() != kv_size) bad("data set '" + name + "': keys or values do not match the shape");
+    if (head_dim_v < 0) bad("data set '" + name + "': head_dim_v must be positive (0: head_dim)");
+    if (latent && dv() > head_dim) {
+        bad("data set '" + name + "': a latent's values are its keys' first head_dim_v values: head_dim_v (" +
+            std::to_string(dv()) + ") must be at most head_dim (" + std::to_string(head_dim) + ")");
+    }
+    const size_t rows = size_t(layers) * tokens * kv_heads;
+    if (k.size() != rows * head_dim || v.size() != (latent ? 0 : rows * dv())) {
+        bad("data set '" + name + "': keys or values do not match the shape" + (latent ? " (a latent has no values of its own)" : ""));
+    }
     if (query_positions.empty()) bad("data set '" + name + "': no query positions");
     for (size_t i = 0; i < query_positions.size(); ++i) {
         if (query_positions[i] < 0 || query_positions[i] >= tokens || (i && query_positions[i] <= query_positions[i - 1])) {
@@ -154,18 +162,18 @@ void KVData::validate() const {
     if (!std::isfinite(scale) || scale < 0) bad("data set '" + name + "': the softmax scale must be finite and positive (0: 1/sqrt(head_dim))");
     // Attention on NaN or Inf has no reference to measure against: refused, with where it is.
     const auto check_finite = [&](const char* what, const std::vector<float>& x, int per_layer_rows, int heads,
-                                  const std::vector<int>* positions) {
+                                  const std::vector<int>* positions, int dim) {
         const auto it = std::find_if(x.begin(), x.end(), [](float f) { return !std::isfinite(f); });
         if (it == x.end()) return;
-        const size_t i = static_cast<size_t>(it - x.begin()) / head_dim;
+        const size_t i = static_cast<size_t>(it - x.begin()) / dim;
         const size_t head = i % heads, row = i / heads % per_layer_rows, layer = i / heads / per_layer_rows;
         const size_t token = positions ? size_t((*positions)[row]) : row;
         bad("data set '" + name + "': " + what + " holds " + std::to_string(*it) + " at layer " + std::to_string(layer) + ", token " +
             std::to_string(token) + ", head " + std::to_string(head) + " (keys, values and queries must be finite)");
     };
-    check_finite("the keys", k, tokens, kv_heads, nullptr);
-    check_finite("the values", v, tokens, kv_heads, nullptr);
-    check_finite("the queries", q, n_queries(), q_heads, &query_positions);
+    check_finite("the keys", k, tokens, kv_heads, nullptr, head_dim);
+    check_finite("the values", v, tokens, kv_heads, nullptr, dv());
+    check_finite("the queries", q, n_queries(), q_heads, &query_positions, head_dim);
 }
 
 KVData make_gaussian_data(const GaussianDataOptions& o) {
@@ -334,6 +342,19 @@ KVData make_dataset(std::string_view spec, uint64_t seed) {
         d.name = std::string(spec);
         return d;
     }
+    if (kind == "mla") {
+        using O = MlaDataOptions;
+        static const detail::Param<O> fields[] = {{"layers", &O::layers}, {"q_heads", &O::q_heads}, {"tokens", &O::tokens},
+                                                  {"query_positions", &O::query_positions}, {"seed", &O::seed}};
+        O o;
+        o.seed = seed;
+        detail::set_params<O>(o, params, fields, context);
+        check_positive("q_heads", o.q_heads);
+        check_size(context, o.layers, o.tokens, 1, o.q_heads, kMlaLatentDim + kMlaRopeDim, o.query_positions);
+        KVData d = make_mla_data(o);
+        d.name = std::string(spec);
+        return d;
+    }
     if (kind == "npy") {
         if (params.empty()) bad(context + ": give a directory, as in npy:DIR");
         const size_t comma = params.find(',');
@@ -353,6 +374,8 @@ std::vector<std::pair<std::string, std::string>> dataset_kinds() {
     return {{"gaussian", "i.i.d. N(0,1) keys, values and queries"},
             {"llm", "synthetic LLM-like attention: key outlier channels and bias, RoPE, a sink token, value outliers, "
                     "sharp and diffuse heads (docs/datasets.md)"},
+            {"mla", "a synthetic latent of DeepSeek V3's MLA: one 576-value row per token is the key, its first 512 "
+                    "values the value; query heads share it (docs/datasets.md)"},
             {"npy:DIR", "real dumps DIR/k.npy, DIR/v.npy [, DIR/q.npy], shape (layers, tokens, heads, head_dim)"}};
 }
 

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "codec/key_formats.hpp"
+#include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
 #include "spec_params.hpp"
 
@@ -125,6 +126,25 @@ std::vector<KVFormat> default_kv_formats() {
                                               "turbo3", "turbo3.5", "turbo4", "turbo2_qjl", "turbo3_qjl", "turbo4_qjl"};
     for (const auto& name : names) {
         if (std::find(std::begin(listed), std::end(listed), name) == std::end(listed)) out.push_back(KVFormat::parse(name + "/" + name));
+    }
+    return out;
+}
+
+std::vector<KVFormat> default_latent_formats(int head_dim, int head_dim_v) {
+    std::vector<KVFormat> out;
+    for (const auto& name : codec_names()) {
+        if (name == "f32") continue;
+        CacheConfig c;
+        c.head_dim = head_dim;
+        c.head_dim_v = head_dim_v;
+        c.latent_values = true;
+        c.key_codec = c.value_codec = name;
+        try {
+            validate_config(c);  // the cache's own rule of which codecs a latent takes
+        } catch (const std::invalid_argument&) {
+            continue;
+        }
+        out.push_back(KVFormat::parse(name + "/" + name));
     }
     return out;
 }

@@ -12,7 +12,8 @@ namespace kvq::detail {
 namespace {
 
 // Rows first..n_rows−1 of the keys and values as one row source of the decode engine; key_blocks and
-// value_blocks receive the blocks' addresses (the source refers to them).
+// value_blocks receive the blocks' addresses (the source refers to them). v without rows: a latent, whose
+// values are its key rows' leading bytes (as a latent cache's block layout places them).
 RowSource row_source(const QuantizedKeys& k, const QuantizedValues& v, size_t first, size_t n_rows,
                      std::vector<uint8_t*>& key_blocks, std::vector<uint8_t*>& value_blocks) {
     const KeyFormat& keys = *k.format;
@@ -23,7 +24,7 @@ RowSource row_source(const QuantizedKeys& k, const QuantizedValues& v, size_t fi
     value_blocks.clear();
     for (size_t b = b0; b < b1; ++b) {  // the engine reads through these pointers only
         key_blocks.push_back(const_cast<uint8_t*>(k.rows.data() + b * k.block_bytes));
-        value_blocks.push_back(const_cast<uint8_t*>(v.rows.data() + b * v.block_bytes));
+        if (!v.rows.empty()) value_blocks.push_back(const_cast<uint8_t*>(v.rows.data() + b * v.block_bytes));
     }
     RowSource src;
     src.key = &keys;
@@ -33,6 +34,10 @@ RowSource row_source(const QuantizedKeys& k, const QuantizedValues& v, size_t fi
     src.layout.values.side_offset = head_block(values.rows_bytes(), values.side_bytes()).side_offset;
     src.blocks = key_blocks;
     src.value_blocks = value_blocks;
+    if (v.rows.empty()) {  // empty value_blocks: the values are in the key blocks, at the key rows' stride
+        src.layout.values.side_offset = kNoSide;
+        src.layout.values.row_stride = keys.row_bytes();
+    }
     src.first_row = first - b0 * bt;
     src.end_row = n_rows - (b1 - 1) * bt;
     return src;
@@ -87,6 +92,12 @@ void softmax_rows(float* s, int n_q, size_t n, size_t stride) {
 void quantized_attention(const QuantizedKeys& k, const QuantizedValues& v, const float* q, int n_q, size_t first, size_t n_rows,
                          float scale, float* scores, float* weights, float* out) {
     const size_t n = n_rows - first, total = size_t(n_q) * n;
+    const Codec& values = v.format->codec();
+    if (v.rows.empty() && (k.format->side_bytes() || v.format->side_bytes() || k.format->codec().name() != values.name() ||
+                           values.rotated() || values.info().rotates || values.head_dim() > k.format->head_dim())) {
+        throw std::invalid_argument("latent attention: the values (" + values.name() + ") are not the leading values of the key rows (" +
+                                    k.format->name() + ")");
+    }
     std::vector<uint8_t*> key_blocks, value_blocks;
     const RowSource src = row_source(k, v, first, n_rows, key_blocks, value_blocks);
     const AttentionShape shape{n_q, 1, k.format->head_dim(), scale, 0.0f, v.format->head_dim()};

@@ -36,10 +36,15 @@ void softmax_rows(float* s, int n_q, size_t n, size_t stride);
 // Decode attention of n_q queries (q: n_q × head_dim, finite) over rows first..n_rows−1 (first > 0: a
 // sliding window; blocks stay aligned to row 0, as in the cache); writes the scaled scores and weights
 // (n_q × (n_rows − first)) and out (n_q × head_dim of the values). The keys' and values' blocks must be of
-// the same block_tokens. The output is the decode engine's (one thread), bit for bit what KVCache::attend
-// gives on the same bytes (with the value format's int8_value_weights); the weights are a plain softmax of
-// the scores (a measurement).
+// the same block_tokens. A latent's values (DeepSeek's MLA; latent_values) have no rows of their own: they
+// are read in place from the key rows' leading bytes, as a latent KVCache's block layout places them (the
+// key format's rows must be the value format's codec's rows of more values, without side data). The
+// output is the decode engine's (one thread), bit for bit what KVCache::attend gives on the same bytes
+// (with the value format's int8_value_weights); the weights are a plain softmax of the scores (a
+// measurement).
 void quantized_attention(const QuantizedKeys& k, const QuantizedValues& v, const float* q, int n_q, size_t first, size_t n_rows,
                          float scale, float* scores, float* weights, float* out);
+// A latent's values: a value format's, read from the key rows (QuantizedValues without rows).
+inline QuantizedValues latent_values(const ValueFormat& format) { return {&format, {}, 0}; }
 
 }  // namespace kvq::detail

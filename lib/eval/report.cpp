@@ -81,7 +81,7 @@ std::string model_json(const ModelShape& m) {
            ", \"mla_rope_dim\": " + std::to_string(m.mla_rope_dim) + ", \"sliding_window\": " + windows + "]}";
 }
 
-const char* kSweepColumns[] = {"dataset", "layers", "key", "value", "key_centered", "head_dim", "key_bits", "value_bits",
+const char* kSweepColumns[] = {"dataset", "layers", "key", "value", "key_centered", "head_dim", "head_dim_v", "latent", "key_bits", "value_bits",
                                "bytes_per_token", "compression_vs_f16", "kl_mean", "kl_worst", "score_rmse_mean",
                                "score_rmse_worst", "topk_mean", "topk_worst", "output_err_mean", "output_err_worst",
                                "cosine_mean", "cosine_worst", "queries", "decode_seconds", "decode_vs_f16", "error"};
@@ -102,7 +102,8 @@ std::vector<std::string> sweep_values(const SweepRow& r) {
     const bool ok = r.error.empty();
     auto v = [&](double x) { return ok ? num(x) : std::string("null"); };
     return {r.dataset, r.layers, key_codecs(r.format), value_codecs(r.format), centered(r.format),
-            std::to_string(r.head_dim), v(r.key_bits), v(r.value_bits),
+            std::to_string(r.head_dim), std::to_string(r.head_dim_v), r.latent ? "true" : "false", v(r.key_bits),
+            r.latent ? "null" : v(r.value_bits),  // a latent's values have no bits of their own
             r.bytes_per_token > 0 ? num(r.bytes_per_token) : "null", r.compression > 0 ? num(r.compression) : "null",
             v(e.kl.mean), v(e.kl.worst), v(e.score_rmse.mean), v(e.score_rmse.worst), v(e.topk.mean), v(e.topk.worst),
             v(e.output_l2.mean), v(e.output_l2.worst), v(e.cosine.mean), v(e.cosine.worst), std::to_string(e.queries),
@@ -138,7 +139,8 @@ std::string format_sweep(const SweepResult& result, TableFormat format) {
         return s;
     }
     if (format == TableFormat::json) {
-        s = "{\"model\": " + model_json(result.model) + ",\n \"timing\": " + json_string(result.timing_method) + ",\n \"rows\": [\n";
+        s = "{\"model\": " + model_json(result.model) + ",\n \"latent_model\": " +
+            (result.latent_model.n_layers > 0 ? model_json(result.latent_model) : "null") + ",\n \"timing\": " + json_string(result.timing_method) + ",\n \"rows\": [\n";
         for (size_t i = 0; i < result.rows.size(); ++i) {
             const auto cells = sweep_values(result.rows[i]);
             s += "  {";
@@ -155,8 +157,12 @@ std::string format_sweep(const SweepResult& result, TableFormat format) {
     s += markdown_row({"data", "K", "V", "K bits", "V bits", "KiB/token", "vs f16", "KL mean", "KL worst", "score RMSE",
                        "worst", "top-8", "worst", "out err", "worst", "decode vs f16"});
     s += "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
+    const SweepRow* latent = nullptr;  // the first latent row, for the note on them
+    bool other = false;
     for (const auto& r : result.rows) {
         const auto& e = r.errors;
+        if (r.latent && !latent) latent = &r;
+        other = other || !r.latent;
         // Rows over part of a data set's layers (full-attention or sliding-window ones) say so.
         const std::string data = r.layers == "all" ? r.dataset : r.dataset + " [" + r.layers + "]";
         const std::string kib = r.bytes_per_token > 0 ? fixed(r.bytes_per_token / 1024, 1) : "—";
@@ -165,7 +171,9 @@ std::string format_sweep(const SweepResult& result, TableFormat format) {
                                "(" + r.error + ")", "", "", "", "", "", "", "", ""});
             continue;
         }
-        s += markdown_row({data, escape_bar(key_cell(r.format)), escape_bar(value_codecs(r.format)), fixed(r.key_bits, 2), fixed(r.value_bits, 2), kib,
+        // A latent's values are its key rows' first head_dim_v values, with no bits of their own.
+        const std::string values = r.latent ? "K[:" + std::to_string(r.head_dim_v) + "]" : escape_bar(value_codecs(r.format));
+        s += markdown_row({data, escape_bar(key_cell(r.format)), values, fixed(r.key_bits, 2), r.latent ? "—" : fixed(r.value_bits, 2), kib,
                            times(r.compression), sci(e.kl.mean), sci(e.kl.worst), fixed(e.score_rmse.mean, 4),
                            fixed(e.score_rmse.worst, 4), fixed(e.topk.mean, 3), fixed(e.topk.worst, 3),
                            fixed(e.output_l2.mean, 4), fixed(e.output_l2.worst, 4), times(r.decode_vs_f16)});
@@ -179,9 +187,21 @@ std::string format_sweep(const SweepResult& result, TableFormat format) {
             counts += (counts.empty() ? "" : ", ") + r.dataset + " " + std::to_string(r.errors.queries);
         }
     }
-    s += "\nKiB/token and vs f16: " + m.name + " (" + m.describe() + "). Errors against the FP32 reference: KL of the "
+    std::string bytes_of = other ? m.name + " (" + m.describe() + ")" : "";
+    if (latent) {
+        const ModelShape& lm = result.latent_model;
+        bytes_of += (other ? "; latent rows: " : "") + lm.name + " (" + lm.describe() + ")";
+    }
+    s += "\nKiB/token and vs f16: " + bytes_of + ". Errors against the FP32 reference: KL of the "
          "attention weights (nats), score RMSE / score std, top-8 agreement, relative L2 error of the output; mean and "
          "worst over the queries (" + counts + ")" + (windowed ? "; [full] and [window]: the same over the full-attention and the sliding-window layers only" : "") + ". Decode time: " + result.timing_method + ".\n";
+    if (latent) {
+        const std::string dk = std::to_string(latent->head_dim), dv = std::to_string(latent->head_dim_v);
+        s += "Latent rows (V = K[:" + dv + "], DeepSeek's MLA): one " + dk + "-value row per token and layer, stored in K's codec, "
+             "is the key, and its first " + dv + " values are the value, read in place (a KVCache with latent_values). K bits are "
+             "the latent's bits per stored value (its bytes per token and layer × 8 / " + dk + "); V stores nothing of its own. "
+             "Their decode time is relative to an f16 latent cache.\n";
+    }
     return s;
 }
 

@@ -47,8 +47,9 @@ def plot_sweep(rows: list[dict], path: str) -> None:
     metrics = [
         ("kl_mean", "KL(ref ‖ quant) of attention weights, mean, nats", "key bits per value, everything stored",
          lambda r: r["key_bits"]),
+        # A latent row's values are its keys' leading values: its bits are the latent's (value_bits is None).
         ("output_err_mean", "output relative L2 error, mean", "bits per value, (K + V) / 2, everything stored",
-         lambda r: (r["key_bits"] + r["value_bits"]) / 2),
+         lambda r: r["key_bits"] if r.get("latent") else (r["key_bits"] + r["value_bits"]) / 2),
     ]
     pairs = list(dict.fromkeys(f"{r['key']}{'+center' if r['key_centered'] else ''}/{r['value']}"
                                for r in rows if not r["error"]))

@@ -1,6 +1,6 @@
 """The ``kvq`` command: accuracy-vs-compression tables, the memory planner, and the codec table.
 
-    kvq table                      # gaussian and llm data, the default K/V pairs, Markdown
+    kvq table                      # gaussian, llm and mla data, the default K/V pairs, Markdown
     kvq table --data npy:dump/ --pairs q8_0/q4_0,q4_0+rot+center/q4_0 --format csv
     kvq table --plot errors.png    # also draw error against bits per value (needs matplotlib)
     kvq plan --model llama-3-70b --context 131072 --batch 8
@@ -29,7 +29,7 @@ from typing import Sequence
 from . import _core
 from ._plot import plot_sweep, pyplot as _pyplot
 
-DEFAULT_DATA = ["gaussian", "llm"]
+DEFAULT_DATA = ["gaussian", "llm", "mla"]
 
 
 class ProgressBar:
@@ -335,10 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("table", help="error against the FP32 reference and decode time for K/V codec pairs")
     t.add_argument("--data", nargs="+", action="extend", metavar="SPEC",
-                   help="data sets: gaussian, llm (both take knobs, e.g. llm:tokens=4096,rope=0), npy:DIR "
-                        "(default: gaussian llm)")
+                   help="data sets: gaussian, llm, mla (DeepSeek V3's latent; all take knobs, e.g. llm:tokens=4096,rope=0), "
+                        "npy:DIR (default: gaussian llm mla)")
     t.add_argument("--pairs", action="append", metavar="K/V,...",
-                   help="K/V codec pairs, e.g. q8_0/q4_0,q4_0+rot+center/q4_0 (default: kvq.default_pairs())")
+                   help="K/V codec pairs, e.g. q8_0/q4_0,q4_0+rot+center/q4_0 (default: kvq.default_pairs(); on mla, "
+                        "kvq.default_pairs(latent=True): a latent stores K only, so a pair is K/K, others are refused)")
     t.add_argument("--keys", metavar="A,B", help="key codecs, crossed with --values")
     t.add_argument("--values", metavar="C,D", help="value codecs, crossed with --keys")
     t.add_argument("--model", help="model preset or config.json for bytes per token (default: the model of npy: dumps, "

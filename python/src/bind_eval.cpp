@@ -40,7 +40,8 @@ py::dict sweep_row_dict(const SweepRow& r) {
     const auto& e = r.errors;
     return py::dict("dataset"_a = r.dataset, "layers"_a = r.layers, "pair"_a = r.format.label(), "key"_a = r.format.key_codec,
                     "value"_a = r.format.value_codec, "key_centered"_a = r.format.center_keys, "head_dim"_a = r.head_dim,
-                    "key_bits"_a = or_none(ok, r.key_bits), "value_bits"_a = or_none(ok, r.value_bits),
+                    "head_dim_v"_a = r.head_dim_v, "latent"_a = r.latent, "key_bits"_a = or_none(ok, r.key_bits),
+                    "value_bits"_a = or_none(ok && !r.latent, r.value_bits),  // a latent's values have no bits of their own
                     "bytes_per_token"_a = or_none(r.bytes_per_token > 0, r.bytes_per_token),
                     "compression_vs_f16"_a = or_none(r.compression > 0, r.compression),
                     "kl_mean"_a = or_none(ok, e.kl.mean), "kl_worst"_a = or_none(ok, e.kl.worst),
@@ -94,7 +95,7 @@ SweepResult sweep(const std::vector<std::variant<std::string, KVData>>& datasets
     if (datasets.empty()) raise_value_error("sweep: give at least one data set");
     if (repeats < 1) raise_value_error("sweep: repeats must be at least 1");
     SweepOptions o;
-    o.formats = formats_from(pairs);
+    if (pairs) o.formats = formats_from(pairs);  // else the defaults (a latent data set's: default_latent_formats)
     if (model) o.model = load_model(*model);  // else the dumps' own shape, or llama-3-8b (run_sweep)
     o.timing = timing;
     o.timing_repeats = repeats;
@@ -126,12 +127,19 @@ void bind_eval(py::module_& m) {
         .def_readonly("kv_heads", &KVData::kv_heads)
         .def_readonly("q_heads", &KVData::q_heads)
         .def_readonly("head_dim", &KVData::head_dim)
+        .def_property_readonly("head_dim_v", &KVData::dv, "of the values (head_dim unless they differ, as a latent's)")
+        .def_readonly("latent", &KVData::latent, "the values are the keys' first head_dim_v values (DeepSeek's MLA latent)")
         .def_readonly("query_positions", &KVData::query_positions)
         .def_readonly("windows", &KVData::windows, "sliding window per layer in tokens (0 = full); empty = all full")
         .def_property_readonly("k", [](const KVData& d) { return array_of(d.k, {d.layers, d.tokens, d.kv_heads, d.head_dim}); },
                                "keys, (layers, tokens, kv_heads, head_dim) float32 (a copy)")
-        .def_property_readonly("v", [](const KVData& d) { return array_of(d.v, {d.layers, d.tokens, d.kv_heads, d.head_dim}); },
-                               "values, (layers, tokens, kv_heads, head_dim) float32 (a copy)")
+        .def_property_readonly("v", [](const KVData& d) {
+                if (!d.latent) return array_of(d.v, {d.layers, d.tokens, d.kv_heads, d.dv()});
+                auto v = new_float_array({d.layers, d.tokens, d.kv_heads, d.dv()});  // a latent's: its keys' first dv()
+                const size_t rows = size_t(d.layers) * d.tokens * d.kv_heads, dv = size_t(d.dv());
+                for (size_t r = 0; r < rows; ++r) std::copy_n(d.k.data() + r * d.head_dim, dv, v.mutable_data() + r * dv);
+                return v;
+            }, "values, (layers, tokens, kv_heads, head_dim_v) float32 (a copy; a latent's: k[..., :head_dim_v])")
         .def_property_readonly("q", [](const KVData& d) { return array_of(d.q, {d.layers, d.n_queries(), d.q_heads, d.head_dim}); },
                                "queries, (layers, len(query_positions), q_heads, head_dim) float32 (a copy)")
         .def("stats", [](const KVData& d) {
@@ -149,7 +157,8 @@ void bind_eval(py::module_& m) {
         .def("__repr__", [](const KVData& d) {
             return "<kvq.Dataset '" + d.name + "': " + std::to_string(d.layers) + " layers, " + std::to_string(d.tokens) +
                    " tokens, " + std::to_string(d.kv_heads) + " kv heads, " + std::to_string(d.q_heads) + " query heads, head_dim " +
-                   std::to_string(d.head_dim) + ">";
+                   std::to_string(d.head_dim) + (d.latent ? ", values its first " + std::to_string(d.dv()) + " (latent)"
+                                                : d.dv() != d.head_dim ? ", head_dim_v " + std::to_string(d.dv()) : "") + ">";
         });
 
     m.def("dataset", [](const std::string& spec, uint64_t seed) {
@@ -167,6 +176,9 @@ void bind_eval(py::module_& m) {
             return rows;
         })
         .def_property_readonly("model", [](const SweepResult& r) { return model_dict(r.model); })
+        .def_property_readonly("latent_model", [](const SweepResult& r) {
+                return r.latent_model.n_layers > 0 ? py::object(model_dict(r.latent_model)) : py::object(py::none());
+            }, "the model of the latent rows' bytes per token (None without a latent data set)")
         .def_readonly("timing", &SweepResult::timing_method)
         .def("format", [](const SweepResult& r, const std::string& format) {
             return text(format, [&](TableFormat f) { return format_sweep(r, f); });
@@ -211,11 +223,12 @@ void bind_eval(py::module_& m) {
     }, "The planner's built-in model shapes.");
     m.def("model_shape", [](const std::string& name_or_path) { return model_dict(load_model(name_or_path)); }, "name_or_path"_a,
           "The attention shape of a preset or a Hugging Face config.json.");
-    m.def("default_pairs", [] {
+    m.def("default_pairs", [](bool latent) {
         std::vector<std::string> out;
-        for (const auto& f : default_kv_formats()) out.push_back(f.label());
+        for (const auto& f : latent ? default_latent_formats() : default_kv_formats()) out.push_back(f.label());
         return out;
-    }, "The K/V pairs kvq.sweep and kvq.plan use by default.");
+    }, "latent"_a = false, "The K/V pairs kvq.sweep and kvq.plan use by default; latent=True: those kvq.sweep uses on a latent "
+       "data set (DeepSeek's MLA: every codec a latent cache holds, as K/K).");
     m.def("codec_table", [](const std::string& format, int head_dim) {
         return text(format, [&](TableFormat f) { return format_codec_info(f, head_dim); });
     }, "format"_a = "markdown", "head_dim"_a = 128, "The codec table and the SIMD level, as 'markdown', 'csv' or 'json' text.");

@@ -5,6 +5,9 @@
 //   "llm[:key=value,...]"       a seeded synthetic model of LLM attention (docs/datasets.md): persistent key
 //                               outlier channels, per-channel key bias, rotary position embedding, an
 //                               attention-sink token, per-token value outliers, sharp and diffuse heads;
+//   "mla[:key=value,...]"       a synthetic latent of DeepSeek's multi-head latent attention with DeepSeek V3's
+//                               shapes: one 576-value row per token and layer (a 512-value latent and 64 rope
+//                               values) is the key, and its first 512 values are the value (latent = true);
 //   "npy:DIR"                   real dumps: DIR/k.npy and DIR/v.npy, shape (layers, tokens, kv_heads,
 //                               head_dim), float32 or float16, and optionally DIR/q.npy, shape (layers,
 //                               tokens, n_heads, head_dim) with n_heads a multiple of kv_heads, and
@@ -29,9 +32,13 @@ struct KVData {
     int tokens = 0;
     int kv_heads = 0;
     int q_heads = 0;  // query heads, a multiple of kv_heads
-    int head_dim = 0;
+    int head_dim = 0;                  // of keys and queries
+    int head_dim_v = 0;                // of values; 0 means head_dim
+    // Values are the keys' first head_dim_v values, read in place (DeepSeek's latent attention: one stored
+    // row per token serves as both, CacheConfig::latent_values); v is then empty.
+    bool latent = false;
     std::vector<int> query_positions;  // increasing token indices
-    std::vector<float> k, v;           // layers × tokens × kv_heads × head_dim
+    std::vector<float> k, v;           // layers × tokens × kv_heads × head_dim (v: × dv(); empty if latent)
     std::vector<float> q;              // layers × query_positions.size() × q_heads × head_dim
     float scale = 0;                   // softmax scale; 0 means 1/sqrt(head_dim)
     std::vector<int> windows;          // per layer: sliding window in tokens, 0 = full; empty = all full
@@ -41,6 +48,7 @@ struct KVData {
     std::string source_model;
 
     int group() const { return q_heads / kv_heads; }
+    int dv() const { return head_dim_v ? head_dim_v : head_dim; }
     int n_queries() const { return static_cast<int>(query_positions.size()); }
     float softmax_scale() const;
     // The sliding window of a layer (0 = full attention) and the first token a query at `position` sees.
@@ -49,7 +57,8 @@ struct KVData {
         const int w = window(layer);
         return w > 0 && position + 1 > w ? size_t(position + 1 - w) : 0;
     }
-    // Keys or values of one (layer, kv head) for tokens [0, n_tokens) as n_tokens × head_dim floats.
+    // Keys of one (layer, kv head) for tokens [0, n_tokens) as n_tokens × head_dim floats; values as
+    // n_tokens × dv() floats (a latent's: its keys' first dv() values).
     std::vector<float> keys(int layer, int kv_head, size_t n_tokens) const;
     std::vector<float> values(int layer, int kv_head, size_t n_tokens) const;
     // The group() queries of one (layer, kv head) at query index i, as group() × head_dim floats.
@@ -58,7 +67,7 @@ struct KVData {
     void validate() const;
 };
 
-// The most floats a synthetic data set (make_dataset's gaussian and llm) holds per tensor: keys, values
+// The most floats a synthetic data set (make_dataset's gaussian, llm and mla) holds per tensor: keys, values
 // and queries each. Larger specs are refused with std::invalid_argument before anything is allocated.
 inline constexpr size_t kMaxDatasetValues = size_t(1) << 28;
 
@@ -83,8 +92,19 @@ struct LlmDataOptions {
     uint64_t seed = 0;
 };
 
+// The latent of DeepSeek V3's multi-head latent attention (MLA), absorbed form (docs/datasets.md): per
+// token and layer one row of 512 latent values (channels of log-normal scale) and 64 rope values (of a
+// larger norm), which is the key (head_dim 576) and whose first 512 values are the value (head_dim_v 512,
+// latent); q_heads query heads share it, softmax scale 1/sqrt(192). bench/mla_accuracy.py draws the same.
+inline constexpr int kMlaLatentDim = 512, kMlaRopeDim = 64;  // DeepSeek V2/V3: kv_lora_rank, qk_rope_head_dim
+struct MlaDataOptions {
+    int layers = 1, q_heads = 128, tokens = 2048, query_positions = 4;
+    uint64_t seed = 0;
+};
+
 KVData make_gaussian_data(const GaussianDataOptions& options);
 KVData make_llm_data(const LlmDataOptions& options);
+KVData make_mla_data(const MlaDataOptions& options);
 
 struct NpyDataOptions {
     int query_positions = 4;  // the last tokens act as decode queries
@@ -99,7 +119,7 @@ struct NpyDataOptions {
 // queries weigh channels as the keys do); results are then indicative only.
 KVData load_npy_data(const std::string& dir, const NpyDataOptions& options = {});
 
-// Builds a data set from its spec (see above). Parameters: gaussian and llm take every field of their
+// Builds a data set from its spec (see above). Parameters: gaussian, llm and mla take every field of their
 // options struct by name (e.g. "llm:tokens=2048,outlier_magnitude=20,rope=0"); npy takes
 // query_positions after the directory ("npy:DIR,query_positions=8"). `seed` is used unless the spec
 // sets one. Throws std::invalid_argument for an unknown name or parameter.

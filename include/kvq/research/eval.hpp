@@ -21,6 +21,10 @@ namespace kvq {
 // A query whose float scores overflow (finite, |scale · q · k| beyond FLT_MAX) is computed in double.
 void reference_attention(const float* q, int n_q, const float* k, const float* v, size_t n_rows, int d,
                          float scale, float* out, float* weights = nullptr);
+// The same with values of d_v floats (v: n_rows × d_v, out: n_q × d_v), as DeepSeek's latent attention has
+// (d 576, d_v 512); scale <= 0 means 1/sqrt(d).
+void reference_attention(const float* q, int n_q, const float* k, const float* v, size_t n_rows, int d, int d_v,
+                         float scale, float* out, float* weights = nullptr);
 
 // Mean and worst case of one metric over the queries.
 struct MetricSummary {

@@ -50,5 +50,9 @@ std::vector<KVFormat> cross_kv_formats(std::string_view key_codecs, std::string_
 // (+rot, +center, both), polar and turbo pairs at comparable budgets, and any codec registered later
 // as K and V of its own. The rest of the table is one --pairs away.
 std::vector<KVFormat> default_kv_formats();
+// The pairs the table shows for a latent data set (DeepSeek's MLA) by default: every codec of the codec
+// table that a latent KVCache of these sizes holds (f16, bf16 and ggml's unrotated block codecs; f32
+// aside), as K/K: the latent is stored once, so the value codec is the key codec.
+std::vector<KVFormat> default_latent_formats(int head_dim = 576, int head_dim_v = 512);
 
 }  // namespace kvq
