@@ -19,10 +19,10 @@
 #include <cfloat>
 
 #include "fuzz_common.hpp"
-#include "ref/block_codecs.hpp"
 #include "ref/blocks.hpp"
 #include "ref/half.hpp"
 #include "ref/key_groups.hpp"
+#include "ref/row_codecs.hpp"
 #include "ref/softmax.hpp"
 #include "ref/weight_grid.hpp"
 #include "simd/dispatch.hpp"

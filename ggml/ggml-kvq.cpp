@@ -39,28 +39,40 @@ namespace {
 
 constexpr const char* kName = "kvq";
 
-// The ggml types whose rows are kvq codecs byte for byte, by kvq's name.
-const char* codec_name(ggml_type t) {
-    switch (t) {
-        case GGML_TYPE_F32: return "f32";
-        case GGML_TYPE_F16: return "f16";
-        case GGML_TYPE_BF16: return "bf16";
-        case GGML_TYPE_Q8_0: return "q8_0";
-        case GGML_TYPE_Q4_0: return "q4_0";
-        case GGML_TYPE_Q4_1: return "q4_1";
-        case GGML_TYPE_Q5_0: return "q5_0";
-        case GGML_TYPE_Q5_1: return "q5_1";
-        case GGML_TYPE_IQ4_NL: return "iq4_nl";
-        default: return nullptr;
+// The ggml types whose rows are kvq codecs byte for byte come from kvq's codec table (its ggml_type
+// column): the codec that reads a type is named as ggml names it. registry_matches_ggml checks both
+// against this ggml when the plugin registers.
+bool registry_matches_ggml() {
+    bool ok = true;
+    for (const std::string& name : kvq::codec_names()) {
+        const kvq::CodecInfo info = kvq::codec_info(name);
+        if (info.ggml_type < 0) continue;
+        const char* problem = nullptr;
+        const auto t = static_cast<ggml_type>(info.ggml_type);
+        constexpr int64_t n = 256;  // values in a row: a multiple of every block
+        if (info.ggml_type >= GGML_TYPE_COUNT || ggml_blck_size(t) <= 0 || n % ggml_blck_size(t) != 0) {
+            problem = "not a type of this ggml";
+        } else if (kvq::codec_for_ggml_type(info.ggml_type) != ggml_type_name(t)) {
+            problem = "named otherwise by this ggml";
+        } else if (ggml_row_size(t, n) != kvq::Codec::make(name, n).row_bytes()) {
+            problem = "of another row size in this ggml";
+        }
+        if (problem) {
+            std::fprintf(stderr, "ggml-kvq: codec %s has ggml type %d, %s (ggml: %s); the plugin does not register\n",
+                         name.c_str(), info.ggml_type, problem,
+                         info.ggml_type < GGML_TYPE_COUNT ? ggml_type_name(t) : "none");
+            ok = false;
+        }
     }
+    return ok;
 }
 
 // Codecs by (type, head size), made on first use and kept for the process (a handful).
 const kvq::Codec* codec_for(ggml_type t, int64_t head_dim) {
     static std::mutex mu;
     static std::map<std::pair<int, int64_t>, kvq::Codec> codecs;
-    const char* name = codec_name(t);
-    if (!name || head_dim <= 0 || head_dim > (1 << 16)) return nullptr;
+    const std::string name = kvq::codec_for_ggml_type(t);
+    if (name.empty() || head_dim <= 0 || head_dim > (1 << 16)) return nullptr;
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_pair(static_cast<int>(t), head_dim);
     auto it = codecs.find(key);
@@ -128,6 +140,7 @@ struct Context {
     kvq::AttendOptions options;  // its executor is made once: a call allocates nothing
     size_t ops = 0, query_rows = 0;  // what it computed (printed at exit with KVQ_GGML_STATS=1)
     bool check = false;              // KVQ_GGML_CHECK=1: check_flash_attn after each op
+    std::vector<float> queries;       // scaled queries (KVQ_KV_FORMATS' key scales)
 };
 
 // Until ggml sets it (llama.cpp does, before every graph): the hardware's threads, as ggml's CPU backend.
@@ -161,8 +174,6 @@ void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
     o.scale = scale;
     o.softcap = softcap;
     o.n_queries = n_rows;
-    o.q_row_stride = q->nb[1] / sizeof(float);
-    o.q_head_stride = q->nb[2] / sizeof(float);
     // dst is [d, n_heads, n_rows, ne3], contiguous (ggml's permute(0, 2, 1, 3) of the attention).
     o.out_head_stride = dst->nb[1] / sizeof(float);
     o.out_row_stride = dst->nb[2] / sizeof(float);
@@ -174,7 +185,8 @@ void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
     ++ctx.ops;
     ctx.query_rows += n_rows * static_cast<size_t>(q->ne[3]);
     for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
-        const auto* qd = reinterpret_cast<const float*>(static_cast<const char*>(q->data) + i3 * q->nb[3]);
+        // KVQ_KV_FORMATS' key scales divide the queries (a copy); otherwise q's own rows and strides.
+        const float* qd = kvq_ggml::kv_format_queries(k, q, i3, ctx.queries, o.q_row_stride, o.q_head_stride);
         const kvq::RowsView kr{static_cast<const char*>(k->data) + i3 * k->nb[3], k->nb[1], k->nb[2]};
         const kvq::RowsView vr{static_cast<const char*>(v->data) + i3 * v->nb[3], v->nb[1], v->nb[2]};
         o.mask = mask ? static_cast<const char*>(mask->data) + (i3 % mask->ne[3]) * mask->nb[3] : nullptr;
@@ -195,8 +207,15 @@ void check_flash_attn(const ggml_tensor* dst) {
     std::memcpy(&scale, reinterpret_cast<const float*>(dst->op_params) + 0, sizeof(float));
     std::memcpy(&softcap, reinterpret_cast<const float*>(dst->op_params) + 2, sizeof(float));
     const int64_t d = k->ne[0], dv = v->ne[0], n_kv = k->ne[1], g = q->ne[2] / k->ne[2];
-    const auto to_float_k = ggml_get_type_traits(k->type)->to_float;
-    const auto to_float_v = ggml_get_type_traits(v->type)->to_float;
+    // A row as the model's values: ggml's to_float, or (KVQ_KV_FORMATS) kvq's decoding with the mean and
+    // scales undone, so that the check holds the mode to the attention of the keys it was given.
+    const auto row_reader = [](const ggml_tensor* t) {
+        return [t, to_float = ggml_get_type_traits(t->type)->to_float](const char* row, float* out, int64_t n) {
+            if (!kvq_ggml::kv_format_row_to_float(t, row, out)) to_float(row, out, n);
+        };
+    };
+    const auto to_float_k = row_reader(k);
+    const auto to_float_v = row_reader(v);
     std::vector<float> kr(d), vr(dv);
     double max_err = 0, max_ref = 0;
     for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
@@ -256,7 +275,9 @@ void backend_free(ggml_backend_t backend) {
     auto* ctx = static_cast<Context*>(backend->context);
     if (const char* env = std::getenv("KVQ_GGML_STATS"); env && std::strcmp(env, "1") == 0) {
         std::fprintf(stderr, "ggml-kvq: %zu flash attention ops, %zu query rows\n", ctx->ops, ctx->query_rows);
+        if (const std::string stats = kvq_ggml::kv_formats_stats(); !stats.empty()) std::fprintf(stderr, "ggml-kvq: %s\n", stats.c_str());
     }
+    kvq_ggml::write_calibration();  // KVQ_KV_FORMATS=calibrate=PATH: what this context saw
     delete ctx;
     delete backend;
 }
@@ -283,8 +304,11 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph* cgraph) {
         if (!view && kvq_ggml::touches_kv_formats(node)) {
             std::string error;
             if (node->op == GGML_OP_FLASH_ATTN_EXT) {
+                float softcap = 0.0f;
+                std::memcpy(&softcap, reinterpret_cast<const float*>(node->op_params) + 2, sizeof(float));
                 if (!supports_flash_attn(node)) error = "this flash attention (ALiBi, a per-head mask or another shape)";
-            } else if (kvq_ggml::compute_kv_formats_op(node, error)) {
+                if (error.empty()) error = kvq_ggml::kv_format_attention_refusal(node->src[1], softcap, node->src[4] != nullptr);
+            } else if (kvq_ggml::compute_kv_formats_op(node, ctx.options.executor, threads_for(ctx.n_threads), error)) {
                 continue;
             }
             if (!error.empty()) {
@@ -479,6 +503,10 @@ const ggml_backend_reg_i reg_iface = {
 };
 
 ggml_backend_reg_t kvq_reg() {
+    static const bool matches = registry_matches_ggml();
+    if (!matches) return nullptr;
+    static const bool formats_read = (kvq_ggml::init_kv_formats(), true);  // before llama.cpp makes its cache
+    (void)formats_read;
     static ggml_backend_reg reg = {
         /* .api_version = */ GGML_BACKEND_API_VERSION,
         /* .iface       = */ reg_iface,

@@ -8,22 +8,54 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
+#include <fstream>
+#include <cmath>
+#include <algorithm>
+#include <vector>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <thread>
+#include <atomic>
 
 #include "ggml-backend.h"
 
 namespace kvq_ggml {
 namespace {
 
+// A key format of the mode: a kvq row codec spec, then +center and/or +qk (in either order).
+struct KeySpec {
+    std::string row;
+    bool center = false, scales = false;
+};
+
+KeySpec split_key_spec(std::string_view spec) {
+    KeySpec k;
+    for (bool more = true; more;) {
+        more = false;
+        for (const std::string_view suffix : {std::string_view("+center"), std::string_view("+qk")}) {
+            if (spec.size() > suffix.size() && spec.substr(spec.size() - suffix.size()) == suffix) {
+                (suffix == "+qk" ? k.scales : k.center) = true;
+                spec.remove_suffix(suffix.size());
+                more = true;
+            }
+        }
+    }
+    k.row = std::string(spec);
+    return k;
+}
+
 // KVQ_KV_FORMATS="k=turbo4,v=turbo4,k.3=iq4_nls": a format for the keys, the values, and per layer
 // (k.N, v.N); a bare format is both keys' and values'. Unset, empty, "0" or "off": the mode is off.
+// Key formats may end in +center and/or +qk (kKeySuffixes), which need calib=PATH: a file written by a
+// run with calibrate=PATH (the slots then keep ggml's bytes, written by kvq's identical codecs).
 struct Formats {
     bool on = false;
     std::string keys, values;
     std::map<int, std::string> layer_keys, layer_values;
+    std::string calib, calibrate;  // calibration file read, written
 
     const std::string& spec(bool key, int layer) const {
         const auto& per_layer = key ? layer_keys : layer_values;
@@ -41,17 +73,30 @@ std::optional<Formats> parse_formats(std::string_view text, std::string& error) 
         text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
         const size_t eq = item.find('=');
         const std::string format(eq == std::string_view::npos ? item : item.substr(eq + 1));
+        const std::string_view what = eq == std::string_view::npos ? std::string_view{} : item.substr(0, eq);
+        if (what == "calib" || what == "calibrate") {
+            if (format.empty()) {
+                error = std::string(what) + "= needs a file";
+                return std::nullopt;
+            }
+            (what == "calib" ? f.calib : f.calibrate) = format;
+            continue;
+        }
+        const KeySpec ks = split_key_spec(format);
         try {
-            kvq::parse_codec_spec(format);
+            kvq::parse_codec_spec(ks.row);
         } catch (const std::exception& e) {
             error = e.what();
+            return std::nullopt;
+        }
+        if ((ks.center || ks.scales) && (what.empty() || what[0] != 'k')) {
+            error = "'" + format + "': +center and +qk are for keys (k=FORMAT or k.LAYER=FORMAT)";
             return std::nullopt;
         }
         if (eq == std::string_view::npos) {
             f.keys = f.values = format;
             continue;
         }
-        const std::string_view what = item.substr(0, eq);
         if (what == "k" || what == "v") {
             (what == "k" ? f.keys : f.values) = format;
         } else if (what.size() > 2 && (what[0] == 'k' || what[0] == 'v') && what[1] == '.') {
@@ -61,6 +106,17 @@ std::optional<Formats> parse_formats(std::string_view text, std::string& error) 
             error = "expected k=FORMAT, v=FORMAT, k.LAYER=FORMAT, v.LAYER=FORMAT or FORMAT, got '" + std::string(item) + "'";
             return std::nullopt;
         }
+    }
+    const auto needs_calib = [&](const std::string& spec) { return !spec.empty() && split_key_spec(spec).row != spec; };
+    bool calibrated = needs_calib(f.keys);
+    for (const auto& [layer, spec] : f.layer_keys) calibrated = calibrated || needs_calib(spec);
+    if (calibrated && f.calib.empty()) {
+        error = "+center and +qk need calib=FILE (a calibration written by a run with calibrate=FILE)";
+        return std::nullopt;
+    }
+    if (!f.calib.empty() && !f.calibrate.empty()) {
+        error = "calib= and calibrate= together";
+        return std::nullopt;
     }
     f.on = true;
     return f;
@@ -122,6 +178,134 @@ bool parse_cache_name(const char* name, bool& key, int& layer) {
     return true;
 }
 
+
+// ---- calibration (calibrate=PATH writes it, calib=PATH reads it) -------------------------------------
+
+// One layer's key rows as written (per kv head and channel: width = heads × head_dim values) and its
+// queries' second moments (per kv head and channel, averaged over the query heads that share it).
+struct Moments {
+    int64_t width = 0, head_dim = 0;
+    double rows = 0, queries = 0;
+    std::vector<double> sum, sumsq, qsq;
+};
+
+// What a calibration file holds per layer: the keys' mean and variance, the queries' second moment.
+struct LayerCalibration {
+    int64_t width = 0, head_dim = 0;
+    std::vector<float> mean, kvar, qsq;
+};
+
+constexpr const char* kCalibrationMagic = "kvq-kv-calibration";
+constexpr int64_t kMaxCalibrationWidth = int64_t{1} << 20;
+constexpr int kMaxCalibrationLayers = 4096;
+
+std::mutex calib_mu;
+std::map<int, Moments> moments;  // calibrate=: by layer
+
+// calib=: the file's layers, read once (a bad file turns the mode off with the reason, as a bad setting).
+std::optional<std::map<int, LayerCalibration>> read_calibration(const std::string& path, std::string& error) {
+    std::ifstream in(path);
+    if (!in) {
+        error = "cannot read the calibration file '" + path + "'";
+        return std::nullopt;
+    }
+    std::string magic, word;
+    int version = 0, n_layers = 0;
+    in >> magic >> version >> word >> n_layers;
+    if (!in || magic != kCalibrationMagic || version != 1 || word != "layers" || n_layers < 1 || n_layers > kMaxCalibrationLayers) {
+        error = "'" + path + "' is not a kvq KV calibration file (version 1)";
+        return std::nullopt;
+    }
+    std::map<int, LayerCalibration> layers;
+    for (int i = 0; i < n_layers; ++i) {
+        std::string w[6];
+        int layer = -1;
+        LayerCalibration c;
+        double rows = 0, queries = 0;
+        in >> w[0] >> layer >> w[1] >> c.width >> w[2] >> c.head_dim >> w[3] >> rows >> w[4] >> queries;
+        const bool header = in && w[0] == "layer" && w[1] == "width" && w[2] == "head_dim" && w[3] == "rows" && w[4] == "queries" &&
+                            layer >= 0 && layer < (1 << 20) && c.width > 0 && c.width <= kMaxCalibrationWidth && c.head_dim > 0 &&
+                            c.width % c.head_dim == 0 && rows > 0 && queries > 0 && !layers.count(layer);
+        if (!header) {
+            error = "'" + path + "': layer entry " + std::to_string(i) + " is malformed";
+            return std::nullopt;
+        }
+        for (auto [name, v] : {std::pair{"mean", &c.mean}, std::pair{"kvar", &c.kvar}, std::pair{"qsq", &c.qsq}}) {
+            in >> w[5];
+            v->resize(static_cast<size_t>(c.width));
+            for (float& x : *v) in >> x;
+            bool ok = in && w[5] == name;
+            for (const float x : *v) ok = ok && std::isfinite(x) && (v == &c.mean || x >= 0.0f);
+            if (!ok) {
+                error = "'" + path + "': layer " + std::to_string(layer) + "'s " + name + " is malformed or not finite";
+                return std::nullopt;
+            }
+        }
+        layers.emplace(layer, std::move(c));
+    }
+    return layers;
+}
+
+const std::map<int, LayerCalibration>& calibration() {
+    static const std::map<int, LayerCalibration> c = [] {
+        std::string error;
+        auto read = formats().calib.empty() ? std::map<int, LayerCalibration>{} : read_calibration(formats().calib, error);
+        if (!read) {
+            std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: %s; layers with +center or +qk will refuse their ops\n", error.c_str());
+            return std::map<int, LayerCalibration>{};
+        }
+        return *read;
+    }();
+    return c;
+}
+
+// The mean to subtract and the scales to multiply f's key rows by, from the calibration (error if absent).
+void setup_key_transform(KvFormat& f, int64_t width) {
+    const auto& c = calibration();
+    const auto it = c.find(f.layer);
+    if (it == c.end() || it->second.width != width || it->second.head_dim != f.head_dim) {
+        f.error = "the calibration file has no layer " + std::to_string(f.layer) + " of " + std::to_string(width) + " key values in heads of " +
+                  std::to_string(f.head_dim) + " (calibrate with this model)";
+        return;
+    }
+    const LayerCalibration& l = it->second;
+    if (f.center) f.mean = l.mean;
+    if (!f.key_scales) return;
+    // s_j = (E[q_j²] / E[(k_j − μ_j)²])^(1/4), floored, normalized to a geometric mean of 1 per head:
+    // stored keys (k − μ) ⊙ s, queries q ⊘ s balance the channels' shares of q·k's rounding error.
+    f.scale.resize(static_cast<size_t>(width));
+    for (int64_t h = 0; h < width / f.head_dim; ++h) {
+        double log_sum = 0;
+        for (int64_t j = h * f.head_dim; j < (h + 1) * f.head_dim; ++j) {
+            const double kv = f.center ? l.kvar[j] : l.kvar[j] + double(l.mean[j]) * l.mean[j];
+            f.scale[j] = static_cast<float>(std::pow(std::max<double>(l.qsq[j], 1e-12) / std::max(kv, 1e-12), 0.25));
+            log_sum += std::log(f.scale[j]);
+        }
+        const double g = std::exp(log_sum / double(f.head_dim));
+        for (int64_t j = h * f.head_dim; j < (h + 1) * f.head_dim; ++j) f.scale[j] = static_cast<float>(f.scale[j] / g);
+    }
+}
+
+void record_key_rows(const KvFormat& f, const float* x, int64_t width) {
+    std::lock_guard<std::mutex> lock(calib_mu);
+    Moments& m = moments[f.layer];
+    if (m.width == 0) {
+        m.width = width;
+        m.sum.assign(width, 0.0);
+        m.sumsq.assign(width, 0.0);
+        m.qsq.assign(width, 0.0);
+    }
+    if (m.width != width) return;
+    m.head_dim = f.head_dim;
+    for (int64_t j = 0; j < width; ++j) {
+        m.sum[j] += x[j];
+        m.sumsq[j] += double(x[j]) * x[j];
+    }
+    m.rows += 1;
+}
+
+std::atomic<size_t> rows_written{0}, rows_copied{0};  // KVQ_GGML_STATS=1
+
 std::mutex registry_mu;
 std::map<const ggml_tensor*, KvFormat> registry;  // by the cache tensor (the root of every view of it)
 
@@ -137,7 +321,8 @@ KvFormat* kv_format_of(const ggml_tensor* t) {
     if (!parse_cache_name(base->name, key, layer)) return nullptr;
     const Formats& f = formats();
     if (!f.on) return nullptr;
-    const std::string& spec = f.spec(key, layer);
+    // Calibrating, a slot without a format keeps ggml's bytes, written by kvq's identical codec.
+    const std::string spec = !f.spec(key, layer).empty() ? f.spec(key, layer) : f.calibrate.empty() ? "" : ggml_type_name(base->type);
     if (spec.empty()) return nullptr;
     // Only llama.cpp's cache in host memory (the CPU backend's buffers): the plugin computes on host memory.
     if (!base->buffer || !ggml_backend_buffer_is_host(base->buffer)) return nullptr;
@@ -148,6 +333,9 @@ KvFormat* kv_format_of(const ggml_tensor* t) {
         it->second.layer = layer;
         it->second.slot = base->type;
         it->second.spec = spec;
+        const KeySpec ks = split_key_spec(spec);
+        it->second.center = ks.center;
+        it->second.key_scales = ks.scales;
     }
     return &it->second;
 }
@@ -172,15 +360,17 @@ const kvq::Codec* kv_format_codec(const ggml_tensor* view) {
         f->head_dim = head_dim;
         f->slot_row_bytes = ggml_row_size(f->slot, head_dim);
         try {
-            auto it = codecs.find({f->spec, head_dim});
-            if (it == codecs.end()) it = codecs.emplace(std::make_pair(f->spec, head_dim), kvq::Codec::make(f->spec, static_cast<int>(head_dim))).first;
+            const std::string row = split_key_spec(f->spec).row;
+            auto it = codecs.find({row, head_dim});
+            if (it == codecs.end()) it = codecs.emplace(std::make_pair(row, head_dim), kvq::Codec::make(row, static_cast<int>(head_dim))).first;
             if (base->ne[0] % head_dim != 0 || view->nb[1] % f->slot_row_bytes != 0) {
                 f->error = "its rows are not whole heads of " + std::to_string(head_dim) + " values";
             } else if (it->second.row_bytes() > f->slot_row_bytes) {
                 f->error = f->spec + " needs " + std::to_string(it->second.row_bytes()) + " bytes per row of " + std::to_string(head_dim) +
                            " values, the " + ggml_type_name(f->slot) + " slot has " + std::to_string(f->slot_row_bytes);
             } else {
-                f->codec = &it->second;
+                if (f->center || f->key_scales) setup_key_transform(*f, base->ne[0]);
+                if (f->error.empty()) f->codec = &it->second;
             }
         } catch (const std::exception& e) {
             f->error = e.what();
@@ -209,28 +399,73 @@ const kvq::Codec* ready_codec(const KvFormat& f, std::string& error) {
     return nullptr;
 }
 
+// x (n values from channel `first` of a K row) as the format stores it: (x − μ) ⊙ s, in scratch; x itself
+// for formats without a mean or scales.
+const float* to_stored(const KvFormat& f, const float* x, size_t n, size_t first, std::vector<float>& scratch) {
+    if (!f.center && !f.key_scales) return x;
+    scratch.resize(n);
+    for (size_t j = 0; j < n; ++j) {
+        const float c = f.center ? x[j] - f.mean[first + j] : x[j];
+        scratch[j] = f.key_scales ? c * f.scale[first + j] : c;
+    }
+    return scratch.data();
+}
+
+// The inverse, in place: y ⊘ s + μ.
+void from_stored(const KvFormat& f, float* y, size_t n, size_t first) {
+    for (size_t j = 0; j < n && (f.center || f.key_scales); ++j) {
+        const float c = f.key_scales ? y[j] / f.scale[first + j] : y[j];
+        y[j] = f.center ? c + f.mean[first + j] : c;
+    }
+}
+
 // SET_ROWS: the rows of src0 (f32, n_heads heads of head_dim values each), quantized by the layer's codec
 // into the slots of the rows that src1 names.
-bool compute_set_rows(ggml_tensor* dst, const KvFormat& f, std::string& error) {
+bool compute_set_rows(ggml_tensor* dst, const KvFormat& f, const kvq::Executor& executor, int threads, std::string& error) {
     const ggml_tensor* rows = dst->src[0];
     const ggml_tensor* ids = dst->src[1];
     const kvq::Codec* codec = ready_codec(f, error);
     if (!codec) return false;
-    if (rows->type != GGML_TYPE_F32 || rows->nb[0] != sizeof(float) || rows->ne[2] != 1 || rows->ne[3] != 1 || dst->ne[2] != 1 ||
-        dst->ne[3] != 1 || dst->ne[0] % f.head_dim != 0 || ids->ne[1] != 1 || ids->ne[2] != 1) {
+    if (rows->type != GGML_TYPE_F32 || rows->nb[0] != sizeof(float) || rows->ne[0] != dst->ne[0] || rows->ne[2] != 1 || rows->ne[3] != 1 ||
+        dst->ne[2] != 1 || dst->ne[3] != 1 || dst->ne[0] % f.head_dim != 0 || ids->ne[1] != 1 || ids->ne[2] != 1) {
         error = "SET_ROWS of this shape or type (kvq formats take 2-d f32 rows of whole heads)";
         return false;
     }
-    const size_t heads = static_cast<size_t>(dst->ne[0] / f.head_dim);
-    for (int64_t i = 0; i < rows->ne[1]; ++i) {
+    const int64_t n = rows->ne[1];
+    const auto row_of = [&](int64_t i) {
         const char* id = static_cast<const char*>(ids->data) + i * ids->nb[0];
-        const int64_t row = ids->type == GGML_TYPE_I64 ? *reinterpret_cast<const int64_t*>(id) : *reinterpret_cast<const int32_t*>(id);
-        if (row < 0 || row >= dst->ne[1]) {
-            error = "SET_ROWS row index " + std::to_string(row) + " outside the cache";
+        return ids->type == GGML_TYPE_I64 ? *reinterpret_cast<const int64_t*>(id) : int64_t{*reinterpret_cast<const int32_t*>(id)};
+    };
+    const auto input = [&](int64_t i) { return reinterpret_cast<const float*>(static_cast<const char*>(rows->data) + i * rows->nb[1]); };
+    for (int64_t i = 0; i < n; ++i) {  // every index checked before any row is written
+        if (row_of(i) < 0 || row_of(i) >= dst->ne[1]) {
+            error = "SET_ROWS row index " + std::to_string(row_of(i)) + " outside the cache";
             return false;
         }
-        const auto* x = reinterpret_cast<const float*>(static_cast<const char*>(rows->data) + i * rows->nb[1]);
-        codec->quantize_rows(x, heads, static_cast<char*>(dst->data) + row * dst->nb[1], f.slot_row_bytes, kvq::NanPolicy::propagate);
+    }
+    if (f.key && !formats().calibrate.empty()) {
+        for (int64_t i = 0; i < n; ++i) record_key_rows(f, input(i), dst->ne[0]);
+    }
+    // A prompt's rows in parts of at least 16 on the backend's threads (one part for a decode step).
+    const size_t heads = static_cast<size_t>(dst->ne[0] / f.head_dim);
+    const int parts = static_cast<int>(std::clamp<int64_t>(n / 16, 1, std::max(threads, 1)));
+    const auto part = [&](int p) {
+        thread_local std::vector<float> shifted;
+        for (int64_t i = n * p / parts; i < n * (p + 1) / parts; ++i) {
+            codec->quantize_rows(to_stored(f, input(i), static_cast<size_t>(dst->ne[0]), 0, shifted), heads,
+                                 static_cast<char*>(dst->data) + row_of(i) * dst->nb[1], f.slot_row_bytes, kvq::NanPolicy::propagate);
+        }
+    };
+    rows_written += static_cast<size_t>(n);
+    if (parts == 1) {
+        part(0);
+    } else if (executor) {
+        executor(parts, part);
+    } else {
+        std::vector<std::thread> pool;
+        for (int p = 1; p < parts; ++p) pool.emplace_back(part, p);
+        part(0);
+        for (auto& t : pool) t.join();
     }
     return true;
 }
@@ -261,10 +496,16 @@ bool compute_copy(const ggml_tensor* src, ggml_tensor* dst, std::string& error) 
             for (int64_t i1 = 0; i1 < src->ne[1]; ++i1) {
                 char* c = static_cast<char*>(codes->data) + i1 * codes->nb[1] + i2 * codes->nb[2] + i3 * codes->nb[3];
                 auto* x = reinterpret_cast<float*>(static_cast<char*>(floats->data) + i1 * floats->nb[1] + i2 * floats->nb[2] + i3 * floats->nb[3]);
+                // The row's first channel within the cache row (its head), for the mean and scales.
+                const size_t first = static_cast<size_t>((c - static_cast<const char*>(root_of(codes)->data)) % root_of(codes)->nb[1]) /
+                                     f.slot_row_bytes * static_cast<size_t>(f.head_dim);
+                ++rows_copied;
                 if (to_f32) {
                     codec->dequantize_rows(c, 1, x);
+                    from_stored(f, x, static_cast<size_t>(f.head_dim), first);
                 } else {
-                    codec->quantize_rows(x, 1, c, 0, kvq::NanPolicy::propagate);
+                    thread_local std::vector<float> shifted;
+                    codec->quantize_rows(to_stored(f, x, static_cast<size_t>(f.head_dim), first, shifted), 1, c, 0, kvq::NanPolicy::propagate);
                 }
             }
         }
@@ -274,9 +515,9 @@ bool compute_copy(const ggml_tensor* src, ggml_tensor* dst, std::string& error) 
 
 }  // namespace
 
-bool compute_kv_formats_op(ggml_tensor* node, std::string& error) {
+bool compute_kv_formats_op(ggml_tensor* node, const kvq::Executor& executor, int threads, std::string& error) {
     try {
-        if (node->op == GGML_OP_SET_ROWS && kv_format_of(node)) return compute_set_rows(node, *kv_format_of(node), error);
+        if (node->op == GGML_OP_SET_ROWS && kv_format_of(node)) return compute_set_rows(node, *kv_format_of(node), executor, threads, error);
         if (node->op == GGML_OP_CPY) return compute_copy(node->src[0], node, error);
     } catch (const std::exception& e) {
         error = e.what();
@@ -284,6 +525,133 @@ bool compute_kv_formats_op(ggml_tensor* node, std::string& error) {
     }
     error = "the plugin computes only SET_ROWS, FLASH_ATTN_EXT and whole-row copies to and from f32 on them";
     return false;
+}
+
+}  // namespace kvq_ggml
+
+namespace kvq_ggml {
+
+void init_kv_formats() {
+    if (!formats().on) return;
+    // kvq's formats rotate rows themselves, and key scales and means are per channel of the model's
+    // keys: llama.cpp's Hadamard rotation of a quantized cache (read when it makes the cache, after the
+    // backends are loaded) would only add work and mix the channels. A setting of the user's stands.
+    if (!std::getenv("LLAMA_ATTN_ROT_DISABLE")) {
+        setenv("LLAMA_ATTN_ROT_DISABLE", "1", 0);
+        std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: llama.cpp's attention rotation of quantized caches is off (LLAMA_ATTN_ROT_DISABLE=1): "
+                             "kvq's formats rotate themselves\n");
+    }
+    if (!formats().calib.empty()) {
+        std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: calibration %s: %zu layers\n", formats().calib.c_str(), calibration().size());
+    }
+}
+
+const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64_t i3, std::vector<float>& scratch, size_t& row_stride,
+                               size_t& head_stride) {
+    const auto* qd = reinterpret_cast<const float*>(static_cast<const char*>(q->data) + i3 * q->nb[3]);
+    row_stride = q->nb[1] / sizeof(float);
+    head_stride = q->nb[2] / sizeof(float);
+    const KvFormat* f = kv_format_of(k);
+    if (!f || !f->key || !f->codec) return qd;
+    const bool calibrating = !formats().calibrate.empty();
+    if (!calibrating && !f->key_scales) return qd;
+    const ggml_tensor* base = root_of(k);
+    const int64_t d = f->head_dim, n_heads = q->ne[2], n_rows = q->ne[1], g = n_heads / k->ne[2];
+    const int64_t first_head = static_cast<int64_t>((k->view_offs % base->nb[1]) / f->slot_row_bytes);
+    const auto query = [&](int64_t r, int64_t h) { return qd + r * static_cast<int64_t>(row_stride) + h * static_cast<int64_t>(head_stride); };
+    if (calibrating) {
+        std::lock_guard<std::mutex> lock(calib_mu);
+        Moments& m = moments[f->layer];
+        if (m.width == base->ne[0]) {
+            for (int64_t r = 0; r < n_rows; ++r) {
+                for (int64_t h = 0; h < n_heads; ++h) {
+                    const float* x = query(r, h);
+                    double* acc = m.qsq.data() + (first_head + h / g) * d;
+                    for (int64_t j = 0; j < d; ++j) acc[j] += double(x[j]) * x[j] / double(g);
+                }
+            }
+            m.queries += double(n_rows);
+        }
+    }
+    if (!f->key_scales) return qd;
+    scratch.resize(static_cast<size_t>(n_rows * n_heads * d));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        for (int64_t h = 0; h < n_heads; ++h) {
+            const float* x = query(r, h);
+            const float* s = f->scale.data() + (first_head + h / g) * d;
+            float* y = scratch.data() + (r * n_heads + h) * d;
+            for (int64_t j = 0; j < d; ++j) y[j] = x[j] / s[j];
+        }
+    }
+    row_stride = static_cast<size_t>(n_heads * d);
+    head_stride = static_cast<size_t>(d);
+    return scratch.data();
+}
+
+std::string kv_format_attention_refusal(const ggml_tensor* k, float softcap, bool sinks) {
+    const KvFormat* f = kv_format_of(k);
+    if (!f || !f->center || (softcap == 0.0f && !sinks)) return "";
+    // Centered keys give every score of a query the same offset −q·μ, which softmax ignores; a softcap
+    // or a sink logit would not.
+    return "centered keys (+center) cannot serve attention with a logit softcap or attention sinks";
+}
+
+bool kv_format_row_to_float(const ggml_tensor* view, const char* row, float* out) {
+    const KvFormat* f = kv_format_of(view);
+    if (!f) return false;
+    if (!f->codec) throw std::runtime_error("KVQ_KV_FORMATS: a row of " + std::string(root_of(view)->name) + " read before its format is known");
+    const ggml_tensor* base = root_of(view);
+    f->codec->dequantize_rows(row, 1, out);
+    from_stored(*f, out, static_cast<size_t>(f->head_dim),
+                static_cast<size_t>((row - static_cast<const char*>(base->data)) % base->nb[1]) / f->slot_row_bytes * static_cast<size_t>(f->head_dim));
+    return true;
+}
+
+std::string kv_formats_stats() {
+    if (!formats().on) return "";
+    return "KVQ_KV_FORMATS: " + std::to_string(rows_written.load()) + " cache rows written, " + std::to_string(rows_copied.load()) +
+           " head rows copied to or from f32 (the K-shift)";
+}
+
+void write_calibration() {
+    const std::string& path = formats().calibrate;
+    if (path.empty()) return;
+    std::lock_guard<std::mutex> lock(calib_mu);
+    std::vector<std::pair<int, const Moments*>> ready;
+    for (const auto& [layer, m] : moments) {
+        if (m.rows > 0 && m.queries > 0 && m.head_dim > 0) ready.emplace_back(layer, &m);
+    }
+    if (ready.empty()) return;
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp);
+        out << kCalibrationMagic << " 1\nlayers " << ready.size() << "\n";
+        out.precision(9);
+        for (const auto& [layer, m] : ready) {
+            out << "layer " << layer << " width " << m->width << " head_dim " << m->head_dim << " rows " << m->rows << " queries "
+                << m->queries << "\n";
+            std::vector<double> mean(m->width), kvar(m->width), qsq(m->width);
+            for (int64_t j = 0; j < m->width; ++j) {
+                mean[j] = m->sum[j] / m->rows;
+                kvar[j] = std::max(m->sumsq[j] / m->rows - mean[j] * mean[j], 0.0);
+                qsq[j] = m->qsq[j] / m->queries;
+            }
+            for (auto [name, v] : {std::pair{"mean", &mean}, std::pair{"kvar", &kvar}, std::pair{"qsq", &qsq}}) {
+                out << name;
+                for (const double x : *v) out << ' ' << static_cast<float>(x);
+                out << "\n";
+            }
+        }
+        if (!out) {
+            std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: cannot write the calibration %s\n", tmp.c_str());
+            return;
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: cannot write the calibration %s\n", path.c_str());
+        return;
+    }
+    std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: wrote the calibration of %zu layers to %s\n", ready.size(), path.c_str());
 }
 
 }  // namespace kvq_ggml

@@ -11,8 +11,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ggml.h"
+#include "kvq/attention.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq_ggml {
@@ -27,7 +29,17 @@ struct KvFormat {
     size_t slot_row_bytes = 0;         // ggml_row_size(slot, head_dim): one head's row slot
     const kvq::Codec* codec = nullptr; // made once head_dim is known; null with error set if it fails
     std::string error;                 // why this tensor cannot be used (printed when an op needs it)
+    // Keys only, from the calibration file (calib=PATH): +center subtracts a fixed mean per channel before
+    // encoding, +qk stores each channel times a scale s_j and the queries attend divided by it. Both are
+    // per kv head and channel (heads × head_dim values); empty when the format has neither.
+    bool center = false, key_scales = false;
+    std::vector<float> mean, scale;
 };
+
+// Reads KVQ_KV_FORMATS once, at the plugin's registration (before llama.cpp makes its KV cache: with the
+// mode on, llama.cpp's own Hadamard rotation of quantized caches is turned off, LLAMA_ATTN_ROT_DISABLE,
+// since the formats rotate themselves and key scales need the model's channels).
+void init_kv_formats();
 
 // The kvq format of the cache tensor that t is or views, or null (ggml's own bytes, or the mode is off).
 KvFormat* kv_format_of(const ggml_tensor* t);
@@ -41,6 +53,26 @@ const kvq::Codec* kv_format_codec(const ggml_tensor* view);
 
 // Computes an op other than flash attention that touches such a tensor: SET_ROWS into it, CPY between it
 // and f32 rows (the K-shift's dequantize and quantize back). False, with the reason, for anything else.
-bool compute_kv_formats_op(ggml_tensor* node, std::string& error);
+// SET_ROWS runs its rows on threads parts (through executor when it is set, else on threads of its own).
+bool compute_kv_formats_op(ggml_tensor* node, const kvq::Executor& executor, int threads, std::string& error);
+
+// The queries of a flash attention whose K view is k (a kvq format with key scales): q ⊘ s into scratch,
+// laid out [ne3][rows][heads][head_dim]; returns q itself (and its strides) for formats without scales.
+// Also records the queries' moments when calibrating.
+const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64_t i3, std::vector<float>& scratch,
+                               size_t& row_stride, size_t& head_stride);
+
+// Why a flash attention cannot run on this K format (centered keys under a softcap or sinks), or "".
+std::string kv_format_attention_refusal(const ggml_tensor* k, float softcap, bool sinks);
+
+// One head's row of view (a kvq-format K or V view) decoded as the model's values (mean and scales undone)
+// into out; false, touching nothing, for a tensor with ggml's bytes.
+bool kv_format_row_to_float(const ggml_tensor* view, const char* row, float* out);
+
+// What the mode computed, for KVQ_GGML_STATS=1 ("" when it is off).
+std::string kv_formats_stats();
+
+// Writes the calibration file (calibrate=PATH) with the moments seen so far; no-op when not calibrating.
+void write_calibration();
 
 }  // namespace kvq_ggml

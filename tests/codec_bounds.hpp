@@ -11,7 +11,7 @@
 //   q5_1  |x - x'| <= d/2 + 31·|d - d16| + |min - m16|
 //   f16 / bf16: half a unit in the last place; f32: exact.
 // `+rot` codecs: the same bound on the rotated row, compared in L2 norm (the rotation is orthogonal).
-// A block codec not listed here gets its registry row's bound (lib/ref/block_codecs.hpp); the rotating
+// A block codec not listed here gets its registry row's bound (lib/ref/row_codecs.hpp); the rotating
 // codecs (polar, turbo) a weak generic one, ||x - x'|| <= ||x||, and turbo*_qjl a looser one still
 // (qjl_error_factor: its sketch bounds inner products, not a row's error).
 #pragma once
@@ -34,7 +34,7 @@
 #include "ref/turbo_codebook.hpp"
 #include "kvq/codec.hpp"
 #include "rotation/hadamard.hpp"
-#include "ref/block_codecs.hpp"
+#include "ref/row_codecs.hpp"
 
 namespace kvq::test {
 
@@ -47,8 +47,8 @@ inline std::string num(double v) {
 // A block codec without its own formula below (iq4_nl): its registry row's bound, max_rel_error times
 // the block's max |x|, plus what an fp16 scale loses where it is subnormal (2^-25 times the largest code).
 inline bool registry_bounds(const std::string& base, const float* x, int n, double* bound) {
-    for (const auto& t : detail::kBlockCodecs) {
-        if (base != t.name) continue;
+    for (const auto& t : detail::kRowCodecs) {
+        if (base != t.name || t.family != detail::CodecFamily::block) continue;
         for (int b = 0; b < n / t.block; ++b) {
             double amax = 0;
             for (int j = 0; j < t.block; ++j) amax = std::max(amax, std::fabs(double(x[b * t.block + j])));

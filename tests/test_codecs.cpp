@@ -151,6 +151,26 @@ TEST_CASE("bad specs and head sizes get clear errors") {
     CHECK(kvq::codec_info("q4_0").bytes_per_block == 18);
 }
 
+TEST_CASE("a ggml type is read by one codec, named as ggml names the type, and its writers share its bytes") {
+    // The ggml backend checks the names and row sizes against ggml itself when it registers.
+    for (const auto& name : kvq::codec_names()) {
+        CAPTURE(name);
+        const auto info = kvq::codec_info(name);
+        if (info.ggml_type < 0) {
+            CHECK(!info.ggml_layout);
+            continue;
+        }
+        CHECK(!info.rotates);
+        const std::string reader = kvq::codec_for_ggml_type(info.ggml_type);
+        CHECK((reader == name) == info.ggml_layout);
+        REQUIRE(!reader.empty());
+        CHECK(Codec::make(reader, 256).row_bytes() == Codec::make(name, 256).row_bytes());
+    }
+    CHECK(kvq::codec_for_ggml_type(2) == "q4_0");  // GGML_TYPE_Q4_0
+    CHECK(kvq::codec_for_ggml_type(4) == "");      // GGML_TYPE_Q4_2, removed from ggml
+    CHECK(kvq::codec_for_ggml_type(-1) == "");
+}
+
 TEST_CASE("NaN and Inf are rejected and nothing is written") {
     for (const auto& spec : all_specs()) {
         CAPTURE(spec);

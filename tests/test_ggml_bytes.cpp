@@ -7,7 +7,7 @@
 #include <random>
 
 #include "ggml_oracle.hpp"
-#include "ref/block_codecs.hpp"
+#include "ref/row_codecs.hpp"
 #include "kvq/codec.hpp"
 #include "test_util.hpp"
 
@@ -48,12 +48,14 @@ OracleFn oracle_for(kvq::detail::BlockCodec c) {
     }
 }
 
-// Every block codec of the registry but f32 (ggml's f32 is the float itself: no file). A quantized codec
+// Every registry row with a ggml type but f32 (ggml's f32 is the float itself: no file). A quantized codec
 // without an oracle fails the test below.
 std::vector<GgmlType> ggml_types() {
     std::vector<GgmlType> types;
-    for (const auto& t : kvq::detail::kBlockCodecs) {
-        if (t.id != kvq::detail::BlockCodec::f32) types.push_back({t.name, t.plain, oracle_for(t.id)});
+    for (const auto& t : kvq::detail::kRowCodecs) {
+        if (t.ggml_type != kvq::detail::kNoGgmlType && t.id != kvq::detail::BlockCodec::f32) {
+            types.push_back({t.name, t.plain, oracle_for(t.id)});
+        }
     }
     return types;
 }

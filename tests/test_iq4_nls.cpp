@@ -11,7 +11,7 @@
 #include "cache_file_util.hpp"
 #include "ggml_oracle.hpp"
 #include "kvq/simd.hpp"
-#include "ref/block_codecs.hpp"
+#include "ref/row_codecs.hpp"
 #include "simd/dispatch.hpp"
 
 using kvq::Codec;
@@ -67,6 +67,9 @@ TEST_CASE("iq4_nls: a registry row of its own whose blocks and decode kernels ar
     // No ggml type is called iq4_nls: not a ggml layout "of the same name"; iq4_nl still is.
     CHECK(!kvq::codec_info("iq4_nls").ggml_layout);
     CHECK(kvq::codec_info("iq4_nl").ggml_layout);
+    // Its bytes are GGML_TYPE_IQ4_NL's; the codec that reads that type is iq4_nl, named as ggml names it.
+    CHECK(kvq::codec_info("iq4_nls").ggml_type == kvq::codec_info("iq4_nl").ggml_type);
+    CHECK(kvq::codec_for_ggml_type(kvq::codec_info("iq4_nls").ggml_type) == "iq4_nl");
     CHECK(kvq::codec_info("iq4_nls").layout.find("iq4_nl") != std::string::npos);
     const auto table = kvq::simd_kernel_table();
     auto name = [&](kvq::SimdLevel l, const char* codec, const char* op) {

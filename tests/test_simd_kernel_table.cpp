@@ -14,7 +14,7 @@
 
 #include "kvq/simd.hpp"
 #include "levels/kernel_golden.hpp"
-#include "ref/block_codecs.hpp"
+#include "ref/row_codecs.hpp"
 #include "simd/dispatch.hpp"
 #include "test_util.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "ref/block_codecs.hpp"
+#include "ref/row_codecs.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/selftest.hpp"
 #include "kvq/simd.hpp"

@@ -79,6 +79,10 @@ struct CodecInfo {
     int block = 0;            // values per block (row length must be a multiple)
     int bytes_per_block = 0;  // bytes per block (for codecs with a per-row header, see row_bytes)
     bool ggml_layout = false; // row bytes are ggml's blocks for the type of the same name
+    // ggml's type id (enum ggml_type, as GGUF stores it) of the blocks the row bytes are, or -1: set for the
+    // ggml-layout codecs, and for iq4_nls, which writes iq4_nl's blocks (20) but is not their reader
+    // (codec_for_ggml_type(20) is "iq4_nl").
+    int ggml_type = -1;
     std::string layout;       // one-line description of the bytes
     bool rotates = false;     // always rotates (polar, turbo*): "+rot" is accepted and changes nothing
     bool plain = false;       // values stored as they are (f32, f16, bf16): NaN and Inf can be stored too
@@ -91,6 +95,11 @@ struct CodecInfo {
 std::vector<std::string> codec_names();
 // Table row for a base name (without modifiers); throws UnknownCodec for an unknown name.
 CodecInfo codec_info(std::string_view name);
+
+// The codec that reads the rows of ggml type ggml_type (an enum ggml_type value): the table row with
+// ggml_layout whose ggml_type it is, named as ggml names the type ("q4_0" for GGML_TYPE_Q4_0 = 2);
+// "" if no codec reads that type.
+std::string codec_for_ggml_type(int ggml_type);
 
 // True if x[0..n) holds no NaN or Inf (one vectorized pass at the active SIMD level).
 bool all_finite(const float* x, size_t n);

@@ -141,6 +141,10 @@ typedef struct kvq_codec_info {
                                 kvq_codec_bits_per_value() of a codec for a head size counts */
     int32_t ggml_layout;     /* 1: row bytes are ggml's blocks of the type with the same name */
     const char* layout;      /* one line describing the bytes; static storage */
+    int32_t ggml_type;       /* ggml's type id (enum ggml_type, as GGUF stores it) of the blocks the row bytes
+                                are, or -1: set where ggml_layout is 1, and for iq4_nls, which writes iq4_nl's
+                                blocks (20); the codec reading a ggml type is the row with ggml_layout 1 and
+                                that ggml_type */
 } kvq_codec_info;
 
 static inline kvq_codec_info kvq_codec_info_init(void) {

@@ -1,4 +1,5 @@
 // The C API of the codec table and of codecs working on rows (kvq/codec.hpp behind kvq.h).
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -6,6 +7,10 @@
 
 namespace kvq::capi {
 namespace {
+
+// Never change: the struct's size in the first release (see the ABI notes in kvq.h), which ended at layout.
+constexpr size_t kCodecInfoSizeV1 = offsetof(kvq_codec_info, ggml_type);
+static_assert(sizeof(void*) != 8 || kCodecInfoSizeV1 == 48);
 
 // The table as C sees it: names and layouts need storage that outlives every call.
 const std::vector<CodecInfo>& table() {
@@ -49,7 +54,8 @@ kvq_status kvq_codec_get_info(int32_t id, kvq_codec_info* info) {
         from.bits_per_value = 8.0 * row.bytes_per_block / row.block;
         from.ggml_layout = row.ggml_layout ? 1 : 0;
         from.layout = row.layout.c_str();
-        return kvq::capi::write_versioned(from, sizeof(kvq_codec_info), info);
+        from.ggml_type = row.ggml_type;
+        return kvq::capi::write_versioned(from, kvq::capi::kCodecInfoSizeV1, info);
     });
 }
 

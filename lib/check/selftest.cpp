@@ -10,7 +10,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 #include "../simd/dispatch.hpp"
 #include "../codec/level_checks.hpp"
 #include "../simd/level_check.hpp"
@@ -260,12 +260,14 @@ SelftestResult selftest_at(const std::vector<SimdLevel>& levels, const std::func
     };
     // The plain codecs on one line, each block codec on its own: every row of the codec table is checked.
     std::vector<Family> families = {{"f32/f16/bf16", {}}};
-    for (const auto& t : detail::kBlockCodecs) {
+    // The turbo family's rows on one line too.
+    std::vector<std::string> turbo;
+    for (const auto& t : detail::kRowCodecs) {
+        if (t.family == detail::CodecFamily::turbo) turbo.push_back(t.name);
+        if (t.family != detail::CodecFamily::block) continue;
         if (t.plain) families[0].codecs.push_back(t.id);
         else families.push_back({t.name, {t.id}});
     }
-    const std::vector<std::string> turbo = {"turbo2", "turbo2.5", "turbo3", "turbo3.5", "turbo4",
-                                            "turbo2_qjl", "turbo3_qjl", "turbo4_qjl", "tcq2", "tcq3"};
     const std::vector<std::string> polar = {"polar", "polar:bits=4.3.3.3", "polar:bits=2.1.0.1", "polar:bits=6.3.2.2.2",
                                             "polar:budget=3", "polar:bits=4.2"};
     for (SimdLevel level : levels) {

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "codec_impl.hpp"
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 
 namespace kvq::detail {
 

@@ -59,8 +59,9 @@ std::vector<std::string> codec_names() {
 }
 
 namespace {
-CodecInfo info_of(const detail::CodecTableRow& row) {
-    return {row.name, row.block, row.bytes_per_block, row.ggml_layout, row.layout, row.rotates, row.plain};
+CodecInfo info_of(const detail::RowCodecTraits& row) {
+    return {.name = row.name, .block = row.block, .bytes_per_block = row.bytes_per_block, .ggml_layout = row.ggml_layout(),
+            .ggml_type = row.ggml_type, .layout = row.layout, .rotates = row.rotates(), .plain = row.plain};
 }
 }  // namespace
 
@@ -68,6 +69,11 @@ CodecInfo codec_info(std::string_view name) {
     const auto* row = detail::find_codec(name);
     if (!row) throw UnknownCodec("unknown codec '" + std::string(name) + "'");
     return info_of(*row);
+}
+
+std::string codec_for_ggml_type(int ggml_type) {
+    const auto* row = detail::find_ggml_codec(ggml_type);
+    return row ? row->name : "";
 }
 
 bool all_finite(const float* x, size_t n) { return detail::all_finite(x, n); }
@@ -114,14 +120,14 @@ Codec Codec::make(std::string_view spec, int head_dim, uint64_t seed) {
                          std::to_string(head_dim));
     }
     const auto* row = detail::find_codec(parsed.info.name);
-    std::unique_ptr<detail::CodecImpl> impl = row->make(parsed.params, head_dim, seed);
-    if (parsed.rot && !row->rotates) impl = detail::make_rotated(std::move(impl), seed);
+    std::unique_ptr<detail::CodecImpl> impl = detail::make_codec(*row, parsed.params, head_dim, seed);
+    if (parsed.rot && !row->rotates()) impl = detail::make_rotated(std::move(impl), seed);
     Codec c;
     c.impl_ = std::move(impl);
     c.name_ = std::string(spec);
     c.info_ = std::move(parsed.info);
     c.head_dim_ = head_dim;
-    c.rotated_ = parsed.rot || row->rotates;
+    c.rotated_ = parsed.rot || row->rotates();
     c.seed_ = seed;
     return c;
 }

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq::detail {

@@ -44,19 +44,9 @@
 #include <string_view>
 
 #include "codec_impl.hpp"
+#include "../ref/row_codecs.hpp"  // TurboConfig
 
 namespace kvq::detail {
-
-enum class TurboScale { norm, ls, unbiased };
-
-struct TurboConfig {
-    int bits_hi = 4;   // width of the first n_hi channels
-    int bits_lo = 4;   // width of the others
-    bool half_split = false;  // n_hi = d/2 (fractional codecs); otherwise n_hi = d
-    bool qjl = false;  // add the QJL residual sketch and residual norm
-    TurboScale scale = TurboScale::ls;  // set by the spec's "scale=" parameter; the _qjl codecs use norm
-    int trellis = 0;   // B for tcqB (the bits fields unused), else 0
-};
 
 // params: empty or "scale=norm|ls|unbiased" (not for _qjl). Throws std::invalid_argument for a head size
 // the configuration cannot take (d must be a multiple of 8, of 16 for the split codecs, of 32 for tcqB, at

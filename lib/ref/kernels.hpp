@@ -37,7 +37,7 @@ struct BlockKernels {
 // float scale d = amax/127.
 void prepare_query_q8(const float* q, uint8_t* prep, int64_t n);
 
-// The scalar sets, defined in plain.cpp and ggml_quant.cpp; block_codecs.hpp registers them.
+// The scalar sets, defined in plain.cpp and ggml_quant.cpp; row_codecs.hpp registers them.
 extern const BlockKernels kScalarF32, kScalarF16, kScalarBF16, kScalarQ8_0, kScalarQ4_0, kScalarQ4_1,
     kScalarQ5_0, kScalarQ5_1, kScalarIQ4_NL, kScalarIQ4_NLS;
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 #include "../ref/channel_codes.hpp"
 #include "../ref/rotated_kernels.hpp"
 #include "../ref/softmax.hpp"

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 #include "../ref/weight_grid.hpp"
 #include "plain_impl.hpp"
 #include "loops.hpp"

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 #include "loops.hpp"
 
 namespace kvq::simd {

@@ -78,7 +78,7 @@ std::string check_block_codec(SimdLevel level, BlockCodec c, int n, size_t rows,
     const BlockKernels* level_k = level_kernels(c, level);
     if (!level_k) return "level not available";
     const BlockKernels& simd = *level_k;
-    const BlockCodecTraits& traits = block_traits(c);
+    const RowCodecTraits& traits = block_traits(c);
     const bool plain = traits.plain;
     const int block = traits.block;
     const size_t block_bytes = traits.bytes_per_block;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 #include "kvq/simd.hpp"
 
 namespace kvq::detail {

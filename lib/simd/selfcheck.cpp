@@ -7,7 +7,7 @@
 // dispatch.hpp's add_level_check).
 #include "selfcheck.hpp"
 
-#include "../ref/block_codecs.hpp"
+#include "../ref/row_codecs.hpp"
 #include "level_check.hpp"
 
 namespace kvq::detail {

@@ -24,6 +24,9 @@ class CodecInfo(TypedDict):
     bits_per_value: float
     rotated: bool
     ggml_layout: bool
+    ggml_type: int
+    rotates: bool
+    plain: bool
     layout: str
 
 class Summary(TypedDict):

@@ -25,6 +25,9 @@ py::dict codec_info_dict(const std::string& spec, int head_dim, uint64_t seed) {
     d["bits_per_value"] = codec.bits_per_value();
     d["rotated"] = codec.rotated();
     d["ggml_layout"] = info.ggml_layout && !codec.rotated();
+    d["ggml_type"] = codec.rotated() ? -1 : info.ggml_type;
+    d["rotates"] = info.rotates;
+    d["plain"] = info.plain;
     d["layout"] = info.layout;
     return d;
 }
@@ -69,7 +72,8 @@ void bind_codecs(py::module_& m) {
     m.def("codecs", &kvq::codec_names, "Names in the codec table, in table order. Any name may take the suffix '+rot'.");
     m.def("codec_info", &codec_info_dict, "codec"_a, "head_dim"_a = 128, py::kw_only(), "seed"_a = kDefaultSeed,
           "A codec's table row and its size for rows of head_dim values: name, base, block, bytes_per_block,\n"
-          "head_dim, row_bytes, bits_per_value (everything stored, scales included), rotated, ggml_layout, layout.");
+          "head_dim, row_bytes, bits_per_value (everything stored, scales included), rotated, ggml_layout,\n"
+          "ggml_type (ggml's type id of the row bytes, -1 if none), rotates (the codec always rotates), plain, layout.");
     m.def("quantize", &quantize, "x"_a, "codec"_a, py::kw_only(), "seed"_a = kDefaultSeed, "nan_policy"_a = "reject",
           "Quantizes the rows of x (float32 or float16, shape (..., head_dim)) with a codec.\n"
           "Returns uint8 codes of shape x.shape[:-1] + (row_bytes,); for ggml-layout codecs these are ggml's bytes.\n"

@@ -50,6 +50,20 @@ static void test_codec_table(void) {
     CHECK_OK(kvq_codec_lookup("q4_0", &id));
     CHECK_OK(kvq_codec_get_info(id, &info));
     CHECK(info.bytes_per_block == 18 && info.bits_per_value == 4.5 && info.ggml_layout == 1);
+    CHECK(info.ggml_type == 2); /* GGML_TYPE_Q4_0 */
+    CHECK_OK(kvq_codec_lookup("iq4_nls", &id)); /* iq4_nl's blocks (GGML_TYPE_IQ4_NL), not their reader */
+    CHECK_OK(kvq_codec_get_info(id, &info));
+    CHECK(info.ggml_type == 20 && info.ggml_layout == 0);
+    CHECK_OK(kvq_codec_lookup("turbo4", &id));
+    CHECK_OK(kvq_codec_get_info(id, &info));
+    CHECK(info.ggml_type == -1 && info.ggml_layout == 0);
+    /* A caller built against the first release's struct (it ended at layout): ggml_type is not written. */
+    info = kvq_codec_info_init();
+    info.size = offsetof(kvq_codec_info, ggml_type);
+    info.ggml_type = 12345;
+    CHECK_OK(kvq_codec_lookup("q4_0", &id));
+    CHECK_OK(kvq_codec_get_info(id, &info));
+    CHECK(info.bytes_per_block == 18 && info.ggml_type == 12345 && info.size == offsetof(kvq_codec_info, ggml_type));
 
     CHECK_STATUS(kvq_codec_lookup("q3_xs", &id), KVQ_ERR_UNKNOWN_CODEC, "q3_xs");
     CHECK_STATUS(kvq_codec_get_info(count, &info), KVQ_ERR_UNKNOWN_CODEC, "outside");

@@ -138,7 +138,7 @@ def test_info_kernels(capsys):
     assert all(cells.values())
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:]}
     for codec in kvq.codecs():
-        if codec in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_nls"):
+        if not kvq.codec_info(codec)["rotates"]:  # the block codecs
             for op in ("quantize", "dequantize", "prepare_query", "score", "accumulate"):
                 assert (codec, op) in rows
                 assert cells[("scalar", codec, op)] == "spec"
