@@ -20,14 +20,14 @@ TEST_CASE("attention_scores: every query head's scores over a window of centered
     // A block: each kv head's bt key rows, then the fp16 means of every head; the values apart.
     kvq::detail::BlockLayout layout;
     layout.block_tokens = bt;
-    layout.k_head_stride = bt * krb;
-    layout.k_side_offset = n_kv * bt * krb;
-    layout.k_side_stride = d * sizeof(uint16_t);
-    layout.v_head_stride = bt * vrb;
-    const size_t block_bytes = layout.k_side_offset + n_kv * d * sizeof(uint16_t);
+    layout.keys.head_stride = bt * krb;
+    layout.keys.side_offset = n_kv * bt * krb;
+    layout.keys.side_stride = d * sizeof(uint16_t);
+    layout.values.head_stride = bt * vrb;
+    const size_t block_bytes = layout.keys.side_offset + n_kv * d * sizeof(uint16_t);
     // The centered q8_0 key format reads that side data as its means.
-    const auto format = kvq::detail::make_key_format("q8_0", d, bt, {true});
-    REQUIRE(format->side_bytes() == layout.k_side_stride);
+    const auto format = kvq::detail::make_key_format("q8_0+center", d, bt);
+    REQUIRE(format->side_bytes() == layout.keys.side_stride);
     std::vector<uint8_t> kbytes(n_blocks * block_bytes), vbytes(n_blocks * n_kv * bt * vrb);
     auto k = kvq::test::gaussian(size_t(n_blocks) * n_kv * bt * d, 1), v = kvq::test::gaussian(k.size(), 2);
     for (size_t i = 0; i < k.size(); i += 2) k[i] += 3.0f;  // a bias for centering to take off
@@ -38,10 +38,10 @@ TEST_CASE("attention_scores: every query head's scores over a window of centered
         uint8_t* block = kbytes.data() + b * block_bytes;
         for (int h = 0; h < n_kv; ++h) {
             const size_t at = (size_t(b) * n_kv + h) * bt * d;
-            auto* mean = reinterpret_cast<uint16_t*>(block + layout.k_side_offset) + h * d;
+            auto* mean = reinterpret_cast<uint16_t*>(block + layout.keys.side_offset) + h * d;
             kvq::detail::center_block(k.data() + at, d, bt, d, mean, centered.data());
-            keys.quantize_rows(centered.data(), bt, block + h * layout.k_head_stride);
-            keys.dequantize_rows(block + h * layout.k_head_stride, bt, deq_k.data() + at);
+            keys.quantize_rows(centered.data(), bt, block + h * layout.keys.head_stride);
+            keys.dequantize_rows(block + h * layout.keys.head_stride, bt, deq_k.data() + at);
             for (int j = 0; j < d; ++j) means[(size_t(b) * n_kv + h) * d + j] = kvq::detail::f16_to_f32(mean[j]);
             uint8_t* vrows = vbytes.data() + (size_t(b) * n_kv + h) * bt * vrb;
             values.quantize_rows(v.data() + at, bt, vrows);
@@ -52,7 +52,7 @@ TEST_CASE("attention_scores: every query head's scores over a window of centered
     }
     kvq::detail::RowSource src;
     src.key = format.get();
-    const auto value_format = kvq::detail::make_value_format(values, false);
+    const auto value_format = kvq::detail::make_value_format(values, bt, false);
     src.value = value_format.get();
     src.layout = layout;
     src.blocks = kb;

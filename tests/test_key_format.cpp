@@ -1,12 +1,15 @@
-// The key format (lib/codec/key_format.hpp) is the one place a sealed block's key bytes are worked out:
-// its answers are what the cache's bytes_per_token and pool blocks, the planner and the accuracy tables'
-// key blocks hold, for every kind of key format (lib/codec/key_formats.cpp makes them all).
+// The key format (lib/codec/key_format.hpp) says how many bytes a sealed block's keys take, the block layout
+// (lib/codec/block_layout.hpp) where they sit: their answers are what the cache's bytes_per_token and pool
+// blocks, the planner and the accuracy tables' key blocks hold, for every kind of key format
+// (lib/codec/key_formats.cpp makes them all).
 #include <doctest/doctest.h>
 
 #include <stdexcept>
 #include <string>
 
+#include "codec/block_layout.hpp"
 #include "codec/key_formats.hpp"
+#include "codec/value_format.hpp"
 #include "eval/quantized_attention.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
@@ -48,7 +51,7 @@ TEST_CASE("key formats: the cache, the planner and the tables hold the bytes it 
             CAPTURE(bt);
             CAPTURE(kind.key);
             CAPTURE(kind.center);
-            const auto format = kvq::detail::make_key_format(kind.key, kDim, bt, {kind.center});
+            const auto format = kvq::detail::make_key_format(kvq::detail::key_spec_centered(kind.key, kind.center), kDim, bt);
             const kvq::detail::KeyFormat& f = *format;
             const kvq::Codec& key = f.codec();
 
@@ -60,22 +63,29 @@ TEST_CASE("key formats: the cache, the planner and the tables hold the bytes it 
             CHECK(f.row_bytes() == key.row_bytes());
             CHECK(f.rows_bytes() == size_t(bt) * key.row_bytes());
             CHECK(f.bytes_per_token() == doctest::Approx(double(key.row_bytes()) + double(side) / bt));
+            const kvq::detail::HeadBlock alone = kvq::detail::head_block(f.rows_bytes(), f.side_bytes());
             if (side == 0) {
-                CHECK(f.head_side_offset() == kvq::detail::kNoKeySide);
-                CHECK(f.head_block_bytes() == f.rows_bytes());
+                CHECK(alone.side_offset == kvq::detail::kNoSide);
+                CHECK(alone.bytes == f.rows_bytes());
             } else {
-                CHECK(f.head_side_offset() == align64(f.rows_bytes()));
-                CHECK(f.head_block_bytes() == align64(f.head_side_offset() + side));
+                CHECK(alone.side_offset == align64(f.rows_bytes()));
+                CHECK(alone.bytes == align64(alone.side_offset + side));
             }
-            const auto block = f.cache_block(kKv, bt * vrow);
-            CHECK(block.value_offset == align64(kKv * f.rows_bytes()));
-            CHECK(block.value_offset % 64 == 0);
+            const auto values = kvq::detail::make_value_format(kvq::Codec::make(kValue, kDim), bt, false);
+            const kvq::detail::BlockLayout block = kvq::detail::pool_block_layout(f, *values, kKv, false);
+            CHECK(block.block_tokens == bt);
+            CHECK(block.keys.offset == 0);
+            CHECK(block.keys.head_stride == f.rows_bytes());
+            CHECK(block.values.offset == align64(kKv * f.rows_bytes()));
+            CHECK(block.values.head_stride == bt * vrow);
+            CHECK(block.values.side_offset == kvq::detail::kNoSide);  // no value format has side data today
             if (side == 0) {
-                CHECK(block.side_offset == kvq::detail::kNoKeySide);
-                CHECK(block.bytes == block.value_offset + kKv * bt * vrow);
+                CHECK(block.keys.side_offset == kvq::detail::kNoSide);
+                CHECK(block.bytes == block.values.offset + kKv * bt * vrow);
             } else {
-                CHECK(block.side_offset == align64(block.value_offset + kKv * bt * vrow));
-                CHECK(block.bytes == block.side_offset + kKv * side);
+                CHECK(block.keys.side_offset == align64(block.values.offset + kKv * bt * vrow));
+                CHECK(block.keys.side_stride == side);
+                CHECK(block.bytes == block.keys.side_offset + kKv * side);
             }
 
             // The cache: bytes per token and its pool's block size.
@@ -108,14 +118,14 @@ TEST_CASE("key formats: the cache, the planner and the tables hold the bytes it 
             const size_t n_rows = 2 * size_t(bt) + 5;
             const auto k = kvq::test::gaussian(n_rows * kDim, 7, 0.5f);
             const auto q = kvq::detail::quantize_keys(f, k.data(), n_rows);
-            CHECK(q.block_bytes == f.head_block_bytes());
-            CHECK(q.rows.size() == 3 * f.head_block_bytes());
+            CHECK(q.block_bytes == alone.bytes);
+            CHECK(q.rows.size() == 3 * alone.bytes);
         }
     }
 }
 
 TEST_CASE("key formats: per-channel keys take no centering, and specs no format takes are refused") {
-    CHECK_THROWS_WITH_AS(kvq::detail::make_key_format("chan4", 64, 32, {true}), doctest::Contains("+center does not apply"), kvq::BadParams);
+    CHECK_THROWS_WITH_AS(kvq::detail::make_key_format("chan4+center", 64, 32), doctest::Contains("+center does not apply"), kvq::BadParams);
     for (const char* bad : {"q4_0+sink0", "q4_0+sink17", "q4_0+sink", "q4_0+sinkx", "q4_0+sink01", "chan9", "nope+sink1"}) {
         CAPTURE(bad);
         CHECK_THROWS_AS(kvq::detail::make_key_format(bad, 64, 32), std::invalid_argument);

@@ -119,7 +119,7 @@ TEST_CASE("sweep on a latent: its rows are a latent KVCache's, measured against 
         kvq::KVCache cache(c);
         const auto seq = cache.add_sequence();
         const auto keys = kvq::detail::make_key_format(codec, kDk, 32);
-        const auto values = kvq::Codec::make(codec, kDv);
+        const auto values = kvq::detail::make_value_format(kvq::Codec::make(codec, kDv), 32, false);
         size_t appended = 0;
         double error_sum = 0;
         for (int i = 0; i < d.n_queries(); ++i) {
@@ -131,8 +131,8 @@ TEST_CASE("sweep on a latent: its rows are a latent KVCache's, measured against 
             cache.attend(0, seq, q.data(), from_cache.data());
             // The sweep's quantized attention reads the values in place from the key codes, as the cache does.
             const auto kc = kvq::detail::quantize_keys(*keys, d.k.data(), n);
-            kvq::detail::quantized_attention(kc, values, nullptr, q.data(), g, 0, n, d.softmax_scale(), scores.data(),
-                                             weights.data(), out.data());
+            kvq::detail::quantized_attention(kc, kvq::detail::latent_values(*values), q.data(), g, 0, n, d.softmax_scale(),
+                                             scores.data(), weights.data(), out.data());
             CHECK(std::memcmp(out.data(), from_cache.data(), out.size() * sizeof(float)) == 0);
             for (int h = 0; h < g; ++h) {
                 error_sum += relative_l2(from_cache.data() + h * kDv,

@@ -126,22 +126,26 @@ struct CacheConfig {
     // value bytes are stored, and append takes v = null. Needs a key codec whose leading head_dim_v values
     // are rows of their own: f32, f16, bf16 or a block codec of ggml's (q8_0, q4_0, q4_1, q5_0, q5_1,
     // iq4_nl, iq4_nls; not rotated), head_dim_v a multiple of its block and at most head_dim, value_codec
-    // (and each layer's) empty or the key codec's, and no center_keys, key_scales, chanB or +sinkN keys.
+    // (and each layer's) empty or the key codec's, and no +center (center_keys), key_scales, chanB or +sinkN keys.
     bool latent_values = false;
     // A codec spec of the codec table (kvq/codec.hpp), or, for keys only, "chan2" .. "chan8": per-channel
     // keys (KIVI-style), per block and kv head an fp16 minimum and step per channel and a B-bit code per
     // value, scored as q·min + (q ⊙ step)·codes. They need seal = on_block_full (a block's ranges are known
-    // when it is full; the open block stays in float) and take no center_keys; head_dim a multiple of 8.
-    // Either may end in "+sinkN" (N = 1..16): a sequence's first N keys kept in fp16 and scored exactly
-    // (attention sinks), the rest as the codec stores them; it needs seal = on_block_full, and every block
-    // keeps room for them (4 + 2·N·head_dim bytes per kv head), though only a sequence's first uses it.
+    // when it is full; the open block stays in float) and take no +center; head_dim a multiple of 8.
+    // Then, each at most once and in this order (the other order is read too): "+center", each sealed
+    // block's keys minus their per-channel mean, the mean kept in fp16 beside the block and q·mean added to
+    // the score (removes a key bias shared by the block's tokens; needs seal = on_block_full; 2·head_dim
+    // bytes per kv head and block); "+sinkN" (N = 1..16): a sequence's first N keys kept in fp16 and scored
+    // exactly (attention sinks), the rest as the codec stores them; it needs seal = on_block_full, and every
+    // block keeps room for them (4 + 2·N·head_dim bytes per kv head), though only a sequence's first uses
+    // it. So "q4_0+rot+center+sink1"; key_spec() reports it so.
     std::string key_codec = "q8_0";
     std::string value_codec = "q4_0";
     // Per layer: empty (every layer uses key_codec and value_codec), or one entry per layer giving that
     // layer its own codecs, e.g. q8_0 keys on Gemma 3's global layers and 4-bit keys on its windowed ones.
     // Layers of different codecs have blocks of different sizes; the pool keeps one size class for each
-    // pair of codecs (at most 65535 distinct pairs), all within max_blocks and max_bytes. center_keys and
-    // the seed apply to every layer.
+    // pair of codecs (at most 65535 distinct pairs), all within max_blocks and max_bytes. A layer's own key
+    // codec's "+center" centers that layer's keys alone; center_keys and the seed apply to every layer.
     std::vector<LayerCodecs> layer_codecs;
     int block_tokens = 32;
     // Pool capacity in blocks (all layers together, a block of any size counting one); 0 = no limit. The
@@ -190,7 +194,9 @@ struct CacheConfig {
     // values are untouched. Cache files store them (format version 5) and their blocks and staged rows
     // hold k ⊙ s. center_keys and chanB keys work on k ⊙ s.
     std::vector<float> key_scales;
-    bool center_keys = false;   // subtract the per-channel mean of a block's keys before quantizing
+    // Deprecated: "+center" on every key codec (key_codec and each layer's own); giving both is the same.
+    // config() reports the key codecs with "+center", and center_keys as whether every one has it.
+    bool center_keys = false;
     NanPolicy nan_policy = NanPolicy::reject;  // NaN/Inf in keys, values, queries (see kvq/codec.hpp)
     // Attention multiplies q4_0 values (also q4_0+rot) by int8 weights: each softmax weight times block
     // scale is rounded to an int8 step per query, 32 columns and group of 16 rows of a block (counted

@@ -342,7 +342,8 @@ typedef struct kvq_cache_params {
     const int32_t* sliding_window; /* n_sliding_window values (one per layer, 0 = full), or NULL; copied */
     size_t n_sliding_window;       /* 0 or n_layers */
     int32_t seal;                  /* kvq_seal_policy */
-    int32_t center_keys;           /* 1: subtract each block's per-channel key mean before quantizing */
+    int32_t center_keys;           /* deprecated: 1 = "+center" on every key codec (each block's keys minus
+                                      their per-channel mean); key_codec may end in "+center" itself */
     int32_t nan_policy;            /* kvq_nan_policy */
     int32_t reserved0;             /* must be 0 (keeps the struct free of padding) */
     uint64_t seed;                 /* rotation seed, default KVQ_DEFAULT_SEED */

@@ -49,7 +49,7 @@ const RowFormats& formats_for(const Codec& keys, const Codec& values) {
     }
     RowFormats& f = kept[next++ % kept.size()];
     f.key_format = std::make_unique<detail::RowKeys>(keys, kBlockTokens);
-    f.value_format = detail::make_value_format(values, false);
+    f.value_format = detail::make_value_format(values, kBlockTokens, false);
     f.keys = ki;
     f.values = vi;
     return f;
@@ -118,10 +118,10 @@ void attend_rows(const Codec& keys, const Codec& values, int n_heads, int n_kv_h
     src.key = f.key_format.get();
     src.value = f.value_format.get();
     src.layout.block_tokens = kBlockTokens;
-    src.layout.k_head_stride = k.head_stride;
-    src.layout.v_head_stride = v.head_stride;
-    src.layout.k_row_stride = k.token_stride;
-    src.layout.v_row_stride = v.token_stride;
+    src.layout.keys.head_stride = k.head_stride;
+    src.layout.keys.row_stride = k.token_stride;
+    src.layout.values.head_stride = v.head_stride;
+    src.layout.values.row_stride = v.token_stride;
     src.blocks = std::span<uint8_t* const>(bt.k.data(), nb);
     src.value_blocks = std::span<uint8_t* const>(bt.v.data(), nb);
     src.end_row = n_tokens - (nb - 1) * kBlockTokens;

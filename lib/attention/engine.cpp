@@ -147,7 +147,7 @@ void attend_blocks(const AttentionShape& shape, const AttendTask& task, const Wo
     const size_t dk = static_cast<size_t>(shape.head_dim), dv = static_cast<size_t>(shape.dv());
     const KeyFormat& key = *src.key;
     const size_t bt = src.block_tokens(), krb = key.row_bytes(), qb = key.query_bytes();
-    const size_t krs = src.layout.k_row_stride ? src.layout.k_row_stride : krb;
+    const size_t krs = src.key_row_stride();
     const size_t vrb = src.value->row_bytes(), vrs = src.value_row_stride();
     const Keeps keeps{task.rows};
     const bool masked = keeps.masked();
@@ -179,7 +179,8 @@ void attend_blocks(const AttentionShape& shape, const AttendTask& task, const Wo
         }
         for (int h = h0; h < h1; ++h) {
             const ConstKeyHead head = src.key_head(b, h);
-            const uint8_t* values = src.value_rows(b, h) + lo * vrs;
+            const ConstValueHead vhead = src.value_head(b, h, vrb);
+            const uint8_t* values = vhead.rows + lo * vrs;
             const uint8_t* prep_h = prep + static_cast<size_t>(h) * gq * qb;
             const float* q_h = q + static_cast<size_t>(h) * gq * dk;
             SoftmaxState* st_h = st + static_cast<size_t>(h) * gq;
@@ -224,8 +225,12 @@ void attend_blocks(const AttentionShape& shape, const AttendTask& task, const Wo
                 } else {
                     softmax_update(scores, static_cast<int>(gq), n, offsets, shape.scale, st_h, acc_h, static_cast<int>(dv));
                 }
-                if (n1) prefetch_rows<kToL2>(src.value_rows(b + 1, h) + lo1 * vrs, n1, vrb, vrs);
-                src.value->accumulate(scores, n, static_cast<int>(gq), values, vrs, n, acc_h);
+                if (n1) {
+                    const ConstValueHead vnext = src.value_head(b + 1, h, vrb);
+                    prefetch_rows<kToL2>(vnext.rows + lo1 * vrs, n1, vrb, vrs);
+                    if (vnext.side) prefetch_rows<kToL2>(vnext.side, 1, src.value->side_bytes(), 0);  // read by accumulate
+                }
+                src.value->accumulate(scores, n, static_cast<int>(gq), vhead, lo, n, acc_h);
                 continue;
             }
             // Runs of tokens that some tile row keeps: the others are neither scored nor read.
@@ -259,7 +264,7 @@ void attend_blocks(const AttentionShape& shape, const AttendTask& task, const Wo
                         }
                     }
                 }
-                src.value->accumulate(scores, m, static_cast<int>(gq), values + a * vrs, vrs, m, acc_h);
+                src.value->accumulate(scores, m, static_cast<int>(gq), vhead, lo + a, m, acc_h);
                 a = e;
             }
         }

@@ -28,32 +28,8 @@
 
 namespace kvq::detail {
 
-// Where the rows of kv head h sit in a block, and the accessors that are the only way to reach them: keys
-// at k_offset + h·k_head_stride, one row of the key format's row_bytes() per token (or as the format keeps
-// them), values likewise; the key format's side data (lib/codec/key_format.hpp), where it has any, at
-// k_side_offset + h·k_side_stride.
-struct BlockLayout {
-    int block_tokens = 0;
-    size_t k_offset = 0, k_head_stride = 0;
-    size_t v_offset = 0, v_head_stride = 0;
-    size_t k_side_offset = kNoKeySide, k_side_stride = 0;
-    // Bytes from one token's row to the next within a head; 0: the codec's row_bytes() (rows packed, as
-    // in pool blocks). A ggml KV tensor has its nb[1] here.
-    size_t k_row_stride = 0, v_row_stride = 0;
-
-    template <class Byte>
-    KeyHeadOf<Byte> key_head(Byte* block, int h, size_t row_bytes) const {
-        return {block + k_offset + h * k_head_stride,
-                k_side_offset == kNoKeySide ? nullptr : block + k_side_offset + h * k_side_stride,
-                k_row_stride ? k_row_stride : row_bytes};
-    }
-    template <class Byte>
-    Byte* value_rows(Byte* block, int h) const {
-        return block + v_offset + h * v_head_stride;
-    }
-};
-
-// Consecutive tokens held in blocks of one layout, one key format and one value format: rows
+// Consecutive tokens held in blocks of one layout (lib/codec/block_layout.hpp: it owns every offset), one key
+// format and one value format: rows
 // [first_row, block_tokens) of blocks[0], all rows of the blocks between, rows [0, end_row) of the last
 // block (a single block uses rows [first_row, end_row)).
 struct RowSource {
@@ -64,7 +40,7 @@ struct RowSource {
     size_t first_row = 0;
     size_t end_row = 0;
     // Where the values of each block are, when not in the key blocks (rows an engine owns, with keys and
-    // values in separate tensors); empty: the value rows are in `blocks` at layout.v_offset.
+    // values in separate tensors); empty: the values are in `blocks`, where the layout says.
     std::span<uint8_t* const> value_blocks;
 
     size_t block_tokens() const { return static_cast<size_t>(layout.block_tokens); }
@@ -78,10 +54,13 @@ struct RowSource {
     size_t tokens() const { return blocks.empty() ? 0 : blocks.size() * block_tokens() - first_row - (block_tokens() - end_row); }
     size_t token_of(size_t b) const { return b * block_tokens() + rows_begin(b) - first_row; }
     ConstKeyHead key_head(size_t b, int h) const { return layout.key_head<const uint8_t>(blocks[b], h, key->row_bytes()); }
-    const uint8_t* value_rows(size_t b, int h) const {
-        return layout.value_rows<const uint8_t>(value_blocks.empty() ? blocks[b] : value_blocks[b], h);
+    ConstValueHead value_head(size_t b, int h) const { return value_head(b, h, value->row_bytes()); }
+    // The same with the value format's row_bytes() given (the decode loop's, read once per call).
+    ConstValueHead value_head(size_t b, int h, size_t row_bytes) const {
+        return layout.value_head<const uint8_t>(value_blocks.empty() ? blocks[b] : value_blocks[b], h, row_bytes);
     }
-    size_t value_row_stride() const { return layout.v_row_stride ? layout.v_row_stride : value->row_bytes(); }
+    size_t key_row_stride() const { return layout.keys.row_stride ? layout.keys.row_stride : key->row_bytes(); }
+    size_t value_row_stride() const { return layout.values.row_stride ? layout.values.row_stride : value->row_bytes(); }
 };
 
 struct AttentionShape {

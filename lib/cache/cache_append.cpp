@@ -66,16 +66,16 @@ struct AppendPlan {
     bool copy_last;                   // the partly filled last block is shared: written to a copy
 };
 
-// Keys with side data fitted to a whole block, or an exact tail (see plan_append).
+// Keys or values with side data fitted to a whole block, or an exact tail (see plan_append).
 bool re_quantizes_on_reopen(const detail::CacheImpl& c, const detail::LayerKind& kind) {
-    return !kind.keys->writes_rows() || c.cfg.exact_tail_tokens > 0;
+    return !kind.keys->writes_rows() || !kind.values->writes_rows() || c.cfg.exact_tail_tokens > 0;
 }
 
 // The first n key and value rows of kv head h of a block as attention reads them (the key format's
 // exact read-back), into keys (n × head_dim) and values (n × head_dim_v; null: not read).
 void read_block_rows(const detail::LayerKind& kind, const uint8_t* block, int h, size_t n, float* keys, float* values) {
     kind.keys->read_rows(kind.key_head(block, h), 0, n, keys);
-    if (values) kind.values->read_rows(kind.value_rows(block, h), kind.layout.v_row_stride ? kind.layout.v_row_stride : kind.value.row_bytes(), 0, n, values);
+    if (values) kind.values->read_rows(kind.value_head(block, h), 0, n, values);
 }
 
 // A row as a block reads it may pass the limit append admits by a rounding (an fp16 step, scale or mean
@@ -195,7 +195,7 @@ void detail::CacheImpl::write_rows(const LayerKind& kind, detail::LayerState& st
         kind.keys->write_rows(rows.data(), row, n, kind.key_head(block, h));
         if (!v) continue;
         for (size_t t = 0; t < n; ++t) std::memcpy(&rows[t * dv], v + (t * n_kv + h) * dv, dv * sizeof(float));
-        kind.values->write_rows(rows.data(), row, n, kind.value_rows(block, h), kind.value.row_bytes());
+        kind.values->write_rows(rows.data(), row, n, kind.value_head(block, h));
     }
 }
 
@@ -206,7 +206,7 @@ const uint8_t* detail::CacheImpl::staging_slot(const detail::LayerState& st, siz
 const uint8_t* detail::CacheImpl::staged_row(const detail::LayerState& st, bool keys, int h, size_t pos) const {
     const uint8_t* slot = staging_slot(st, pos);
     if (keys) return staging_layout.key_head(slot, h, exact.row_bytes()).rows + pos % bt() * exact.row_bytes();
-    return staging_layout.value_rows(slot, h) + pos % bt() * staged_value_stride();
+    return staging_layout.value_head(slot, h, exact_v.row_bytes()).rows + pos % bt() * staged_value_stride();
 }
 
 void detail::CacheImpl::staged_rows(const detail::LayerState& st, bool keys, int h, size_t pos, size_t n, float* out) const {
@@ -227,7 +227,7 @@ void detail::CacheImpl::seal(const LayerKind& kind, const detail::LayerState& st
         kind.keys->seal(keys.data(), bt(), pos, kind.key_head(block, h));
         if (latent()) continue;  // its values are the keys just sealed
         staged_rows(st, false, h, pos, bt(), values.data());
-        kind.values->write_rows(values.data(), 0, bt(), kind.value_rows(block, h), kind.value.row_bytes());
+        kind.values->seal(values.data(), bt(), pos, kind.value_head(block, h));
     }
 }
 

@@ -124,8 +124,7 @@ void detail::CacheImpl::attend_head_exact(const LayerKind& kind, const detail::L
         if (keys) {
             kind.keys->read_rows(kind.key_head(block, h), r, 1, row.data());
         } else {
-            kind.values->read_rows(kind.value_rows(block, h), kind.layout.v_row_stride ? kind.layout.v_row_stride : kind.value.row_bytes(),
-                                   r, 1, row.data());
+            kind.values->read_rows(kind.value_head(block, h), r, 1, row.data());
         }
         return row.data();
     };

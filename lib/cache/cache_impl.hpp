@@ -90,6 +90,10 @@ class InFile;
 
 namespace kvq::detail {
 
+// The configuration with center_keys (deprecated) as "+center" on every key spec: the default's and each
+// layer's own (the flag itself as given).
+CacheConfig centered_key_specs(CacheConfig c);
+
 // What layers of one pair of codecs share: the key format and value codec, their input rules and the
 // block layout (one size class of the pool). Layers without codecs of their own are of kind 0 with the
 // default codecs.
@@ -100,16 +104,16 @@ struct LayerKind {
     bool store_nonfinite_v = false;
     // The rows each codec stores with finite fields; a row beyond counts as non-finite (NanPolicy).
     InputLimit key_limit, value_limit;
-    BlockLayout layout;        // its pool blocks
+    BlockLayout layout;        // its pool blocks (lib/codec/block_layout.hpp: pool_block_layout)
     size_t staging_units = 0;  // the blocks' worth of pool capacity one layer's staging takes
     // The keys and values of a sealed block (lib/codec/key_format.hpp, value_format.hpp): bytes, sealing,
     // reading, scoring and accumulating.
     std::shared_ptr<const KeyFormat> keys;
     std::shared_ptr<const ValueFormat> values;
-    uint8_t* value_rows(uint8_t* block, int h) const { return layout.value_rows(block, h); }
-    const uint8_t* value_rows(const uint8_t* block, int h) const { return layout.value_rows(block, h); }
     KeyHead key_head(uint8_t* block, int h) const { return layout.key_head(block, h, key.row_bytes()); }
     ConstKeyHead key_head(const uint8_t* block, int h) const { return layout.key_head(block, h, key.row_bytes()); }
+    ValueHead value_head(uint8_t* block, int h) const { return layout.value_head(block, h, value.row_bytes()); }
+    ConstValueHead value_head(const uint8_t* block, int h) const { return layout.value_head(block, h, value.row_bytes()); }
 };
 
 // Everything a KVCache holds (kvq/cache.hpp keeps only a pointer to it).
@@ -118,7 +122,9 @@ struct CacheImpl {
     // allocated up front (initial_blocks), for validate_config.
     explicit CacheImpl(const CacheConfig& config, bool allocate = true);
 
-    CacheConfig cfg;  // as given, with n_heads and scale resolved
+    // As given, with n_heads, head_dim_v and scale resolved, center_keys folded into the key specs as
+    // "+center" and then reporting whether every layer's keys are centered.
+    CacheConfig cfg;
     std::shared_ptr<const KeyFormat> key_format;  // the default key format (cfg.key_codec)
     Codec key;    // the default codecs (cfg.key_codec's rows, cfg.value_codec)
     Codec value;
@@ -131,7 +137,7 @@ struct CacheImpl {
     std::vector<size_t> kind_of;  // by layer
     const LayerKind& kind(int layer) const { return kinds[kind_of[layer]]; }
     size_t block_bytes(int layer) const { return pool->block_bytes(kind_of[layer]); }
-    detail::BlockLayout staging_layout;  // one slot of the float staging of one layer
+    detail::BlockLayout staging_layout;  // one slot of the float staging of one layer (staging_block_layout)
     size_t staging_blocks = 1;           // slots of a layer's staging (the ring, see the top)
     size_t staging_block_bytes = 0;      // one slot, keys and values
     size_t staging_layer_bytes = 0;      // per layer: staging_blocks slots (reserved against the pool at once)
@@ -181,11 +187,12 @@ struct CacheImpl {
     // for a layer without scales.
     const float* scale_queries(const char* what, int layer, const float* q, size_t n, std::vector<float>& buf) const;
 
+    bool centered(int layer) const;  // whether a layer's key format centers its keys ("+center")
     int g() const { return cfg.n_heads / cfg.n_kv_heads; }
     int dv() const { return cfg.head_dim_v; }  // the values' head size (validated: never 0)
     bool latent() const { return cfg.latent_values; }
     // Bytes from one staged value row to the next (a latent's: its key rows').
-    size_t staged_value_stride() const { return staging_layout.v_row_stride ? staging_layout.v_row_stride : exact_v.row_bytes(); }
+    size_t staged_value_stride() const { return staging_layout.values.row_stride ? staging_layout.values.row_stride : exact_v.row_bytes(); }
     size_t bt() const { return static_cast<size_t>(cfg.block_tokens); }
     size_t sequence_metadata_bytes() const;  // the bookkeeping of one sequence (bytes_used counts it)
     // What a sequence's block tables cost per block they reference (a fork copies its parent's tables).

@@ -103,7 +103,7 @@ bool all_finite(const float* x, size_t n) {
     return true;
 }
 
-// The live rows of a block of the file (as attention reads them: dequantized, the key format's side data
+// The live rows of a block of the file (as attention reads them: dequantized, the formats' side data
 // applied) that are not finite: what append never stores under NanPolicy::reject, and records as
 // non-finite under propagate.
 BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file_block, uint32_t live, uint64_t index,
@@ -123,15 +123,15 @@ BadRows bad_block_rows(const detail::CacheImpl& c, size_t k, const uint8_t* file
     for (int h = 0; h < c.cfg.n_kv_heads; ++h) {
         for (const uint64_t start : {starts.first, starts.other}) {
             if (start == kNoStart) continue;
-            if (const std::string e = kind.keys->side_error(kind.key_head(block, h), start); !e.empty()) {
-                detail::file::bad("block " + std::to_string(index) + ", kv head " + std::to_string(h) + ": " + e);
-            }
+            std::string e = kind.keys->side_error(kind.key_head(block, h), start);
+            if (e.empty() && !c.latent()) e = kind.values->side_error(kind.value_head(block, h), start);
+            if (!e.empty()) detail::file::bad("block " + std::to_string(index) + ", kv head " + std::to_string(h) + ": " + e);
         }
         std::vector<char> row_bad(live, 0);
         kind.keys->read_rows(kind.key_head(block, h), 0, live, rows.data());
         for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * d, d);
         if (!c.latent()) {  // a latent's values are its keys' leading values, just checked
-            kind.values->read_rows(kind.value_rows(block, h), kind.value.row_bytes(), 0, live, rows.data());
+            kind.values->read_rows(kind.value_head(block, h), 0, live, rows.data());
             for (uint32_t r = 0; r < live; ++r) row_bad[r] |= !all_finite(rows.data() + r * dv, dv);
         }
         for (uint32_t r = 0; r < live; ++r) {
@@ -154,7 +154,7 @@ BadRows bad_staged_rows(const detail::CacheImpl& c, const detail::LayerKind& kin
             const uint64_t pos = pool_end + r;
             const uint8_t* slot = staging + (pos / bt) % c.staging_blocks * c.staging_block_bytes;
             c.exact.dequantize_rows(c.staging_layout.key_head(slot, h, c.exact.row_bytes()).rows + pos % bt * c.exact.row_bytes(), 1, k.data());
-            c.exact_v.dequantize_rows(c.staging_layout.value_rows(slot, h) + pos % bt * c.staged_value_stride(), 1, v.data());
+            c.exact_v.dequantize_rows(c.staging_layout.value_head(slot, h, c.exact_v.row_bytes()).rows + pos % bt * c.staged_value_stride(), 1, v.data());
             const bool ok = all_finite(k.data(), d) && all_finite(v.data(), dv) &&
                             kind.key_limit.admits(k.data(), static_cast<int>(d)) &&
                             (c.latent() || kind.value_limit.admits(v.data(), static_cast<int>(dv)));

@@ -9,8 +9,6 @@
 namespace kvq::detail::file {
 namespace {
 
-std::string flag(bool b) { return b ? "true" : "false"; }
-
 std::string float_text(float x) {
     char s[32];
     std::snprintf(s, sizeof s, "%.9g", static_cast<double>(x));
@@ -99,7 +97,8 @@ Header read_header(const InFile& f) {
 }
 
 void check_matches(const detail::CacheImpl& c, const Header& h) {
-    const CacheConfig& f = h.config;
+    // The file's key specs as the cache names them: its center_keys field is "+center" on each.
+    const CacheConfig f = detail::centered_key_specs(h.config);
     const auto differ = [](const std::string& field, const std::string& in_file, const std::string& in_cache) {
         throw ConfigMismatch("KVCache::load_into: the file's " + field + " is " + in_file + ", this cache's is " +
                              in_cache + "; a file loads only into a cache of the same configuration");
@@ -130,7 +129,6 @@ void check_matches(const detail::CacheImpl& c, const Header& h) {
         const auto name = [](SealPolicy s) { return s == SealPolicy::on_append ? "on_append" : "on_block_full"; };
         differ("seal", name(f.seal), name(c.cfg.seal));
     }
-    if (f.center_keys != c.cfg.center_keys) differ("center_keys", flag(f.center_keys), flag(c.cfg.center_keys));
     if (f.staging != c.cfg.staging) {
         const auto name = [](StagingType s) { return s == StagingType::f16 ? "f16" : "f32"; };
         differ("staging", name(f.staging), name(c.cfg.staging));

@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "../codec/key_formats.hpp"
 #include "cache_file.hpp"
 #include "cache_impl.hpp"
 #include "crc32c.hpp"
@@ -154,6 +155,14 @@ void detail::CacheImpl::save(const std::string& path, const SequenceId* only) co
         own_codecs |= kind(l).keys->name() != key_format->name() || kind(l).value.name() != value.name();
     }
     for (int l = 0; own_codecs && l < cfg.n_layers; ++l) h.config.layer_codecs.push_back({kind(l).keys->name(), kind(l).value.name()});
+    // Centering as the oldest files say it where they can: when every key spec is centered (cfg.center_keys),
+    // the center_keys field and the specs without "+center", which any kvq reads. Otherwise each centered
+    // spec keeps its "+center", and a kvq that does not know the suffix refuses the file by that codec name,
+    // as it refuses chanB (docs/file-format.md, "Versioning").
+    if (cfg.center_keys) {
+        h.config.key_codec = detail::key_spec_centered(h.config.key_codec, false);
+        for (LayerCodecs& l : h.config.layer_codecs) l.key = detail::key_spec_centered(l.key, false);
+    }
     for (size_t k = 0; k < kinds.size(); ++k) {
         h.kinds.push_back({p.blocks[k].size(), pool->block_bytes(k), kinds[k].key.row_bytes(), kinds[k].value.row_bytes()});
         h.n_blocks += p.blocks[k].size();

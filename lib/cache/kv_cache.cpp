@@ -47,8 +47,11 @@ CacheConfig checked_fields(CacheConfig c) {
             bad_config("latent_values: head_dim_v (" + std::to_string(c.head_dim_v) + ") must be at most head_dim (" +
                        std::to_string(c.head_dim) + "): the values are the keys' leading values");
         }
-        if (c.center_keys || !c.key_scales.empty()) {
-            bad_config("latent_values takes no center_keys or key_scales: the values are the stored keys' leading values");
+        bool centered = c.center_keys || detail::parse_key_spec(c.key_codec).center;
+        for (const LayerCodecs& l : c.layer_codecs) centered |= !l.key.empty() && detail::parse_key_spec(l.key).center;
+        if (centered || !c.key_scales.empty()) {
+            bad_config("latent_values takes no center_keys ('+center' keys) or key_scales: the values are the stored keys' "
+                       "leading values");
         }
     }
     if (c.block_tokens < 1 || c.block_tokens > kMaxBlockTokens) {
@@ -111,10 +114,22 @@ CacheConfig checked_fields(CacheConfig c) {
         bad_config("center_keys needs seal = SealPolicy::on_block_full (a block's key mean is known only "
                    "when the block is full)");
     }
-    return c;
+    return detail::centered_key_specs(std::move(c));
 }
 
 }  // namespace
+
+CacheConfig detail::centered_key_specs(CacheConfig c) {
+    if (c.center_keys) {
+        c.key_codec = detail::key_spec_centered(c.key_codec, true);
+        for (LayerCodecs& l : c.layer_codecs) {
+            if (!l.key.empty()) l.key = detail::key_spec_centered(l.key, true);
+        }
+    }
+    return c;
+}
+
+bool detail::CacheImpl::centered(int layer) const { return detail::parse_key_spec(kind(layer).keys->name()).center; }
 
 CacheConfig validate_config(CacheConfig c) {
     // Every field, the codecs' names and parameters and whether they take head_dim (UnknownCodec,
@@ -129,7 +144,7 @@ namespace {
 std::shared_ptr<const detail::KeyFormat> make_keys(const CacheConfig& c, const std::string& spec) {
     // A latent cache's pool keeps its key rows as ggml's (not in q8_0's groups), as its values read them.
     std::shared_ptr<const detail::KeyFormat> keys =
-        detail::make_key_format(spec, c.head_dim, c.block_tokens, {c.center_keys, !c.latent_values, c.seed});
+        detail::make_key_format(spec, c.head_dim, c.block_tokens, {!c.latent_values, c.seed});
     if (!keys->writes_rows() && c.seal != SealPolicy::on_block_full) {
         bad_config("key codec '" + spec + "' needs seal = SealPolicy::on_block_full (its side data is fitted to a whole "
                    "block, known only when the block is full)");
@@ -159,27 +174,6 @@ Codec make_value_codec(const CacheConfig& c, const std::string& spec, const deta
     return Codec::make(k.name(), c.head_dim_v, c.seed);
 }
 
-// The block layout of a key format and a value codec, as the key format places it
-// (lib/codec/key_format.hpp): each kv head's key rows, the value rows from a 64-byte aligned offset, then
-// each kv head's side data. Returns the block's bytes.
-size_t block_layout(const CacheConfig& c, const detail::KeyFormat& keys, const Codec& value, detail::BlockLayout& layout) {
-    static_assert(detail::kKeyBlockAlignment == detail::BlockPool::kAlignment);
-    layout.block_tokens = c.block_tokens;
-    layout.k_offset = 0;
-    layout.k_head_stride = keys.rows_bytes();
-    layout.v_head_stride = c.latent_values ? 0 : static_cast<size_t>(c.block_tokens) * value.row_bytes();
-    const detail::KeyFormat::CacheBlock block = keys.cache_block(c.n_kv_heads, layout.v_head_stride);
-    layout.v_offset = block.value_offset;
-    if (c.latent_values) {  // the values are the key rows' leading bytes: no bytes of their own
-        layout.v_offset = layout.k_offset;
-        layout.v_head_stride = layout.k_head_stride;
-        layout.v_row_stride = keys.row_bytes();
-    }
-    layout.k_side_offset = block.side_offset;
-    layout.k_side_stride = keys.side_bytes();
-    return block.bytes;  // the pool rounds it up to its alignment
-}
-
 }  // namespace
 
 detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
@@ -190,21 +184,10 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
       exact(Codec::make(cfg.staging == StagingType::f16 ? "f16" : "f32", cfg.head_dim)),
       exact_v(Codec::make(exact.name(), cfg.head_dim_v)),
       exact_keys(detail::make_key_format(exact.name(), cfg.head_dim, cfg.block_tokens)),
-      exact_values(detail::make_value_format(exact_v, cfg.int8_value_weights)) {
-    const size_t h = static_cast<size_t>(cfg.n_kv_heads);
-    staging_layout.block_tokens = cfg.block_tokens;
-    staging_layout.k_offset = 0;
-    staging_layout.k_head_stride = bt() * exact.row_bytes();
-    if (latent()) {  // a latent's values are its staged key rows' leading values
-        staging_layout.v_offset = 0;
-        staging_layout.v_head_stride = staging_layout.k_head_stride;
-        staging_layout.v_row_stride = exact.row_bytes();
-        staging_block_bytes = h * staging_layout.k_head_stride;
-    } else {
-        staging_layout.v_offset = h * staging_layout.k_head_stride;
-        staging_layout.v_head_stride = bt() * exact_v.row_bytes();
-        staging_block_bytes = h * (staging_layout.k_head_stride + staging_layout.v_head_stride);
-    }
+      exact_values(detail::make_value_format(exact_v, cfg.block_tokens, cfg.int8_value_weights)) {
+    static_assert(detail::kBlockAlignment == detail::BlockPool::kAlignment);
+    staging_layout = detail::staging_block_layout(*exact_keys, *exact_values, cfg.n_kv_heads, latent());
+    staging_block_bytes = staging_layout.bytes;
     // The ring holds the most rows staged at once: the tail and an open block of up to bt − 1 rows.
     staging_blocks = std::max<size_t>(1, (static_cast<size_t>(cfg.exact_tail_tokens) + 2 * bt() - 2) / bt());
     if ((detail::CheckedSize(staging_blocks) * staging_block_bytes * static_cast<size_t>(cfg.n_layers)).too_large()) {
@@ -226,18 +209,23 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
             continue;
         }
         LayerKind& kd = kinds.emplace_back(LayerKind{k->codec(), v, false, false, {}, {}, {}, 0, k,
-                                                     detail::make_value_format(v, cfg.int8_value_weights)});
+                                                     detail::make_value_format(v, cfg.block_tokens, cfg.int8_value_weights)});
         layers_of.push_back(1);
+        if (!kd.values->writes_rows() && cfg.seal != SealPolicy::on_block_full) {
+            bad_config("value codec '" + kd.values->name() + "' needs seal = SealPolicy::on_block_full (its side data is fitted "
+                       "to a whole block, known only when the block is full)");
+        }
         kd.store_nonfinite_k = kd.key.info().plain;
         kd.store_nonfinite_v = kd.value.info().plain;
         kd.key_limit = kd.keys->input_limit();
-        kd.value_limit = kd.value.input_limit();
+        kd.value_limit = kd.values->input_limit();
         // fp16 staging holds |x| up to 65504 (a limit on the norm implies it on every value).
         if (cfg.staging == StagingType::f16 && cfg.seal == SealPolicy::on_block_full) {
             kd.key_limit.max_abs = std::min(kd.key_limit.max_abs, 65504.0f);
             kd.value_limit.max_abs = std::min(kd.value_limit.max_abs, 65504.0f);
         }
-        const size_t bytes = block_layout(cfg, *kd.keys, kd.value, kd.layout);
+        kd.layout = detail::pool_block_layout(*kd.keys, *kd.values, cfg.n_kv_heads, latent());
+        const size_t bytes = kd.layout.bytes;  // the pool rounds it up to its alignment
         class_bytes.push_back(bytes);
         kd.staging_units = (staging_layer_bytes + bytes - 1) / bytes;
     }
@@ -268,6 +256,10 @@ detail::CacheImpl::CacheImpl(const CacheConfig& config, bool allocate)
             scaled_layer[i / per_layer] |= cfg.key_scales[i] != 1.0f;
         }
     }
+    // center_keys as the cache reports it: whether every key spec, the default's and each layer's, is centered.
+    bool all_centered = detail::parse_key_spec(key_format->name()).center;
+    for (int l = 0; l < cfg.n_layers; ++l) all_centered &= centered(l);
+    cfg.center_keys = all_centered;
     if (cfg.executor) {
         runner = [ex = cfg.executor](int n, const std::function<void(int)>& task) { detail::run_checked(ex, n, task); };
     } else if (cfg.threads > 1) {
@@ -338,7 +330,7 @@ std::string detail::CacheImpl::dump() const {
        << ", keys " << key_format->name() << ", values " << (latent() ? "the keys' leading values (latent)" : value.name()) << ", "
        << (kinds.size() > 1 ? std::to_string(kinds.size()) + " kinds of layer codecs, " : std::string())
        << cfg.block_tokens << " tokens/block, seal "
-       << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full") << (cfg.center_keys ? ", centered keys" : "")
+       << (cfg.seal == SealPolicy::on_append ? "on_append" : "on_block_full")
        << (cfg.exact_tail_tokens ? ", exact tail of " + std::to_string(cfg.exact_tail_tokens) + " tokens" : std::string())
        << (cfg.key_scales.empty() ? "" : ", key channel scales")
        << "\npool: " << ps.blocks_used << " of " << ps.blocks_total << " blocks used (" << ps.blocks_shared
@@ -493,7 +485,7 @@ double KVCache::bytes_per_token(int layer) const {
     impl_->check_layer("bytes_per_token", layer);
     const auto& c = impl_->cfg;
     const detail::LayerKind& k = impl_->kind(layer);
-    const double per_head = k.keys->bytes_per_token() + (c.latent_values ? 0.0 : static_cast<double>(k.value.row_bytes()));
+    const double per_head = k.keys->bytes_per_token() + (c.latent_values ? 0.0 : k.values->bytes_per_token());
     return per_head * c.n_kv_heads;
 }
 
@@ -510,7 +502,7 @@ std::string KVCache::dump() const { return impl_->dump(); }
 
 void detail::CacheImpl::convert_keys(const LayerKind& kind, uint8_t* block, bool to_file) const {
     if (kind.keys->rows_as_file()) return;
-    for (int h = 0; h < cfg.n_kv_heads; ++h) kind.keys->convert_rows(block + kind.layout.k_offset + h * kind.layout.k_head_stride, to_file);
+    for (int h = 0; h < cfg.n_kv_heads; ++h) kind.keys->convert_rows(kind.key_head(block, h).rows, to_file);
 }
 
 }  // namespace kvq

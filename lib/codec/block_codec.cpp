@@ -1,10 +1,8 @@
 #include "block_codec.hpp"
 
-#include <algorithm>
 #include <vector>
 
 #include "../ref/blocks.hpp"
-#include "../ref/key_groups.hpp"
 #include "../ref/scalar_ops.hpp"
 #include "../simd/dispatch.hpp"
 
@@ -50,50 +48,7 @@ public:
                          size_t n_rows, float* acc) const override {
         active_kernels(codec_).accumulate(w, w_stride, n_q, rows, row_stride, n_rows, head_dim_, acc);
     }
-    void accumulate_attention(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
-                              size_t n_rows, float* acc) const override {
-        const BlockKernels& k = active_kernels(codec_);
-        (k.accumulate_grid ? k.accumulate_grid : k.accumulate)(w, w_stride, n_q, rows, row_stride, n_rows, head_dim_, acc);
-    }
-    bool can_score_groups() const override {
-        return codec_ == BlockCodec::q8_0 && active_kernels(codec_).score_groups && static_cast<size_t>(head_dim_ / kQK) <= kMaxGroupsBlocks;
-    }
-    void score_groups(const uint8_t* prep, int n_q, const uint8_t* groups, size_t r0, size_t n_rows, float* scores,
-                      size_t score_stride) const override {
-        const BlockKernels& k = active_kernels(codec_);
-        const size_t nb = static_cast<size_t>(head_dim_ / kQK);
-        const size_t g0 = r0 / kGroupRows, n_groups = (r0 + n_rows + kGroupRows - 1) / kGroupRows - g0;
-        const size_t skip = r0 - g0 * kGroupRows;  // rows of the first group before r0
-        const uint8_t* first = groups + g0 * group_bytes(nb);
-        int i0 = 0;
-        if (k.score_groups && nb <= kMaxGroupsBlocks) {
-            // Whole groups go straight to the scores; a part of one through this thread's buffer (grown once).
-            const bool whole = skip == 0 && n_rows % kGroupRows == 0;
-            thread_local std::vector<float> part;
-            if (!whole && part.size() < 4 * kGroupRows * n_groups) part.resize(4 * kGroupRows * n_groups);
-            for (; i0 < n_q; i0 += 4) {
-                const int g = std::min(4, n_q - i0);
-                float* out[4];
-                for (int i = 0; i < g; ++i) {
-                    out[i] = whole ? scores + (i0 + i) * score_stride : part.data() + i * kGroupRows * n_groups;
-                }
-                k.score_groups(prep + i0 * query_bytes_, query_bytes_, g, first, n_groups, head_dim_, out);
-                if (!whole) {
-                    for (int i = 0; i < g; ++i) std::copy_n(out[i] + skip, n_rows, scores + (i0 + i) * score_stride);
-                }
-            }
-        }
-        if (i0 < n_q) {  // no kernel at this level (it changed since the cache was made): rows in ggml's bytes
-            thread_local std::vector<uint8_t> rows;
-            if (rows.size() < n_rows * row_bytes_) rows.resize(n_rows * row_bytes_);
-            for (size_t r = 0; r < n_rows; ++r) {
-                const size_t at = skip + r;
-                row_from_group(first + at / kGroupRows * group_bytes(nb), nb, at % kGroupRows, rows.data() + r * row_bytes_);
-            }
-            k.score(prep + i0 * query_bytes_, query_bytes_, n_q - i0, rows.data(), row_bytes_, n_rows, head_dim_,
-                    scores + i0 * score_stride, score_stride);
-        }
-    }
+    BlockCodec block_codec() const override { return codec_; }
     void effective_query(const float* q, float* out) const override {
         if (is_plain(codec_)) {
             for (int j = 0; j < head_dim_; ++j) out[j] = q[j];

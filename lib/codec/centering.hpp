@@ -1,4 +1,4 @@
-// Key centering (CacheConfig::center_keys, the tables' +center): a block's keys are stored minus their
+// Key centering (the key spec suffix "+center"; CacheConfig::center_keys): a block's keys are stored minus their
 // per-channel mean, and the mean is kept as fp16 with the block; the score adds q·mean back. This removes
 // a key bias shared by the block's tokens (large k_proj biases, as in Qwen models) before the codec sees
 // it. CenteredKeys is the key format (lib/codec/key_format.hpp) that wraps another with it.
@@ -21,7 +21,7 @@ class CenteredKeys : public KeyFormat {
 public:
     explicit CenteredKeys(std::unique_ptr<const KeyFormat> inner);
 
-    std::string name() const override { return inner_->name(); }  // centering is the configuration's flag
+    std::string name() const override { return inner_->name() + "+center"; }
     size_t side_bytes() const override { return means_bytes() + inner_->side_bytes(); }
     // k − mean can be twice as large as the largest key; the mean is fp16.
     InputLimit input_limit() const override;

@@ -6,7 +6,7 @@
 //
 // | where (per kv head)            | what                                                          |
 // |--------------------------------|---------------------------------------------------------------|
-// | key rows (k_offset, row_bytes) | d B-bit codes per token, packed as lib/ref/bit_codes.hpp says |
+// | key rows (row_bytes each)      | d B-bit codes per token, packed as lib/ref/bit_codes.hpp says |
 // | side data (4d bytes)           | d fp16 minimums, then d fp16 steps                            |
 //
 // A chanB codec is no row codec: a row's codes mean nothing without its block's minimums and steps. So

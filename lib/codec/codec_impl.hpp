@@ -4,8 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 
+#include "../ref/row_codecs.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq::detail {
@@ -28,22 +28,12 @@ public:
                             size_t n_rows, float* scores, size_t score_stride) const = 0;
     virtual void accumulate_rows(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
                                  size_t row_stride, size_t n_rows, float* acc) const = 0;
-    // What the cache's attention adds: accumulate_rows, or where the codec has one its accumulate on the
-    // int8 weight grid (BlockKernels::accumulate_grid, lib/ref/weight_grid.hpp).
-    virtual void accumulate_attention(const float* w, size_t w_stride, int n_q, const uint8_t* rows,
-                                      size_t row_stride, size_t n_rows, float* acc) const {
-        accumulate_rows(w, w_stride, n_q, rows, row_stride, n_rows, acc);
-    }
     virtual void finish_accumulate(float* /*acc*/, int /*n_q*/) const {}
-    // q8_0 keys a cache stores in groups of 16 rows (lib/ref/key_groups.hpp), group 0 holding rows 0..15 at
-    // groups: score_rows's scores of rows [r0, r0 + n_rows), bit for bit. Only q8_0 implements it.
-    // can_score_groups(): q8_0 with a kernel for it at the active level and a head it takes; whether a
-    // cache uses the layout is decided in one place, detail::keys_in_groups (lib/codec/key_formats.hpp).
-    virtual bool can_score_groups() const { return false; }
-    virtual void score_groups(const uint8_t* /*prep*/, int /*n_q*/, const uint8_t* /*groups*/, size_t /*r0*/,
-                              size_t /*n_rows*/, float* /*scores*/, size_t /*score_stride*/) const {
-        throw std::logic_error("score_groups: not a q8_0 codec");
-    }
+    // The block codec whose kernels read and write the stored rows (a +rot codec's inner one: its rows are
+    // that codec's bytes of the rotated row), or BlockCodec::count (polar, turbo, tcq). The formats that run
+    // a block codec's kernels beyond the row operations ask it: q8_0's key groups (GroupedKeys,
+    // lib/codec/row_keys.hpp) and q4_0's int8 weight grid (GridValues, lib/codec/value_format.cpp).
+    virtual BlockCodec block_codec() const { return BlockCodec::count; }
     virtual void effective_query(const float* q, float* out) const = 0;
 };
 

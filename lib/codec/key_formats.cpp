@@ -3,7 +3,6 @@
 #include <charconv>
 #include <string>
 
-#include "../ref/key_groups.hpp"
 #include "centering.hpp"
 #include "channel_keys.hpp"
 #include "row_keys.hpp"
@@ -12,28 +11,22 @@
 namespace kvq::detail {
 namespace {
 
+constexpr std::string_view kCenter = "+center";
 constexpr std::string_view kSink = "+sink";
 
-// A key spec taken apart: the stored format's spec and the sink tokens (0: none).
-struct KeySpec {
-    std::string_view base;
-    int sinks = 0;
-};
+[[noreturn]] void bad_spec(std::string_view spec, const std::string& what) {
+    throw BadParams("key codec '" + std::string(spec) + "': " + what);
+}
 
-KeySpec split(std::string_view spec) {
-    KeySpec s{spec, 0};
-    const size_t at = spec.rfind(kSink);
-    if (at == std::string_view::npos) return s;
-    const std::string_view n = spec.substr(at + kSink.size());
+// N of a "+sinkN" suffix (n: what follows "+sink").
+int sink_count(std::string_view spec, std::string_view n) {
     int value = 0;
     const auto [end, err] = std::from_chars(n.data(), n.data() + n.size(), value);
     if (n.empty() || err != std::errc{} || end != n.data() + n.size() || value < 1 || value > kMaxSinkTokens || n[0] == '0') {
-        throw BadParams("key codec '" + std::string(spec) + "': +sinkN keeps the first N = 1.." + std::to_string(kMaxSinkTokens) +
-                        " tokens of a sequence in fp16, got '" + std::string(spec.substr(at)) + "'");
+        bad_spec(spec, "+sinkN keeps the first N = 1.." + std::to_string(kMaxSinkTokens) + " tokens of a sequence in fp16, got '+sink" +
+                           std::string(n) + "'");
     }
-    s.base = spec.substr(0, at);
-    s.sinks = value;
-    return s;
+    return value;
 }
 
 std::string centering_refused(std::string_view spec) {
@@ -42,43 +35,75 @@ std::string centering_refused(std::string_view spec) {
 
 }  // namespace
 
-bool keys_in_groups(const Codec& key, int block_tokens) {
-    // can_score_groups(): q8_0, with the level in use's score_groups kernel, and a head it takes.
-    return impl_of(key).can_score_groups() && block_tokens > 0 && static_cast<size_t>(block_tokens) % kGroupRows == 0;
+std::string KeySpec::name() const { return rows + (center ? std::string(kCenter) : "") + (sinks ? std::string(kSink) + std::to_string(sinks) : ""); }
+
+KeySpec parse_key_spec(std::string_view spec) {
+    // The suffixes from the end: "+center" and "+sinkN", each at most once, in either order.
+    KeySpec s;
+    std::string_view rest = spec;
+    for (;;) {
+        if (rest.ends_with(kCenter)) {
+            if (s.center) bad_spec(spec, "+center is given twice");
+            s.center = true;
+            rest.remove_suffix(kCenter.size());
+            continue;
+        }
+        const size_t at = rest.rfind(kSink);
+        if (at != std::string_view::npos && rest.find('+', at + 1) == std::string_view::npos) {
+            if (s.sinks) bad_spec(spec, "+sinkN is given twice");
+            s.sinks = sink_count(spec, rest.substr(at + kSink.size()));
+            rest = rest.substr(0, at);
+            continue;
+        }
+        break;
+    }
+    if (rest.find(kCenter) != std::string_view::npos) {
+        bad_spec(spec, "+center follows the row codec's spec (and its +rot): name[:params][+rot][+center][+sinkN]");
+    }
+    s.rows = std::string(rest);
+    return s;
 }
+
+std::string key_spec_centered(std::string_view spec, bool center) {
+    KeySpec s = parse_key_spec(spec);
+    s.center = center;
+    return s.name();
+}
+
+bool keys_in_groups(const Codec& key, int block_tokens) { return GroupedKeys::takes(key, block_tokens); }
 
 std::unique_ptr<const KeyFormat> make_key_format(std::string_view spec, int head_dim, int block_tokens,
                                                  const KeyFormatOptions& options) {
-    const KeySpec s = split(spec);
+    const KeySpec s = parse_key_spec(spec);
     std::unique_ptr<const KeyFormat> format;
-    if (const int bits = channel_key_bits(s.base)) {
-        if (options.centered) throw BadParams(centering_refused(spec));
+    if (const int bits = channel_key_bits(s.rows)) {
+        if (s.center) throw BadParams(centering_refused(s.rows));
         format = std::make_unique<ChannelKeys>(bits, head_dim, block_tokens);
     } else {
-        Codec rows = Codec::make(s.base, head_dim, options.seed);
+        Codec rows = Codec::make(s.rows, head_dim, options.seed);
         if (options.pool && keys_in_groups(rows, block_tokens)) {
             format = std::make_unique<GroupedKeys>(std::move(rows), block_tokens);
         } else {
             format = std::make_unique<RowKeys>(std::move(rows), block_tokens);
         }
-        if (options.centered) format = std::make_unique<CenteredKeys>(std::move(format));
+        if (s.center) format = std::make_unique<CenteredKeys>(std::move(format));
     }
     if (s.sinks) format = std::make_unique<SinkKeys>(std::move(format), s.sinks);
     return format;
 }
 
 bool is_key_only_spec(std::string_view spec) {
-    const KeySpec s = split(spec);
-    return s.sinks > 0 || channel_key_bits(s.base) != 0;
+    const KeySpec s = parse_key_spec(spec);
+    return s.center || s.sinks > 0 || channel_key_bits(s.rows) != 0;
 }
 
-void check_key_spec(std::string_view spec, bool centered) {
-    const KeySpec s = split(spec);
-    if (channel_key_bits(s.base)) {
-        if (centered) throw BadParams(centering_refused(spec));
+void check_key_spec(std::string_view spec) {
+    const KeySpec s = parse_key_spec(spec);
+    if (channel_key_bits(s.rows)) {
+        if (s.center) throw BadParams(centering_refused(s.rows));
         return;
     }
-    parse_codec_spec(s.base);  // the row codec's name and parameters
+    parse_codec_spec(s.rows);  // the row codec's name and parameters
 }
 
 }  // namespace kvq::detail

@@ -2,37 +2,54 @@
 // options make. The cache, the planner and the accuracy tables make their key formats here only.
 //
 // A key spec is a row codec's spec (the codec table's, lib/codec/table.cpp: "q8_0", "q4_0+rot",
-// "polar:budget=3", ...) or "chanB" (B = 2..8, per-channel keys), either optionally followed by "+sinkN"
-// (the first N = 1..16 tokens of a sequence kept in fp16). Options add centering (CacheConfig::center_keys,
-// the tables' "+center") and, in the cache's pool, q8_0's groups of 16 rows.
+// "polar:budget=3", ...) or "chanB" (B = 2..8, per-channel keys), then optionally the format suffixes, each
+// at most once: "+center" (keys minus the block's fp16 mean per channel, CenteredKeys; not for chanB) and
+// "+sinkN" (the first N = 1..16 tokens of a sequence kept in fp16, SinkKeys). A format's name puts them in
+// this order, "q4_0+rot+center+sink1"; a spec may give the two in either order ("q4_0+sink1+center", as
+// kvq eval and older tables wrote it). CacheConfig::center_keys is "+center" on every key spec.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "key_format.hpp"
 
 namespace kvq::detail {
 
+// A key spec taken apart: the row codec's spec (or "chanB") and the format suffixes.
+struct KeySpec {
+    std::string rows;
+    bool center = false;  // "+center"
+    int sinks = 0;        // "+sinkN" (0: none)
+
+    // The spec with the suffixes in a format name's order: rows[+center][+sinkN].
+    std::string name() const;
+};
+// Throws BadParams for a suffix given twice or a malformed +sinkN (naming the spec); the row codec's spec
+// is not checked here.
+KeySpec parse_key_spec(std::string_view spec);
+// The spec with "+center" (center) or without it, its suffixes in a format name's order.
+std::string key_spec_centered(std::string_view spec, bool center);
+
 struct KeyFormatOptions {
-    bool centered = false;  // keys minus the block's fp16 mean (lib/codec/centering.hpp)
-    bool pool = false;      // a cache's pool blocks: q8_0 keys in groups of 16 where keys_in_groups says so
-    uint64_t seed = 0;      // the row codec's (rotations)
+    bool pool = false;  // a cache's pool blocks: q8_0 keys in groups of 16 where keys_in_groups says so
+    uint64_t seed = 0;  // the row codec's (rotations)
 };
 
-// The key format of a spec for rows of head_dim values sealed block_tokens at a time (> 0). Throws what
-// Codec::make throws for the row codec (UnknownCodec, BadParams, BadHeadDim), and BadParams for a spec or
-// combination no format takes (naming the spec).
+// The key format of a spec for rows of head_dim values sealed block_tokens at a time (> 0). Throws
+// what Codec::make throws for the row codec (UnknownCodec, BadParams, BadHeadDim), and BadParams for a spec
+// or combination no format takes (naming the spec).
 std::unique_ptr<const KeyFormat> make_key_format(std::string_view spec, int head_dim, int block_tokens,
                                                  const KeyFormatOptions& options = {});
 
 // Whether a spec names a key format that is no row codec (values cannot use it); throws BadParams for a
 // malformed one.
 bool is_key_only_spec(std::string_view spec);
-// A spec's syntax (and centering, if asked) checked without a head size: what make_key_format refuses for
-// every head_dim. Throws BadParams or UnknownCodec.
-void check_key_spec(std::string_view spec, bool centered = false);
+// A spec's syntax checked without a head size: what make_key_format refuses for every head_dim. Throws
+// BadParams or UnknownCodec.
+void check_key_spec(std::string_view spec);
 
 // Whether a cache keeps the key rows of its sealed blocks in groups of 16 rows (GroupedKeys,
 // lib/ref/key_groups.hpp; docs/DESIGN.md, "q8_0 keys in groups of 16 rows"): the one place that decides

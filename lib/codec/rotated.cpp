@@ -54,14 +54,11 @@ public:
                          size_t n_rows, float* acc) const override {
         inner_->accumulate_rows(w, w_stride, n_q, rows, row_stride, n_rows, acc);
     }
-    void accumulate_attention(const float* w, size_t w_stride, int n_q, const uint8_t* rows, size_t row_stride,
-                              size_t n_rows, float* acc) const override {
-        inner_->accumulate_attention(w, w_stride, n_q, rows, row_stride, n_rows, acc);
-    }
     void finish_accumulate(float* acc, int n_q) const override {
         inner_->finish_accumulate(acc, n_q);
         for (int i = 0; i < n_q; ++i) rot_.apply_inverse(acc + i * head_dim(), acc + i * head_dim());
     }
+    BlockCodec block_codec() const override { return inner_->block_codec(); }
     void effective_query(const float* q, float* out) const override {
         std::vector<float> tmp(head_dim());
         rot_.apply(q, tmp.data());

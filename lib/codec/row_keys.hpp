@@ -20,10 +20,14 @@ public:
                        float* scores, size_t stride, float* scratch) const override;
 };
 
-// Blocks of a multiple of 16 rows of a q8_0 codec that can score groups (CodecImpl::can_score_groups).
+// Blocks of a multiple of 16 rows of q8_0 keys, scored by the level's kernel on groups
+// (BlockKernels::score_groups) where it has one, else on the rows turned back to ggml's bytes.
 class GroupedKeys : public KeyFormat {
 public:
     GroupedKeys(Codec codec, int block_tokens);
+    // Whether keys of this codec in blocks of block_tokens rows can be grouped at the level in use: q8_0
+    // (unrotated), a level with the kernel, a head it takes and whole groups (keys_in_groups asks).
+    static bool takes(const Codec& codec, int block_tokens);
 
     void seal(const float* k, size_t n, size_t first_token, const KeyHead& head) const override;
     void write_rows(const float* k, size_t row, size_t n, const KeyHead& head) const override;

@@ -28,12 +28,12 @@ void check_codec_name(std::string_view spec, std::string_view pair) {
 
 }  // namespace
 
-std::string KVFormat::key_label() const { return key_codec + (center_keys ? std::string(kCenter) : ""); }
+std::string KVFormat::key_label() const { return detail::key_spec_centered(key_codec, center_keys); }
 std::string KVFormat::label() const { return key_label() + "/" + value_codec + (window ? "|" + window->label() : ""); }
 
 double KVFormat::key_bits(int head_dim, int block_tokens) const {
     // The key rows and their side data as the cache seals them (its key format, lib/codec/key_format.hpp).
-    return detail::make_key_format(key_codec, head_dim, block_tokens, {center_keys})->bits_per_value();
+    return detail::make_key_format(key_label(), head_dim, block_tokens)->bits_per_value();
 }
 
 double KVFormat::value_bits(int head_dim) const { return Codec::make(value_codec, head_dim).bits_per_value(); }
@@ -53,18 +53,16 @@ KVFormat KVFormat::parse(std::string_view spec) {
         throw std::invalid_argument("K/V pair '" + std::string(spec) + "': expected KEY_CODEC/VALUE_CODEC, e.g. q8_0/q4_0");
     }
     KVFormat f;
-    std::string_view key = spec.substr(0, slash);
-    if (key.ends_with(kCenter)) {
-        f.center_keys = true;
-        key.remove_suffix(kCenter.size());
-    }
-    f.key_codec = std::string(key);
     f.value_codec = std::string(spec.substr(slash + 1));
-    if (f.value_codec.ends_with(kCenter)) {
+    if (f.value_codec.find(kCenter) != std::string::npos) {
         throw std::invalid_argument("K/V pair '" + std::string(spec) + "': +center applies to keys only");
     }
     try {
-        detail::check_key_spec(f.key_codec, f.center_keys);
+        // "+center" anywhere among the key format's suffixes: the flag, and the rest of the spec.
+        const std::string_view key = spec.substr(0, slash);
+        f.center_keys = detail::parse_key_spec(key).center;
+        f.key_codec = detail::key_spec_centered(key, false);
+        detail::check_key_spec(f.key_label());
     } catch (const UnknownCodec&) {
         check_codec_name(f.key_codec, spec);  // names the codecs there are
     } catch (const std::invalid_argument& e) {

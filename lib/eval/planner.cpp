@@ -48,7 +48,7 @@ std::string lower(std::string_view s) {
 // Bytes per token of one layer (all its kv heads).
 double layer_bytes_per_token(const ModelShape& m, const KVFormat& f, int block_tokens) {
     // The key rows and their side data as the cache seals them (its key format, lib/codec/key_format.hpp).
-    double bytes = detail::make_key_format(f.key_codec, m.key_row_dim(), block_tokens, {f.center_keys})->bytes_per_token();
+    double bytes = detail::make_key_format(f.key_label(), m.key_row_dim(), block_tokens)->bytes_per_token();
     if (!m.is_mla()) bytes += static_cast<double>(Codec::make(f.value_codec, m.value_row_dim()).row_bytes());
     return bytes * (m.is_mla() ? 1 : m.n_kv_heads);
 }
@@ -192,7 +192,7 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
     cfg.n_kv_heads = model.is_mla() ? 1 : model.n_kv_heads;  // MLA: one latent row per token and layer
     cfg.n_heads = cfg.n_kv_heads;  // query heads do not change what is stored
     cfg.head_dim = model.key_row_dim();
-    cfg.key_codec = format.key_codec;
+    cfg.key_codec = format.key_label();
     cfg.value_codec = format.value_codec;
     if (model.is_mla()) {  // a latent cache: values read from the latent's leading values
         cfg.latent_values = true;
@@ -205,16 +205,12 @@ double kv_cache_bytes(const ModelShape& model, const KVFormat& format, size_t co
             return 0.0;  // a key codec a latent cache cannot hold (rotated, per-channel): no KVCache figure
         }
     }
-    cfg.center_keys = format.center_keys;
     cfg.block_tokens = block_tokens;
     cfg.sliding_window = model.sliding_window;
     if (format.window) {
-        if (format.window->center_keys != format.center_keys) {
-            throw std::invalid_argument("'" + format.label() + "': a KVCache centers the keys of every layer or of none");
-        }
         for (int l = 0; l < model.n_layers; ++l) {
             const KVFormat& f = format.on_layer(model.window(l) > 0);
-            cfg.layer_codecs.push_back({f.key_codec, f.value_codec});
+            cfg.layer_codecs.push_back({f.key_label(), f.value_codec});
         }
     }
     // One single-layer cache per distinct pair of codecs: its block size, with the layout's padding. Each

@@ -111,10 +111,11 @@ AttentionErrors attention_error(const float* q, int n_q, const float* k, const f
 
     // On the codes, as the tables and engines attend: the cache's decode engine (quantized_attention).
     const detail::RowKeys keys(key_codec, 256);
+    const auto values = detail::make_value_format(value_codec, 256, false);
     const detail::QuantizedKeys kq = detail::quantize_keys(keys, k, n_rows);
-    const std::vector<uint8_t> vq = detail::quantize_values(value_codec, v, n_rows);
+    const detail::QuantizedValues vq = detail::quantize_values(*values, v, n_rows);
     std::vector<float> scores(nq * n_rows), w(nq * n_rows), out(nq * d);
-    detail::quantized_attention(kq, value_codec, vq, q, n_q, 0, n_rows, scale, scores.data(), w.data(), out.data());
+    detail::quantized_attention(kq, vq, q, n_q, 0, n_rows, scale, scores.data(), w.data(), out.data());
     return compare_attention(ref_scores.data(), ref_w.data(), ref_out.data(), scores.data(), w.data(), out.data(),
                              n_q, n_rows, d, top_k);
 }

@@ -107,14 +107,14 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
         }
     }
     std::map<std::string, detail::QuantizedKeys> key_codes;  // shared by formats with the same keys
-    std::map<std::string, std::vector<uint8_t>> value_codes;
+    std::map<std::string, detail::QuantizedValues> value_codes;
     const bool windowed = d.window(l) > 0;
     for (size_t f = 0; f < prepared.size(); ++f) try {
         const Prepared& p = prepared[f];
         if (!p.error.empty()) continue;
         const KVFormat& lf = p.format_of(windowed);  // this layer's pair
         const detail::KeyFormat& keys = p.keys_of(windowed);
-        const Codec& values = p.values_of(windowed);
+        const detail::ValueFormat& values = p.values_of(windowed);
         auto kc = key_codes.find(lf.key_label());
         if (kc == key_codes.end())
             kc = key_codes.emplace(lf.key_label(), detail::quantize_keys(keys, k.data(), n_rows))
@@ -122,13 +122,14 @@ void measure_head(const KVData& d, int l, int h, const std::vector<Prepared>& pr
         // A latent's values are read in place from its key codes (no value codes of their own).
         auto vc = value_codes.find(lf.value_codec);
         if (!p.latent && vc == value_codes.end()) vc = value_codes.emplace(lf.value_codec, detail::quantize_values(values, v.data(), n_rows)).first;
-        const std::vector<uint8_t>* value_rows = p.latent ? nullptr : &vc->second;
+        const detail::QuantizedValues latent = detail::latent_values(values);
+        const detail::QuantizedValues& value_codes_of = p.latent ? latent : vc->second;
         for (int i = 0; i < d.n_queries(); ++i) {
             const size_t first = d.first_token(l, d.query_positions[i]), n = size_t(d.query_positions[i]) + 1;
             s.scores.resize(size_t(g) * (n - first));
             s.weights.resize(size_t(g) * (n - first));
-            detail::quantized_attention(kc->second, values, value_rows, q[i].data(), g, first, n, scale,
-                                        s.scores.data(), s.weights.data(), s.out.data(), options.int8_value_weights);
+            detail::quantized_attention(kc->second, value_codes_of, q[i].data(), g, first, n, scale, s.scores.data(),
+                                        s.weights.data(), s.out.data());
             const AttentionErrors e = compare_attention(ref[i].scores.data(), ref[i].weights.data(), ref[i].out.data(),
                                                         s.scores.data(), s.weights.data(), s.out.data(), g, n - first, dv,
                                                         options.top_k);

@@ -3,35 +3,34 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "codec/key_format.hpp"
+#include "codec/value_format.hpp"
 #include "kvq/cache.hpp"
 #include "kvq/codec.hpp"
 #include "kvq/research/sweep.hpp"
 
 namespace kvq::detail {
 
-// A format's key format (lib/codec/key_formats.hpp, one kv head per block as the tables hold them) and value
-// codec at a data set's head sizes; for a latent data set the value codec is the key codec's, read from the
-// key rows' leading values. A format the data set cannot take carries the reason instead.
+// A format's key format (lib/codec/key_formats.hpp) and value format (lib/codec/value_format.hpp), one kv
+// head per block as the tables hold them, at a data set's head sizes; for a latent data set the value
+// format is of the key codec's rows, read from the key rows' leading values. A format the data set cannot
+// take carries the reason instead.
 struct Prepared {
     KVFormat format;
     std::shared_ptr<const KeyFormat> keys, window_keys;  // "K/V|K2/V2": the sliding-window layers' too
-    std::optional<Codec> values, window_values;
+    std::shared_ptr<const ValueFormat> values, window_values;
     bool latent = false;  // values in place in the key rows (KVData::latent)
     std::string error;
 
     // The format and codecs of a layer.
     const KVFormat& format_of(bool windowed) const { return format.on_layer(windowed); }
     const KeyFormat& keys_of(bool windowed) const { return windowed && window_keys ? *window_keys : *keys; }
-    const Codec& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
-    // Whether a KVCache can hold the format: every layer's keys centered alike.
-    bool cache_holds() const {
-        return error.empty() && (!format.window || format.window->center_keys == format.center_keys);
-    }
+    const ValueFormat& values_of(bool windowed) const { return windowed && window_values ? *window_values : *values; }
+    // Whether a KVCache can hold the format.
+    bool cache_holds() const { return error.empty(); }
 };
 
 const KVFormat& f16_format();

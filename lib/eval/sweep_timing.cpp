@@ -67,7 +67,7 @@ DecodeTimes time_formats(const KVData& d, const std::vector<Prepared>& prepared,
     std::vector<const Prepared*> timed;
     size_t baseline_index = SIZE_MAX;
     for (const auto& p : prepared) {
-        if (!p.cache_holds()) continue;  // KVCache cannot center the keys of some layers only: not timed
+        if (!p.cache_holds()) continue;
         if (p.format.label() == f16_format().label()) baseline_index = timed.size();
         timed.push_back(&p);
     }

@@ -129,7 +129,7 @@ class KVCache:
         softcap: float = 0.0,
         sliding_window: int | list[int] | None = None,
         seal: Literal["on_block_full", "on_append"] = "on_block_full",
-        center_keys: bool = False,
+        center_keys: bool = False,  # deprecated: "+center" on every key codec
         nan_policy: Literal["reject", "propagate"] = "reject",
         threads: int = 1,
         seed: int = ...,

@@ -371,8 +371,11 @@ decode attention directly on the stored bytes.
     out = cache.attend(layer, q, seq=seq)   # q: (n_heads, head_dim) -> (n_heads, head_dim) float32
 
 key_codec is a codec of kvq.codecs() or, for keys only, "chan2" .. "chan8" (per-channel keys: per block
-an fp16 minimum and step per channel; seal="on_block_full" only). seq=None means the cache's only
-sequence. Bad input raises ValueError and changes nothing; a pool with
+an fp16 minimum and step per channel; seal="on_block_full" only), then optionally "+center" (each block's
+keys minus their fp16 mean per channel, kept beside the block; not for chanB) and "+sinkN" (the first N
+keys of a sequence kept in fp16), in that order: "q4_0+rot+center+sink1". A layer's own key codec
+(layer_codecs) takes them too. center_keys=True (deprecated) is "+center" on every key codec; config
+reports center_keys=True when every key codec has it. seq=None means the cache's only sequence. Bad input raises ValueError and changes nothing; a pool with
 max_blocks or max_bytes that runs out raises kvq.PoolExhausted (a MemoryError) and changes nothing; max_bytes
 counts the blocks, the open blocks' float staging and each sequence's bookkeeping. Any call may come from
 any thread with any id: different sequences run in parallel (the GIL is released while kvq works), calls
@@ -404,7 +407,7 @@ error moved to the channels where s is small; values untouched; saved in cache f
                                "The values' (and results') head size: head_dim unless set apart.")
         .def_property_readonly("latent_values", [](const PyKVCache& c) { return c.config().latent_values; })
         .def_property_readonly("key_codec", [](const PyKVCache& c) { return c.cache().key_spec(); },
-                               "The key codec as the configuration names it (with '+sinkN').")
+                               "The key codec as the configuration names it (with '+center' and '+sinkN').")
         .def_property_readonly("value_codec", [](const PyKVCache& c) { return c.cache().value_codec().name(); })
         .def(
             "layer_codecs",
@@ -413,7 +416,7 @@ error moved to the channels where s is small; values untouched; saved in cache f
                 for (int l = 0; l < c.config().n_layers; ++l) out.emplace_back(c.cache().key_spec(l), c.cache().value_codec(l).name());
                 return out;
             },
-            "Each layer's (key codec, value codec) names.")
+            "Each layer's (key codec, value codec) names (the key codec with '+center' and '+sinkN').")
         .def("add_sequence", &PyKVCache::add_sequence, "A new empty sequence; returns its id.")
         .def("fork", &PyKVCache::fork, "seq"_a = py::none(),
              "A new sequence with the same tokens as seq (full blocks shared, the open block copied); returns its id.")

@@ -397,6 +397,46 @@ static void test_channel_keys(void) {
     free(v);
 }
 
+/* "+center" in a key codec spec (a layer's own included) is center_keys = 1: the same bits; both given are
+ * the same too. The key codec's rows are the row codec's ("q4_0"). */
+static void test_center_suffix(void) {
+    enum { T = 2 * BT + 3 };
+    float* k = make_rows(T, 41);
+    float* v = make_rows(T, 42);
+    float q[QH * D], out[3][L][QH * D];
+    fill_gaussian(q, QH * D, 43);
+    const char* layer_keys[L] = {"q4_0+center", "q8_0+center"};
+    for (int way = 0; way < 3; ++way) { /* the flag, the suffix, both */
+        kvq_cache_params p = small_params();
+        p.seal = KVQ_SEAL_ON_BLOCK_FULL;
+        p.key_codec = way == 0 ? "q4_0" : "q4_0+center";
+        p.center_keys = way != 1;
+        const char* flag_keys[L] = {"q4_0", "q8_0"};
+        p.layer_key_codecs = way == 0 ? flag_keys : layer_keys;
+        p.n_layer_codecs = L;
+        kvq_cache* cache = NULL;
+        CHECK_OK(kvq_cache_create(&p, &cache));
+        if (!cache) continue;
+        CHECK_STR_EQ(kvq_codec_name(kvq_cache_key_codec(cache)), "q4_0");
+        CHECK_STR_EQ(kvq_codec_name(kvq_cache_layer_key_codec(cache, 1)), "q8_0");
+        int64_t seq = -1;
+        CHECK_OK(kvq_cache_add_sequence(cache, &seq));
+        for (int l = 0; l < L; ++l) {
+            CHECK_OK(kvq_cache_append(cache, l, seq, k, v, T));
+            CHECK_OK(kvq_cache_attend(cache, l, seq, q, out[way][l]));
+        }
+        kvq_cache_destroy(cache);
+    }
+    CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0);
+    CHECK(memcmp(out[0], out[2], sizeof out[0]) == 0);
+    kvq_cache_params p = small_params(); /* on_append: a block's mean is known only when it is full */
+    p.key_codec = "q4_0+center";
+    kvq_cache* cache = NULL;
+    CHECK_STATUS(kvq_cache_create(&p, &cache), KVQ_ERR_BAD_PARAMS, "on_block_full");
+    free(k);
+    free(v);
+}
+
 /* int8_value_weights = 1: q4_0 values on int8 weights, within 1% of the exact weights' output and not equal.
  * Files do not store it: kvq_cache_load_with takes it (and the executor), and a cache saved with it and
  * loaded with it attends bit for bit as before; loaded without it, as the exact cache. */
@@ -591,6 +631,7 @@ int main(void) {
     test_cache_params_errors();
     test_int8_value_weights();
     test_channel_keys();
+    test_center_suffix();
     test_cache_life();
     test_attend_batch();
     test_broken_executor();

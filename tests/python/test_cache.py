@@ -289,10 +289,34 @@ def test_the_configuration_reads_back():
                         sliding_window=[0, 512, 0, 512])
     c = cache.config
     assert (c["n_layers"], c["n_kv_heads"], c["n_heads"], c["head_dim"]) == (4, 8, 32, 128)
-    assert (c["key_codec"], c["value_codec"], c["block_tokens"], c["threads"]) == ("q8_0", "q4_0+rot", 64, 2)
+    # center_keys=True is "+center" on the key codec, and reported as such.
+    assert (c["key_codec"], c["value_codec"], c["block_tokens"], c["threads"]) == ("q8_0+center", "q4_0+rot", 64, 2)
     assert c["center_keys"] and c["sliding_window"] == [0, 512, 0, 512] and c["seal"] == "on_block_full"
     assert (cache.n_layers, cache.n_heads, cache.head_dim) == (4, 32, 128)
     assert "KVCache(n_layers=4" in repr(cache)
+
+
+def test_center_is_a_key_codec_suffix(rng):
+    k = rng.standard_normal((70, 2, 64)).astype(np.float32) + 3.0
+    v = rng.standard_normal((70, 2, 64)).astype(np.float32)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    outs = []
+    for kw in ({"key_codec": "q4_0", "center_keys": True}, {"key_codec": "q4_0+center"},
+               {"key_codec": "q4_0+center", "center_keys": True}):
+        cache = kvq.KVCache(2, 2, 64, 4, **kw, layer_codecs=[None, ("q8_0+center", None)])
+        seq = cache.add_sequence()
+        for layer in range(2):
+            cache.append(layer, k, v, seq=seq)
+        assert cache.key_codec == "q4_0+center" and cache.config["center_keys"]
+        assert cache.layer_codecs() == [("q4_0+center", "q4_0"), ("q8_0+center", "q4_0")]
+        outs.append([cache.attend(layer, q, seq=seq) for layer in range(2)])
+    for other in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
+    # A layer's own: only that layer is centered.
+    one = kvq.KVCache(2, 2, 64, 4, "q4_0", layer_codecs=[None, ("q4_0+sink1+center", None)])
+    assert one.layer_codecs()[1][0] == "q4_0+center+sink1" and not one.config["center_keys"]
+    with pytest.raises(ValueError, match="row codec"):
+        kvq.KVCache(1, 2, 64, 4, "q8_0", "q4_0+center")
 
 
 def test_attend_batch_equals_attend_per_sequence_bit_for_bit(rng):

@@ -186,15 +186,16 @@ def test_center_keys_and_layer_codecs():
     model = tiny("gemma3")
     cache = kvq.hf.KVQCache(model.config, "q4_0+rot+center", "q4_0", layer_codecs={1: "f32/f32"})
     caches = cache.kvq_caches
-    assert len(caches) == 2
-    assert caches[0].config["center_keys"] and caches[0].key_codec == "q4_0+rot"
-    assert caches[1].key_codec == "f32" and not caches[1].config["center_keys"]
+    assert len(caches) == 1  # '+center' is a layer's key codec: one kvq cache, layer 1 not centered
+    assert caches[0].key_codec == "q4_0+rot+center" and not caches[0].config["center_keys"]
+    assert caches[0].layer_codecs() == [("q4_0+rot+center", "q4_0"), ("f32", "f32"), ("q4_0+rot+center", "q4_0")]
     assert caches[0].config["sliding_window"] == [12, 0, 12]
     assert math.isclose(caches[0].config["scale"], 24 ** -0.5, rel_tol=1e-6)
     generate(model, prompt(40), cache)
     # Layer 1 (f32) costs 2 * 2 heads * 32 * 4 bytes per token; the other two store q4_0 (+ fp16 means).
-    assert cache.bytes_per_token() == pytest.approx(
-        (2 * caches[0].bytes_per_token() + caches[1].bytes_per_token()) / 3)
+    assert caches[0].bytes_per_token(layer=1) == 2 * 2 * 32 * 4
+    assert caches[0].bytes_per_token(layer=0) == pytest.approx(2 * (2 * 18 + 2 * 32 / caches[0].config["block_tokens"]))
+    assert cache.bytes_per_token() == pytest.approx(caches[0].bytes_per_token())
     # Layers of other codecs but keys centered alike: one kvq cache with per-layer codecs.
     one = kvq.hf.KVQCache(model.config, "q8_0", "q4_0", layer_codecs={1: "q4_0+rot/q8_0"})
     assert len(one.kvq_caches) == 1

@@ -1,8 +1,8 @@
 // kvq — how one cache stores keys and values: a key codec, a value codec, and whether keys are centered.
 //
-// Written "K/V", for example "q8_0/q4_0" or "q4_0+rot+center/q4_0". The key part may end in "+center":
+// Written "K/V", for example "q8_0/q4_0" or "q4_0+rot+center/q4_0". The key part may have "+center":
 // each sealed block of `block_tokens` keys has its per-channel mean subtracted before quantizing and the
-// mean kept in fp16 beside the block (CacheConfig::center_keys); the score adds q·mean back. The means
+// mean kept in fp16 beside the block (a KVCache key codec's "+center"); the score adds q·mean back. The means
 // count in the bits per value: 16 / block_tokens bits per key value (0.5 at 32 tokens per block).
 //
 // The key part may instead be "chanB" (B = 2..8): per-channel keys within a block, as KIVI (arXiv
@@ -13,8 +13,7 @@
 //
 // "K/V|K2/V2" gives the sliding-window layers of a model (Gemma 3's local layers) the pair K2/V2 and the
 // full-attention layers K/V, as CacheConfig::layer_codecs does in a KVCache; bits per value are then the
-// mean over the layers. KVCache centers the keys of every layer or of none, so both pairs of a format a
-// KVCache holds are centered alike.
+// mean over the layers; each pair's "+center" centers its own layers' keys only.
 #pragma once
 
 #include <memory>
@@ -25,15 +24,15 @@
 namespace kvq {
 
 struct KVFormat {
-    std::string key_codec;    // a KVCache key codec: a kvq::Codec spec, e.g. "q4_0+rot", or a key format's ("chan4", "q4_0+sink1")
+    std::string key_codec;    // a KVCache key codec without "+center": a kvq::Codec spec, e.g. "q4_0+rot", or a key format's ("chan4", "q4_0+sink1")
     std::string value_codec;  // a kvq::Codec spec
-    bool center_keys = false;
+    bool center_keys = false;  // the key part's "+center" (key_label() has it)
     // The format of sliding-window layers ("K/V|K2/V2"); null: every layer has this one.
     std::shared_ptr<const KVFormat> window;
 
     // The format a layer uses: window's on a sliding-window layer, if there is one; else this one.
     const KVFormat& on_layer(bool windowed) const { return windowed && window ? *window : *this; }
-    std::string key_label() const;  // the key part as written, e.g. "q4_0+rot+center"
+    std::string key_label() const;  // the key spec as a KVCache names it, e.g. "q4_0+rot+center+sink1"
     std::string label() const;      // "K/V", or "K/V|K2/V2"
     // Bits per stored value, everything counted, for rows of head_dim values (of this pair, not of window).
     double key_bits(int head_dim, int block_tokens = 32) const;

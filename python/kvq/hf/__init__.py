@@ -40,11 +40,12 @@ layers holding the step's tokens and the others not: the cache then refuses furt
 needed. Errors found before anything is stored (shapes, devices, the attention implementation) change
 nothing.
 
-Key codecs may end in ``+center`` (per-block key centering, ``center_keys=True``), as in ``kvq table``.
+Key codecs may end in ``+center`` (per-block key centering), as in ``kvq table``; a layer's own key codec
+(``layer_codecs``) with it centers that layer alone.
 ``KVQCache.from_spec(config, "q8_0/q4_0;chan3/polar:budget=3*17")`` takes a pair spec as ``kvq eval --pairs``
 does ('K/V', 'K/V|K2/V2', or one pair per layer separated by ';', a run as 'PAIR*n': kvq._pairs), e.g. a
 proposal of ``kvq eval --budget``. ``layer_codecs={layer: "K/V"}`` stores some layers with another pair (kvq's own per-layer codecs in the
-same cache; a second cache only when some layers center their keys and others do not): the
+same cache): the
 per-layer sensitivity runs of ``kvq eval --per-layer`` quantize one layer and keep the others in f32.
 
 Layout: _config.py reads the model (layer shapes, windows, scale, the cache keyword), _layer.py holds the

@@ -65,7 +65,8 @@ class KVQCache(Cache):
     Args:
         config: the model's config (``model.config``; the text config of a multimodal model is used).
         key_codec, value_codec: kvq codec names (``kvq.codecs()``); a key codec may end in ``+center``, or be
-            ``chan2`` .. ``chan8`` (per-channel keys, sealed a block at a time).
+            ``chan2`` .. ``chan8`` (per-channel keys, sealed a block at a time); the '+center' of a layer's own
+            key codec (layer_codecs) centers that layer's keys only.
         max_batch_size: the most batch rows (beams included) the cache accepts; None: at most MAX_ROWS
             (65536) through batch edits (batch_repeat_interleave, reorder_cache, batch_select_indices).
         layer_codecs: optional ``{layer: "K/V"}`` for layers stored with another pair.
@@ -94,9 +95,8 @@ class KVQCache(Cache):
         scale, softcap = _scale_and_softcap(text, shape.head_dim, cache_config.pop("scale", None),
                                             cache_config.pop("softcap", None))
         pairs = _layer_pairs(key_codec, value_codec, layer_codecs, shape.n_layers)
-        # One kvq.KVCache holds every layer (each with its own codecs: its layer_codecs) whose keys are
-        # centered alike; a second one only when some layers center their keys and others do not.
-        # Key scales go down to kvq (KVCache(key_scales=...): k ⊙ s stored, q ⊘ s attending), ones on layers
+        # One kvq.KVCache holds every layer, each with its own codecs (its layer_codecs; '+center' is a key
+        # codec's suffix, so a layer's own). Key scales go down to kvq (KVCache(key_scales=...): k ⊙ s stored, q ⊘ s attending), ones on layers
         # without any.
         self._key_scales = _key_scales(key_scales, shape.n_layers, shape.n_kv_heads, shape.head_dim,
                                        shape.n_heads // shape.n_kv_heads)
@@ -106,21 +106,16 @@ class KVQCache(Cache):
             for layer, s in enumerate(self._key_scales):
                 if s is not None:
                     all_scales[layer] = s
-        groups: dict[bool, _Group] = {}
-        centered = []
-        for k, v in pairs:
+        for _, v in pairs:
             if split_key_spec(v)[1]:
                 raise ValueError(f"kvq.hf.KVQCache: '+center' applies to keys only, got value codec {v!r}")
-            centered.append(split_key_spec(k)[1])
-        for center in dict.fromkeys(centered):
-            own = [(split_key_spec(k)[0], v) if c == center else None for (k, v), c in zip(pairs, centered)]
-            groups[center] = _Group(_core.KVCache(
-                shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.n_heads, key_codec=next(p for p in own if p)[0],
-                value_codec=next(p for p in own if p)[1], layer_codecs=own, scale=scale, softcap=softcap,
-                sliding_window=shape.windows, center_keys=center, key_scales=all_scales, **cache_config))
+        group = _Group(_core.KVCache(
+            shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.n_heads, key_codec=pairs[0][0],
+            value_codec=pairs[0][1], layer_codecs=pairs, scale=scale, softcap=softcap, sliding_window=shape.windows,
+            key_scales=all_scales, **cache_config))
         self._config = config
-        self._groups = list(groups.values())
-        self._layer_group = [groups[c] for c in centered]
+        self._groups = [group]
+        self._layer_group = [group] * shape.n_layers
         self._pairs = pairs
         self.max_batch_size = max_batch_size
         self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
@@ -154,8 +149,7 @@ class KVQCache(Cache):
 
     @property
     def kvq_caches(self) -> list:
-        """The kvq.KVCache objects with the data: one, or two when some layers' keys are centered and others'
-        are not (kvq centers every layer of a cache or none)."""
+        """The kvq.KVCache objects with the data: one, with every layer (each with its own codecs)."""
         return [g.cache for g in self._groups]
 
     def bytes_per_token(self) -> float:
