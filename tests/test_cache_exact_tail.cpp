@@ -392,3 +392,15 @@ TEST_CASE("exact tail: configuration rules, and the bytes the tail costs") {
     cfg.exact_tail_tokens = 0;
     CHECK(KVCache(cfg).average_bytes_per_token(0, 100) == doctest::Approx(sealed));
 }
+
+TEST_CASE("exact tail: the bytes of a tail of values of their own size, and of a latent cache's") {
+    CacheConfig cfg = tail_config("q8_0", "q8_0", 16);
+    cfg.head_dim_v = kDim / 2;
+    const double key_row = 2.0 * 34, value_row = 1.0 * 34;  // q8_0: 34 bytes per 32 values
+    CHECK(KVCache(cfg).average_bytes_per_token(0, 16) == doctest::Approx(2.0 * (kDim + kDim / 2) * sizeof(float)));
+    CHECK(KVCache(cfg).bytes_per_token(0) == doctest::Approx(2.0 * (key_row + value_row)));
+    cfg.latent_values = true;  // one row per token: values read the key row's first head_dim_v values
+    cfg.value_codec.clear();
+    CHECK(KVCache(cfg).bytes_per_token(0) == doctest::Approx(2.0 * key_row));
+    CHECK(KVCache(cfg).average_bytes_per_token(0, 16) == doctest::Approx(2.0 * kDim * sizeof(float)));
+}

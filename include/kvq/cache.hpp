@@ -124,8 +124,8 @@ struct CacheConfig {
     // MLA's latent cache: per token and kv head one stored row of head_dim values (the latent and its
     // rotary part) serves as the key, and its first head_dim_v values, read in place, as the value; no
     // value bytes are stored, and append takes v = null. Needs a key codec whose leading head_dim_v values
-    // are rows of their own: f32, f16, bf16 or a block codec of ggml's (q8_0, q4_0, q4_1, q5_0, q5_1,
-    // iq4_nl, iq4_nls; not rotated), head_dim_v a multiple of its block and at most head_dim, value_codec
+    // are rows of their own: f32, f16, bf16 or a block codec with ggml's layout (q8_0, q4_0, q4_1, q5_0,
+    // q5_1, iq4_nl; not rotated, and not iq4_nls, whose rows are iq4_nl's by another encoder), head_dim_v a multiple of its block and at most head_dim, value_codec
     // (and each layer's) empty or the key codec's, and no +center (center_keys), key_scales, chanB or +sinkN keys.
     bool latent_values = false;
     // A codec spec of the codec table (kvq/codec.hpp), or, for keys only, "chan2" .. "chan8": per-channel

@@ -493,7 +493,10 @@ double KVCache::average_bytes_per_token(int layer, size_t n_tokens) const {
     const double sealed = bytes_per_token(layer);
     const size_t tail = std::min(n_tokens, static_cast<size_t>(impl_->cfg.exact_tail_tokens));
     if (tail == 0) return sealed;
-    const double exact = 2.0 * static_cast<double>(impl_->exact.row_bytes()) * impl_->cfg.n_kv_heads;
+    // The tail's rows as the staging holds them: a key row of head_dim values and, unless values are the
+    // latent's leading values, a value row of head_dim_v.
+    const double value_row = impl_->cfg.latent_values ? 0.0 : static_cast<double>(impl_->exact_v.row_bytes());
+    const double exact = (static_cast<double>(impl_->exact.row_bytes()) + value_row) * impl_->cfg.n_kv_heads;
     return (static_cast<double>(n_tokens - tail) * sealed + static_cast<double>(tail) * exact) / static_cast<double>(n_tokens);
 }
 
