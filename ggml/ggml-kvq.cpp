@@ -330,7 +330,7 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph* cgraph) {
                 float softcap = 0.0f;
                 std::memcpy(&softcap, reinterpret_cast<const float*>(node->op_params) + 2, sizeof(float));
                 if (!supports_flash_attn(node)) error = "this flash attention (ALiBi, a per-head mask or another shape)";
-                if (error.empty()) error = kvq_ggml::kv_format_attention_refusal(node->src[1], softcap, node->src[4] != nullptr);
+                if (error.empty()) error = kvq_ggml::kv_format_attention_refusal(node->src[1], node->src[0], softcap, node->src[4] != nullptr);
             } else if (kvq_ggml::compute_kv_formats_op(node, ctx.options.executor, threads_for(ctx.n_threads), error)) {
                 continue;
             }
@@ -461,6 +461,7 @@ bool device_supports_op(ggml_backend_dev_t, const ggml_tensor* op) {
     // ggml's scheduler would give it to the CPU backend, which would read the bytes as ggml's.
     if (kvq_ggml::touches_kv_formats(op)) {
         if (op->op == GGML_OP_FLASH_ATTN_EXT) supports_flash_attn(op);  // learns and logs the layer's formats
+        kvq_ggml::learn_kv_formats_op(op);                               // a row write: llama.cpp's rotation
         return true;
     }
     switch (op->op) {

@@ -179,6 +179,53 @@ bool parse_cache_name(const char* name, bool& key, int& layer) {
 }
 
 
+// llama.cpp's rotation (llama_mul_mat_hadamard): each run of n values times H, Sylvester's Hadamard matrix
+// over √n (ggml_gen_hadamard), symmetric, so that H·H = I.
+void hadamard(float* x, int64_t len, int64_t n) {
+    const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+    for (int64_t c = 0; c + n <= len; c += n) {
+        float* y = x + c;
+        for (int64_t h = 1; h < n; h *= 2) {
+            for (int64_t i = 0; i < n; i += 2 * h) {
+                for (int64_t j = i; j < i + h; ++j) {
+                    const float a = y[j], b = y[j + h];
+                    y[j] = a + b;
+                    y[j + h] = a - b;
+                }
+            }
+        }
+        for (int64_t j = 0; j < n; ++j) y[j] *= norm;
+    }
+}
+
+// The size of llama.cpp's Hadamard rotation applied to t's rows (a SET_ROWS source, a flash attention's Q):
+// t is, through views and reshapes, a MUL_MAT by llama.cpp's rotation input (attn_inp_k_rot /
+// attn_inp_v_rot, a square f32 matrix); 0 if not.
+int64_t llama_rotation_of(const ggml_tensor* t) {
+    for (int depth = 0; t && depth < 16; ++depth) {
+        switch (t->op) {
+            case GGML_OP_RESHAPE:
+            case GGML_OP_VIEW:
+            case GGML_OP_PERMUTE:
+            case GGML_OP_TRANSPOSE:
+            case GGML_OP_CONT:
+                t = t->src[0];
+                continue;
+            case GGML_OP_MUL_MAT: {
+                const ggml_tensor* rot = t->src[0];
+                const std::string_view name = rot ? rot->name : "";
+                const bool is_rot = rot && rot->type == GGML_TYPE_F32 && rot->ne[0] == rot->ne[1] && rot->ne[0] >= 2 &&
+                                    (rot->ne[0] & (rot->ne[0] - 1)) == 0 && name.substr(0, 9) == "attn_inp_" && name.size() > 13 &&
+                                    name.substr(name.size() - 4) == "_rot";
+                return is_rot ? rot->ne[0] : 0;
+            }
+            default:
+                return 0;
+        }
+    }
+    return 0;
+}
+
 // ---- calibration (calibrate=PATH writes it, calib=PATH reads it) -------------------------------------
 
 // One layer's key rows as written (per kv head and channel: width = heads × head_dim values) and its
@@ -297,9 +344,12 @@ void record_key_rows(const KvFormat& f, const float* x, int64_t width) {
     }
     if (m.width != width) return;
     m.head_dim = f.head_dim;
+    thread_local std::vector<float> k;
+    k.assign(x, x + width);
+    if (f.llama_rot > 0) hadamard(k.data(), width, f.llama_rot);  // the model's channels
     for (int64_t j = 0; j < width; ++j) {
-        m.sum[j] += x[j];
-        m.sumsq[j] += double(x[j]) * x[j];
+        m.sum[j] += k[j];
+        m.sumsq[j] += double(k[j]) * k[j];
     }
     m.rows += 1;
 }
@@ -328,7 +378,15 @@ KvFormat* kv_format_of(const ggml_tensor* t) {
     if (!base->buffer || !ggml_backend_buffer_is_host(base->buffer)) return nullptr;
     std::lock_guard<std::mutex> lock(registry_mu);
     auto [it, added] = registry.try_emplace(base);
+    // A context's tensors can reuse a freed context's addresses (llama.cpp makes a context twice when it
+    // fits parameters): an entry is the tensor's only while its name, bytes and shape are the same.
+    const KvFormat::Identity identity{base->name, base->buffer, base->data, base->type, base->ne[0], base->ne[1], base->ne[2]};
+    if (!added && !(it->second.identity == identity)) {
+        it->second = KvFormat{};
+        added = true;
+    }
     if (added) {
+        it->second.identity = identity;
         it->second.key = key;
         it->second.layer = layer;
         it->second.slot = base->type;
@@ -401,27 +459,40 @@ const kvq::Codec* ready_codec(const KvFormat& f, std::string& error) {
 
 // x (n values from channel `first` of a K row) as the format stores it: (x − μ) ⊙ s, in scratch; x itself
 // for formats without a mean or scales.
+// (x in llama.cpp's basis: H·k where llama.cpp rotates; the mean and scales are in the model's.)
 const float* to_stored(const KvFormat& f, const float* x, size_t n, size_t first, std::vector<float>& scratch) {
     if (!f.center && !f.key_scales) return x;
-    scratch.resize(n);
+    scratch.assign(x, x + n);
+    if (f.llama_rot > 0) hadamard(scratch.data(), static_cast<int64_t>(n), f.llama_rot);
     for (size_t j = 0; j < n; ++j) {
-        const float c = f.center ? x[j] - f.mean[first + j] : x[j];
+        const float c = f.center ? scratch[j] - f.mean[first + j] : scratch[j];
         scratch[j] = f.key_scales ? c * f.scale[first + j] : c;
     }
     return scratch.data();
 }
 
-// The inverse, in place: y ⊘ s + μ.
+// The inverse, in place: y ⊘ s + μ, in llama.cpp's basis.
 void from_stored(const KvFormat& f, float* y, size_t n, size_t first) {
-    for (size_t j = 0; j < n && (f.center || f.key_scales); ++j) {
+    if (!f.center && !f.key_scales) return;
+    for (size_t j = 0; j < n; ++j) {
         const float c = f.key_scales ? y[j] / f.scale[first + j] : y[j];
         y[j] = f.center ? c + f.mean[first + j] : c;
     }
+    if (f.llama_rot > 0) hadamard(y, static_cast<int64_t>(n), f.llama_rot);
+}
+
+// Records from a SET_ROWS source whether llama.cpp rotates f's rows, or says why the rows cannot be taken:
+// a rotation that differs from the one seen before.
+const char* learn_rotation(KvFormat& f, const ggml_tensor* rows) {
+    const int64_t rot = llama_rotation_of(rows);
+    if (f.llama_rot < 0) f.llama_rot = rot;
+    if (f.llama_rot != rot) return "rows rotated otherwise than before (llama.cpp's attn_rot_k changed)";
+    return nullptr;
 }
 
 // SET_ROWS: the rows of src0 (f32, n_heads heads of head_dim values each), quantized by the layer's codec
 // into the slots of the rows that src1 names.
-bool compute_set_rows(ggml_tensor* dst, const KvFormat& f, const kvq::Executor& executor, int threads, std::string& error) {
+bool compute_set_rows(ggml_tensor* dst, KvFormat& f, const kvq::Executor& executor, int threads, std::string& error) {
     const ggml_tensor* rows = dst->src[0];
     const ggml_tensor* ids = dst->src[1];
     const kvq::Codec* codec = ready_codec(f, error);
@@ -437,6 +508,10 @@ bool compute_set_rows(ggml_tensor* dst, const KvFormat& f, const kvq::Executor& 
         return ids->type == GGML_TYPE_I64 ? *reinterpret_cast<const int64_t*>(id) : int64_t{*reinterpret_cast<const int32_t*>(id)};
     };
     const auto input = [&](int64_t i) { return reinterpret_cast<const float*>(static_cast<const char*>(rows->data) + i * rows->nb[1]); };
+    if (const char* why = learn_rotation(f, rows)) {
+        error = why;
+        return false;
+    }
     for (int64_t i = 0; i < n; ++i) {  // every index checked before any row is written
         if (row_of(i) < 0 || row_of(i) >= dst->ne[1]) {
             error = "SET_ROWS row index " + std::to_string(row_of(i)) + " outside the cache";
@@ -486,6 +561,10 @@ bool compute_copy(const ggml_tensor* src, ggml_tensor* dst, std::string& error) 
     for (int d = 0; d < 4; ++d) {
         whole_rows = whole_rows && src->ne[d] == dst->ne[d] && (d == 0 || codes->nb[d] % f.slot_row_bytes == 0);
     }
+    if ((f.center || f.key_scales) && f.llama_rot < 0) {
+        error = "a copy before any row write told whether llama.cpp rotates the rows";
+        return false;
+    }
     if (!whole_rows) {
         error = "a copy that is not whole rows between the kvq format and f32 (the K-shift of a partial rotary embedding, a copy "
                 "between cache tensors, or another type)";
@@ -533,14 +612,6 @@ namespace kvq_ggml {
 
 void init_kv_formats() {
     if (!formats().on) return;
-    // kvq's formats rotate rows themselves, and key scales and means are per channel of the model's
-    // keys: llama.cpp's Hadamard rotation of a quantized cache (read when it makes the cache, after the
-    // backends are loaded) would only add work and mix the channels. A setting of the user's stands.
-    if (!std::getenv("LLAMA_ATTN_ROT_DISABLE")) {
-        setenv("LLAMA_ATTN_ROT_DISABLE", "1", 0);
-        std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: llama.cpp's attention rotation of quantized caches is off (LLAMA_ATTN_ROT_DISABLE=1): "
-                             "kvq's formats rotate themselves\n");
-    }
     if (!formats().calib.empty()) {
         std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: calibration %s: %zu layers\n", formats().calib.c_str(), calibration().size());
     }
@@ -554,33 +625,42 @@ const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64
     const KvFormat* f = kv_format_of(k);
     if (!f || !f->key || !f->codec) return qd;
     const bool calibrating = !formats().calibrate.empty();
-    if (!calibrating && !f->key_scales) return qd;
+    // Keys stored in the model's channels (+center, +qk) are scored by queries in them: llama.cpp's
+    // rotation undone (the same as its keys', checked when the op is taken), then divided by the scales.
+    const bool model_basis = (f->center || f->key_scales) && f->llama_rot > 0;
+    if (!calibrating && !model_basis && !f->key_scales) return qd;
     const ggml_tensor* base = root_of(k);
     const int64_t d = f->head_dim, n_heads = q->ne[2], n_rows = q->ne[1], g = n_heads / k->ne[2];
     const int64_t first_head = static_cast<int64_t>((k->view_offs % base->nb[1]) / f->slot_row_bytes);
-    const auto query = [&](int64_t r, int64_t h) { return qd + r * static_cast<int64_t>(row_stride) + h * static_cast<int64_t>(head_stride); };
+    const int64_t q_rot = calibrating ? std::max<int64_t>(f->llama_rot, 0) : model_basis ? f->llama_rot : 0;
+    scratch.resize(static_cast<size_t>(n_rows * n_heads * d));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        for (int64_t h = 0; h < n_heads; ++h) {
+            float* y = scratch.data() + (r * n_heads + h) * d;
+            std::copy_n(qd + r * static_cast<int64_t>(row_stride) + h * static_cast<int64_t>(head_stride), d, y);
+            if (q_rot > 0) hadamard(y, d, q_rot);
+        }
+    }
     if (calibrating) {
         std::lock_guard<std::mutex> lock(calib_mu);
         Moments& m = moments[f->layer];
         if (m.width == base->ne[0]) {
             for (int64_t r = 0; r < n_rows; ++r) {
                 for (int64_t h = 0; h < n_heads; ++h) {
-                    const float* x = query(r, h);
+                    const float* x = scratch.data() + (r * n_heads + h) * d;
                     double* acc = m.qsq.data() + (first_head + h / g) * d;
                     for (int64_t j = 0; j < d; ++j) acc[j] += double(x[j]) * x[j] / double(g);
                 }
             }
             m.queries += double(n_rows);
         }
+        if (!model_basis && !f->key_scales) return qd;  // calibrating only: attention on the queries as given
     }
-    if (!f->key_scales) return qd;
-    scratch.resize(static_cast<size_t>(n_rows * n_heads * d));
-    for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t r = 0; r < n_rows && f->key_scales; ++r) {
         for (int64_t h = 0; h < n_heads; ++h) {
-            const float* x = query(r, h);
             const float* s = f->scale.data() + (first_head + h / g) * d;
             float* y = scratch.data() + (r * n_heads + h) * d;
-            for (int64_t j = 0; j < d; ++j) y[j] = x[j] / s[j];
+            for (int64_t j = 0; j < d; ++j) y[j] /= s[j];
         }
     }
     row_stride = static_cast<size_t>(n_heads * d);
@@ -588,9 +668,13 @@ const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64
     return scratch.data();
 }
 
-std::string kv_format_attention_refusal(const ggml_tensor* k, float softcap, bool sinks) {
+std::string kv_format_attention_refusal(const ggml_tensor* k, const ggml_tensor* q, float softcap, bool sinks) {
     const KvFormat* f = kv_format_of(k);
-    if (!f || !f->center || (softcap == 0.0f && !sinks)) return "";
+    if (!f || !(f->center || f->key_scales)) return "";
+    if (f->llama_rot < 0 || llama_rotation_of(q) != f->llama_rot) {
+        return "queries rotated otherwise than the keys' rows (llama.cpp's attn_rot_k), or keys never written";
+    }
+    if (!f->center || (softcap == 0.0f && !sinks)) return "";
     // Centered keys give every score of a query the same offset −q·μ, which softmax ignores; a softcap
     // or a sink logit would not.
     return "centered keys (+center) cannot serve attention with a logit softcap or attention sinks";
@@ -605,6 +689,13 @@ bool kv_format_row_to_float(const ggml_tensor* view, const char* row, float* out
     from_stored(*f, out, static_cast<size_t>(f->head_dim),
                 static_cast<size_t>((row - static_cast<const char*>(base->data)) % base->nb[1]) / f->slot_row_bytes * static_cast<size_t>(f->head_dim));
     return true;
+}
+
+void learn_kv_formats_op(const ggml_tensor* op) {
+    if (op->op != GGML_OP_SET_ROWS) return;
+    if (KvFormat* f = kv_format_of(op); f && learn_rotation(*f, op->src[0])) {
+        f->error = "its rows arrive rotated otherwise than before (llama.cpp's attn_rot_k changed)";
+    }
 }
 
 std::string kv_formats_stats() {

@@ -21,6 +21,14 @@ namespace kvq_ggml {
 
 // A cache tensor of llama.cpp (cache_k_l<N>, cache_v_l<N>, any prefix) whose bytes are a kvq format.
 struct KvFormat {
+    struct Identity {  // what the entry was made for (kv_format_of)
+        std::string name;
+        const void* buffer = nullptr;
+        const void* data = nullptr;
+        int type = -1;
+        int64_t ne0 = 0, ne1 = 0, ne2 = 0;
+        bool operator==(const Identity&) const = default;
+    } identity;
     bool key = true;
     int layer = -1;
     ggml_type slot = GGML_TYPE_COUNT;  // the type llama.cpp allocated (-ctk / -ctv)
@@ -34,11 +42,13 @@ struct KvFormat {
     // per kv head and channel (heads × head_dim values); empty when the format has neither.
     bool center = false, key_scales = false;
     std::vector<float> mean, scale;
+    // llama.cpp's own Hadamard rotation of this cache's rows (attn_rot_k), learned from the first row
+    // write: its size n (the rows arrive as H·k in chunks of n), 0 for none, -1 not yet known. The mean
+    // and scales are of the model's channels, so +center and +qk undo it (H² = I) before, and redo it after.
+    int64_t llama_rot = -1;
 };
 
-// Reads KVQ_KV_FORMATS once, at the plugin's registration (before llama.cpp makes its KV cache: with the
-// mode on, llama.cpp's own Hadamard rotation of quantized caches is turned off, LLAMA_ATTN_ROT_DISABLE,
-// since the formats rotate themselves and key scales need the model's channels).
+// Reads KVQ_KV_FORMATS once, at the plugin's registration, and says what it found.
 void init_kv_formats();
 
 // The kvq format of the cache tensor that t is or views, or null (ggml's own bytes, or the mode is off).
@@ -62,8 +72,13 @@ bool compute_kv_formats_op(ggml_tensor* node, const kvq::Executor& executor, int
 const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64_t i3, std::vector<float>& scratch,
                                size_t& row_stride, size_t& head_stride);
 
-// Why a flash attention cannot run on this K format (centered keys under a softcap or sinks), or "".
-std::string kv_format_attention_refusal(const ggml_tensor* k, float softcap, bool sinks);
+// Why a flash attention cannot run on this K format (centered keys under a softcap or sinks, queries
+// rotated otherwise than the keys), or "".
+std::string kv_format_attention_refusal(const ggml_tensor* k, const ggml_tensor* q, float softcap, bool sinks);
+
+// Learns what an op shows of a cache tensor before any compute (a SET_ROWS: whether llama.cpp rotates the
+// rows it writes), when the scheduler asks whether the plugin takes it.
+void learn_kv_formats_op(const ggml_tensor* op);
 
 // One head's row of view (a kvq-format K or V view) decoded as the model's values (mean and scales undone)
 // into out; false, touching nothing, for a tensor with ggml's bytes.
