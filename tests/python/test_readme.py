@@ -22,6 +22,8 @@ NOT_RUN = {
     "KVQ_SANITIZE_ALL=0 ./scripts/test.sh": "the test command (it runs this test)",
     "scripts/llama_cpp.sh tools": "builds llama.cpp's tools (minutes); test.sh's llama-cpp phase builds the same "
     "llama.cpp and plugin with scripts/llama_cpp.sh and runs test-backend-ops on it",
+    "calib=$(scripts/llama_cpp.sh calibrate)": "KVQ_KV_FORMATS' calibration and a run in the mode (minutes); "
+    "test.sh's llama-cpp phase runs the same calibration and the mode's checks (scripts/llama_cpp_kv_formats.py)",
 }
 
 
