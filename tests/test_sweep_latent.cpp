@@ -184,8 +184,9 @@ TEST_CASE("sweep on a latent: formats a latent cache refuses are rows with its r
         {"turbo4/turbo4", "does not keep its leading values as rows of their own"},
         {"chan4/q4_0", "latent_values"},
     };
-    for (const auto& [pair, reason] : refused) {
-        CAPTURE(pair);
+    for (const auto& refusal : refused) {
+        const auto& [pair, reason] = refusal;
+        CAPTURE(refusal.first);  // (a structured binding cannot be captured by clang 15's lambdas)
         const auto& x = row(r, pair);
         CHECK(x.error.find(reason) != std::string::npos);
         CHECK(x.errors.queries == 0);
