@@ -207,6 +207,10 @@ void compute_flash_attn(Context& ctx, ggml_tensor* dst) {
     o.sinks = dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr;  // one per query head
     ++ctx.ops;
     ctx.query_rows += n_rows * static_cast<size_t>(q->ne[3]);
+    if (kvq_ggml::kv_format_rope_centered(k)) {  // KVQ_KV_FORMATS' +ropecenter keys: a score correction per key
+        kvq_ggml::attend_rope_centered(keys, values, dst, o, ctx.queries);
+        return;
+    }
     for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
         // KVQ_KV_FORMATS' key scales divide the queries (a copy); otherwise q's own rows and strides.
         const float* qd = kvq_ggml::kv_format_queries(k, q, i3, ctx.queries, o.q_row_stride, o.q_head_stride);
@@ -300,7 +304,7 @@ void backend_free(ggml_backend_t backend) {
         std::fprintf(stderr, "ggml-kvq: %zu flash attention ops, %zu query rows\n", ctx->ops, ctx->query_rows);
         if (const std::string stats = kvq_ggml::kv_formats_stats(); !stats.empty()) std::fprintf(stderr, "ggml-kvq: %s\n", stats.c_str());
     }
-    kvq_ggml::write_calibration();  // KVQ_KV_FORMATS=calibrate=PATH: what this context saw
+    kvq_ggml::write_kv_calibration();  // KVQ_KV_FORMATS=calibrate=PATH: what this context saw
     delete ctx;
     delete backend;
 }

@@ -1,6 +1,8 @@
 // KVQ_KV_FORMATS (kv-formats.hpp): which cache tensors hold kvq formats, and the ops on them that the
 // plugin computes besides flash attention (row writes, the K-shift's copies).
 #include "kv-formats.hpp"
+#include "kv-calibration.hpp"
+#include "kv-rope-center.hpp"
 
 #include <dlfcn.h>
 
@@ -25,19 +27,19 @@
 namespace kvq_ggml {
 namespace {
 
-// A key format of the mode: a kvq row codec spec, then +center and/or +qk (in either order).
+// A key format of the mode: a kvq row codec spec, then any of +center, +ropecenter and +qk (in any order).
 struct KeySpec {
     std::string row;
-    bool center = false, scales = false;
+    bool center = false, rope_center = false, scales = false;
 };
 
 KeySpec split_key_spec(std::string_view spec) {
     KeySpec k;
     for (bool more = true; more;) {
         more = false;
-        for (const std::string_view suffix : {std::string_view("+center"), std::string_view("+qk")}) {
+        for (const std::string_view suffix : {std::string_view("+center"), std::string_view("+ropecenter"), std::string_view("+qk")}) {
             if (spec.size() > suffix.size() && spec.substr(spec.size() - suffix.size()) == suffix) {
-                (suffix == "+qk" ? k.scales : k.center) = true;
+                (suffix == "+qk" ? k.scales : suffix == "+center" ? k.center : k.rope_center) = true;
                 spec.remove_suffix(suffix.size());
                 more = true;
             }
@@ -49,7 +51,7 @@ KeySpec split_key_spec(std::string_view spec) {
 
 // KVQ_KV_FORMATS="k=turbo4,v=turbo4,k.3=iq4_nls": a format for the keys, the values, and per layer
 // (k.N, v.N); a bare format is both keys' and values'. Unset, empty, "0" or "off": the mode is off.
-// Key formats may end in +center and/or +qk (kKeySuffixes), which need calib=PATH: a file written by a
+// Key formats may end in +center, +ropecenter and/or +qk (KeySpec), which need calib=PATH: a file written by a
 // run with calibrate=PATH (the slots then keep ggml's bytes, written by kvq's identical codecs).
 struct Formats {
     bool on = false;
@@ -89,8 +91,8 @@ std::optional<Formats> parse_formats(std::string_view text, std::string& error) 
             error = e.what();
             return std::nullopt;
         }
-        if ((ks.center || ks.scales) && (what.empty() || what[0] != 'k')) {
-            error = "'" + format + "': +center and +qk are for keys (k=FORMAT or k.LAYER=FORMAT)";
+        if ((ks.center || ks.rope_center || ks.scales) && (what.empty() || what[0] != 'k')) {
+            error = "'" + format + "': +center, +ropecenter and +qk are for keys (k=FORMAT or k.LAYER=FORMAT)";
             return std::nullopt;
         }
         if (eq == std::string_view::npos) {
@@ -111,7 +113,7 @@ std::optional<Formats> parse_formats(std::string_view text, std::string& error) 
     bool calibrated = needs_calib(f.keys);
     for (const auto& [layer, spec] : f.layer_keys) calibrated = calibrated || needs_calib(spec);
     if (calibrated && f.calib.empty()) {
-        error = "+center and +qk need calib=FILE (a calibration written by a run with calibrate=FILE)";
+        error = "+center, +ropecenter and +qk need calib=FILE (a calibration written by a run with calibrate=FILE)";
         return std::nullopt;
     }
     if (!f.calib.empty() && !f.calibrate.empty()) {
@@ -179,126 +181,14 @@ bool parse_cache_name(const char* name, bool& key, int& layer) {
 }
 
 
-// llama.cpp's rotation (llama_mul_mat_hadamard): each run of n values times H, Sylvester's Hadamard matrix
-// over √n (ggml_gen_hadamard), symmetric, so that H·H = I.
-void hadamard(float* x, int64_t len, int64_t n) {
-    const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
-    for (int64_t c = 0; c + n <= len; c += n) {
-        float* y = x + c;
-        for (int64_t h = 1; h < n; h *= 2) {
-            for (int64_t i = 0; i < n; i += 2 * h) {
-                for (int64_t j = i; j < i + h; ++j) {
-                    const float a = y[j], b = y[j + h];
-                    y[j] = a + b;
-                    y[j + h] = a - b;
-                }
-            }
-        }
-        for (int64_t j = 0; j < n; ++j) y[j] *= norm;
-    }
-}
-
-// The size of llama.cpp's Hadamard rotation applied to t's rows (a SET_ROWS source, a flash attention's Q):
-// t is, through views and reshapes, a MUL_MAT by llama.cpp's rotation input (attn_inp_k_rot /
-// attn_inp_v_rot, a square f32 matrix); 0 if not.
-int64_t llama_rotation_of(const ggml_tensor* t) {
-    for (int depth = 0; t && depth < 16; ++depth) {
-        switch (t->op) {
-            case GGML_OP_RESHAPE:
-            case GGML_OP_VIEW:
-            case GGML_OP_PERMUTE:
-            case GGML_OP_TRANSPOSE:
-            case GGML_OP_CONT:
-                t = t->src[0];
-                continue;
-            case GGML_OP_MUL_MAT: {
-                const ggml_tensor* rot = t->src[0];
-                const std::string_view name = rot ? rot->name : "";
-                const bool is_rot = rot && rot->type == GGML_TYPE_F32 && rot->ne[0] == rot->ne[1] && rot->ne[0] >= 2 &&
-                                    (rot->ne[0] & (rot->ne[0] - 1)) == 0 && name.substr(0, 9) == "attn_inp_" && name.size() > 13 &&
-                                    name.substr(name.size() - 4) == "_rot";
-                return is_rot ? rot->ne[0] : 0;
-            }
-            default:
-                return 0;
-        }
-    }
-    return 0;
-}
-
-// ---- calibration (calibrate=PATH writes it, calib=PATH reads it) -------------------------------------
-
-// One layer's key rows as written (per kv head and channel: width = heads × head_dim values) and its
-// queries' second moments (per kv head and channel, averaged over the query heads that share it).
-struct Moments {
-    int64_t width = 0, head_dim = 0;
-    double rows = 0, queries = 0;
-    std::vector<double> sum, sumsq, qsq;
-};
-
-// What a calibration file holds per layer: the keys' mean and variance, the queries' second moment.
-struct LayerCalibration {
-    int64_t width = 0, head_dim = 0;
-    std::vector<float> mean, kvar, qsq;
-};
-
-constexpr const char* kCalibrationMagic = "kvq-kv-calibration";
-constexpr int64_t kMaxCalibrationWidth = int64_t{1} << 20;
-constexpr int kMaxCalibrationLayers = 4096;
-
-std::mutex calib_mu;
-std::map<int, Moments> moments;  // calibrate=: by layer
-
-// calib=: the file's layers, read once (a bad file turns the mode off with the reason, as a bad setting).
-std::optional<std::map<int, LayerCalibration>> read_calibration(const std::string& path, std::string& error) {
-    std::ifstream in(path);
-    if (!in) {
-        error = "cannot read the calibration file '" + path + "'";
-        return std::nullopt;
-    }
-    std::string magic, word;
-    int version = 0, n_layers = 0;
-    in >> magic >> version >> word >> n_layers;
-    if (!in || magic != kCalibrationMagic || version != 1 || word != "layers" || n_layers < 1 || n_layers > kMaxCalibrationLayers) {
-        error = "'" + path + "' is not a kvq KV calibration file (version 1)";
-        return std::nullopt;
-    }
-    std::map<int, LayerCalibration> layers;
-    for (int i = 0; i < n_layers; ++i) {
-        std::string w[6];
-        int layer = -1;
-        LayerCalibration c;
-        double rows = 0, queries = 0;
-        in >> w[0] >> layer >> w[1] >> c.width >> w[2] >> c.head_dim >> w[3] >> rows >> w[4] >> queries;
-        const bool header = in && w[0] == "layer" && w[1] == "width" && w[2] == "head_dim" && w[3] == "rows" && w[4] == "queries" &&
-                            layer >= 0 && layer < (1 << 20) && c.width > 0 && c.width <= kMaxCalibrationWidth && c.head_dim > 0 &&
-                            c.width % c.head_dim == 0 && rows > 0 && queries > 0 && !layers.count(layer);
-        if (!header) {
-            error = "'" + path + "': layer entry " + std::to_string(i) + " is malformed";
-            return std::nullopt;
-        }
-        for (auto [name, v] : {std::pair{"mean", &c.mean}, std::pair{"kvar", &c.kvar}, std::pair{"qsq", &c.qsq}}) {
-            in >> w[5];
-            v->resize(static_cast<size_t>(c.width));
-            for (float& x : *v) in >> x;
-            bool ok = in && w[5] == name;
-            for (const float x : *v) ok = ok && std::isfinite(x) && (v == &c.mean || x >= 0.0f);
-            if (!ok) {
-                error = "'" + path + "': layer " + std::to_string(layer) + "'s " + name + " is malformed or not finite";
-                return std::nullopt;
-            }
-        }
-        layers.emplace(layer, std::move(c));
-    }
-    return layers;
-}
+// ---- calibrated key formats (+center, +ropecenter, +qk) --------------------------------------------------
 
 const std::map<int, LayerCalibration>& calibration() {
     static const std::map<int, LayerCalibration> c = [] {
         std::string error;
         auto read = formats().calib.empty() ? std::map<int, LayerCalibration>{} : read_calibration(formats().calib, error);
         if (!read) {
-            std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: %s; layers with +center or +qk will refuse their ops\n", error.c_str());
+            std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: %s; layers with +center, +ropecenter or +qk will refuse their ops\n", error.c_str());
             return std::map<int, LayerCalibration>{};
         }
         return *read;
@@ -306,8 +196,8 @@ const std::map<int, LayerCalibration>& calibration() {
     return c;
 }
 
-// The mean to subtract and the scales to multiply f's key rows by, from the calibration (error if absent).
-void setup_key_transform(KvFormat& f, int64_t width) {
+// The mean(s) to subtract and the scales to multiply f's key rows by, from the calibration (error if absent).
+void setup_key_transform(KvFormat& f, int64_t width, const kvq::Codec& codec) {
     const auto& c = calibration();
     const auto it = c.find(f.layer);
     if (it == c.end() || it->second.width != width || it->second.head_dim != f.head_dim) {
@@ -316,42 +206,28 @@ void setup_key_transform(KvFormat& f, int64_t width) {
         return;
     }
     const LayerCalibration& l = it->second;
-    if (f.center) f.mean = l.mean;
+    const int64_t d = f.head_dim, heads = width / d;
+    if (f.center || f.rope_center) f.mean = l.mean;
+    // Per channel: the variance of what is stored and the queries' second moment, which set the scales.
+    std::vector<double> var(static_cast<size_t>(width)), qsq(l.qsq.begin(), l.qsq.end());
+    for (int64_t j = 0; j < width; ++j) var[j] = f.center || f.rope_center ? l.kvar[j] : l.kvar[j] + double(l.mean[j]) * l.mean[j];
+    if (f.rope_center) {
+        f.error = setup_rope_center(f, l, codec, var);
+        if (!f.error.empty()) return;
+    }
     if (!f.key_scales) return;
     // s_j = (E[q_j²] / E[(k_j − μ_j)²])^(1/4), floored, normalized to a geometric mean of 1 per head:
     // stored keys (k − μ) ⊙ s, queries q ⊘ s balance the channels' shares of q·k's rounding error.
     f.scale.resize(static_cast<size_t>(width));
-    for (int64_t h = 0; h < width / f.head_dim; ++h) {
+    for (int64_t h = 0; h < heads; ++h) {
         double log_sum = 0;
-        for (int64_t j = h * f.head_dim; j < (h + 1) * f.head_dim; ++j) {
-            const double kv = f.center ? l.kvar[j] : l.kvar[j] + double(l.mean[j]) * l.mean[j];
-            f.scale[j] = static_cast<float>(std::pow(std::max<double>(l.qsq[j], 1e-12) / std::max(kv, 1e-12), 0.25));
+        for (int64_t j = h * d; j < (h + 1) * d; ++j) {
+            f.scale[j] = static_cast<float>(std::pow(std::max(qsq[j], 1e-12) / std::max(var[j], 1e-12), 0.25));
             log_sum += std::log(f.scale[j]);
         }
-        const double g = std::exp(log_sum / double(f.head_dim));
-        for (int64_t j = h * f.head_dim; j < (h + 1) * f.head_dim; ++j) f.scale[j] = static_cast<float>(f.scale[j] / g);
+        const double g = std::exp(log_sum / double(d));
+        for (int64_t j = h * d; j < (h + 1) * d; ++j) f.scale[j] = static_cast<float>(f.scale[j] / g);
     }
-}
-
-void record_key_rows(const KvFormat& f, const float* x, int64_t width) {
-    std::lock_guard<std::mutex> lock(calib_mu);
-    Moments& m = moments[f.layer];
-    if (m.width == 0) {
-        m.width = width;
-        m.sum.assign(width, 0.0);
-        m.sumsq.assign(width, 0.0);
-        m.qsq.assign(width, 0.0);
-    }
-    if (m.width != width) return;
-    m.head_dim = f.head_dim;
-    thread_local std::vector<float> k;
-    k.assign(x, x + width);
-    if (f.llama_rot > 0) hadamard(k.data(), width, f.llama_rot);  // the model's channels
-    for (int64_t j = 0; j < width; ++j) {
-        m.sum[j] += k[j];
-        m.sumsq[j] += double(k[j]) * k[j];
-    }
-    m.rows += 1;
 }
 
 std::atomic<size_t> rows_written{0}, rows_copied{0};  // KVQ_GGML_STATS=1
@@ -393,6 +269,7 @@ KvFormat* kv_format_of(const ggml_tensor* t) {
         it->second.spec = spec;
         const KeySpec ks = split_key_spec(spec);
         it->second.center = ks.center;
+        it->second.rope_center = ks.rope_center;
         it->second.key_scales = ks.scales;
     }
     return &it->second;
@@ -427,7 +304,11 @@ const kvq::Codec* kv_format_codec(const ggml_tensor* view) {
                 f->error = f->spec + " needs " + std::to_string(it->second.row_bytes()) + " bytes per row of " + std::to_string(head_dim) +
                            " values, the " + ggml_type_name(f->slot) + " slot has " + std::to_string(f->slot_row_bytes);
             } else {
-                if (f->center || f->key_scales) setup_key_transform(*f, base->ne[0]);
+                // Keys stored in the model's channels: what the mean and scales are of, and what a rotating
+                // codec should turn (llama.cpp's rotation first and the codec's after it spread a large
+                // key mean worse than the codec's alone: KL 0.152 against 0.113, docs/llama-cpp.md).
+                f->model_basis = f->key && (f->center || f->rope_center || f->key_scales || it->second.rotated() || it->second.info().rotates);
+                if (f->center || f->rope_center || f->key_scales) setup_key_transform(*f, base->ne[0], it->second);
                 if (f->error.empty()) f->codec = &it->second;
             }
         } catch (const std::exception& e) {
@@ -446,6 +327,7 @@ const kvq::Codec* kv_format_codec(const ggml_tensor* view) {
     return f->codec;
 }
 
+
 namespace {
 
 // The codec of f, or the reason there is none.
@@ -457,28 +339,38 @@ const kvq::Codec* ready_codec(const KvFormat& f, std::string& error) {
     return nullptr;
 }
 
-// x (n values from channel `first` of a K row) as the format stores it: (x − μ) ⊙ s, in scratch; x itself
-// for formats without a mean or scales.
-// (x in llama.cpp's basis: H·k where llama.cpp rotates; the mean and scales are in the model's.)
-const float* to_stored(const KvFormat& f, const float* x, size_t n, size_t first, std::vector<float>& scratch) {
-    if (!f.center && !f.key_scales) return x;
+// The start of the cache row (every head) that byte p of base lies in.
+const char* cache_row_of(const ggml_tensor* base, const char* p) {
+    const auto off = static_cast<size_t>(p - static_cast<const char*>(base->data));
+    return static_cast<const char*>(base->data) + (off - off % base->nb[1]);
+}
+
+bool transforms_keys(const KvFormat& f) { return f.model_basis || f.center || f.rope_center || f.key_scales; }
+
+// x (n values from channel `first` of a K row at position p, in llama.cpp's basis) as the format stores
+// it: (x − μ) ⊙ s in the model's channels (μ turned to p on +ropecenter's pairs), in scratch; x itself for
+// formats that store the keys as given.
+const float* to_stored(const KvFormat& f, const float* x, size_t n, size_t first, int64_t p, std::vector<float>& scratch) {
+    if (!transforms_keys(f)) return x;
     scratch.assign(x, x + n);
-    if (f.llama_rot > 0) hadamard(scratch.data(), static_cast<int64_t>(n), f.llama_rot);
+    if (f.model_basis && f.llama_rot > 0) hadamard(scratch.data(), static_cast<int64_t>(n), f.llama_rot);
+    if (f.rope_center) add_rope_mean(f, scratch.data(), n, first, p, -1.0f);
     for (size_t j = 0; j < n; ++j) {
-        const float c = f.center ? scratch[j] - f.mean[first + j] : scratch[j];
+        const float c = f.center || f.rope_center ? scratch[j] - f.mean[first + j] : scratch[j];
         scratch[j] = f.key_scales ? c * f.scale[first + j] : c;
     }
     return scratch.data();
 }
 
 // The inverse, in place: y ⊘ s + μ, in llama.cpp's basis.
-void from_stored(const KvFormat& f, float* y, size_t n, size_t first) {
-    if (!f.center && !f.key_scales) return;
+void from_stored(const KvFormat& f, float* y, size_t n, size_t first, int64_t p) {
+    if (!transforms_keys(f)) return;
     for (size_t j = 0; j < n; ++j) {
         const float c = f.key_scales ? y[j] / f.scale[first + j] : y[j];
-        y[j] = f.center ? c + f.mean[first + j] : c;
+        y[j] = f.center || f.rope_center ? c + f.mean[first + j] : c;
     }
-    if (f.llama_rot > 0) hadamard(y, static_cast<int64_t>(n), f.llama_rot);
+    if (f.rope_center) add_rope_mean(f, y, n, first, p, 1.0f);
+    if (f.model_basis && f.llama_rot > 0) hadamard(y, static_cast<int64_t>(n), f.llama_rot);
 }
 
 // Records from a SET_ROWS source whether llama.cpp rotates f's rows, or says why the rows cannot be taken:
@@ -488,6 +380,48 @@ const char* learn_rotation(KvFormat& f, const ggml_tensor* rows) {
     if (f.llama_rot < 0) f.llama_rot = rot;
     if (f.llama_rot != rot) return "rows rotated otherwise than before (llama.cpp's attn_rot_k changed)";
     return nullptr;
+}
+
+// The positions tensor's values, as read at the first layer of a graph that wrote its rows. Not a source
+// of the plugin's ops, the tensor is freed to ggml's allocator after its last ROPE: by the last layer's
+// row write its bytes may hold another tensor. Layers run in order, so a layer at or below the last one
+// read (or another tensor) starts a new graph and reads it afresh; later layers take the copy.
+struct PositionsCopy {
+    std::mutex mu;
+    const ggml_tensor* tensor = nullptr;
+    int layer = -1;
+    std::vector<int32_t> values;
+} positions_copy;
+
+std::vector<int32_t> positions_of(const ggml_tensor* pos, int layer) {
+    std::lock_guard<std::mutex> lock(positions_copy.mu);
+    auto& c = positions_copy;
+    if (c.tensor != pos || layer <= c.layer || c.values.size() != static_cast<size_t>(pos->ne[0])) {
+        c.tensor = pos;
+        c.values.assign(static_cast<const int32_t*>(pos->data), static_cast<const int32_t*>(pos->data) + pos->ne[0]);
+    }
+    c.layer = layer;
+    return c.values;
+}
+
+// The positions of the n rows of a SET_ROWS or K-shift source (the I32 positions or shifts of the ROPE
+// that made them), with the rope learned into f (+ropecenter: checked against the calibration's), or
+// nothing with the reason.
+std::optional<std::vector<int32_t>> rows_positions(KvFormat& f, const ggml_tensor* rows, int64_t n, std::string& error) {
+    const ggml_tensor* rope = rope_of(rows);
+    const ggml_tensor* pos = rope ? rope->src[1] : nullptr;
+    if (!pos || pos->type != GGML_TYPE_I32 || pos->ne[0] != n || !pos->data || !ggml_is_contiguous(pos)) {
+        error = "the positions of its rows are not in the graph (a ROPE with one I32 position per row)";
+        return std::nullopt;
+    }
+    auto model = rope_from_op(rope, f.head_dim, error);
+    if (!model) return std::nullopt;
+    if (f.rope_center && (model->mode() != f.rope_mode || 2 * model->pairs() != f.rope_dims)) {
+        error = "the RoPE of its rows is not the calibration's (calibrate with this model)";
+        return std::nullopt;
+    }
+    if (!f.rope) f.rope = std::move(*model);
+    return positions_of(pos, f.layer);
 }
 
 // SET_ROWS: the rows of src0 (f32, n_heads heads of head_dim values each), quantized by the layer's codec
@@ -518,8 +452,27 @@ bool compute_set_rows(ggml_tensor* dst, KvFormat& f, const kvq::Executor& execut
             return false;
         }
     }
-    if (f.key && !formats().calibrate.empty()) {
-        for (int64_t i = 0; i < n; ++i) record_key_rows(f, input(i), dst->ne[0]);
+    const bool calibrating = f.key && !formats().calibrate.empty();
+    std::string rope_error;
+    // Every key row write reads the positions (the first layer's read is the one the others can trust).
+    const auto found = f.key ? rows_positions(f, rows, n, rope_error) : std::nullopt;
+    const int32_t* positions = found ? found->data() : nullptr;
+    if (f.rope_center) {
+        for (int64_t i = 0; positions && i < n; ++i) {
+            if (!position_fits(positions[i])) rope_error = "position " + std::to_string(positions[i]) + " outside [0, 2^24)";
+        }
+        if (!positions || !rope_error.empty()) {
+            error = rope_error;
+            return false;
+        }
+    }
+    if (calibrating) {
+        std::vector<float> k;
+        for (int64_t i = 0; i < n; ++i) {
+            k.assign(input(i), input(i) + dst->ne[0]);
+            if (f.llama_rot > 0) hadamard(k.data(), dst->ne[0], f.llama_rot);  // the model's channels
+            record_key_rows(f.layer, f.head_dim, k.data(), dst->ne[0], positions && f.rope ? &*f.rope : nullptr, positions ? positions[i] : 0);
+        }
     }
     // A prompt's rows in parts of at least 16 on the backend's threads (one part for a decode step).
     const size_t heads = static_cast<size_t>(dst->ne[0] / f.head_dim);
@@ -527,8 +480,11 @@ bool compute_set_rows(ggml_tensor* dst, KvFormat& f, const kvq::Executor& execut
     const auto part = [&](int p) {
         thread_local std::vector<float> shifted;
         for (int64_t i = n * p / parts; i < n * (p + 1) / parts; ++i) {
-            codec->quantize_rows(to_stored(f, input(i), static_cast<size_t>(dst->ne[0]), 0, shifted), heads,
-                                 static_cast<char*>(dst->data) + row_of(i) * dst->nb[1], f.slot_row_bytes, kvq::NanPolicy::propagate);
+            char* row = static_cast<char*>(dst->data) + row_of(i) * dst->nb[1];
+            const int64_t position = f.rope_center ? positions[i] : 0;
+            codec->quantize_rows(to_stored(f, input(i), static_cast<size_t>(dst->ne[0]), 0, position, shifted), heads, row, f.slot_row_bytes,
+                                 kvq::NanPolicy::propagate);
+            if (f.rope_center) put_position(f, row, position);
         }
     };
     rows_written += static_cast<size_t>(n);
@@ -546,14 +502,16 @@ bool compute_set_rows(ggml_tensor* dst, KvFormat& f, const kvq::Executor& execut
 }
 
 // CPY between a view of whole rows of a kvq-format tensor and f32 rows of the same shape: the K-shift's
-// ggml_cast to f32 (dequantize) and its ggml_cpy back (quantize), llama_kv_cache::build_rope_shift.
+// ggml_cast to f32 (dequantize) and its ggml_cpy back (quantize), llama_kv_cache::build_rope_shift. A
+// +ropecenter row keeps its position: read before the cell's heads are written back, moved by the shift.
 bool compute_copy(const ggml_tensor* src, ggml_tensor* dst, std::string& error) {
-    const KvFormat* fs = kv_format_of(src);
-    const KvFormat* fd = kv_format_of(dst);
+    KvFormat* fs = kv_format_of(src);
+    KvFormat* fd = kv_format_of(dst);
     const bool to_f32 = fs && !fd;
-    const KvFormat& f = to_f32 ? *fs : *fd;
+    KvFormat& f = to_f32 ? *fs : *fd;
     const ggml_tensor* codes = to_f32 ? src : dst;
     const ggml_tensor* floats = to_f32 ? dst : src;
+    const ggml_tensor* base = root_of(codes);
     const kvq::Codec* codec = ready_codec(f, error);
     if (!codec) return false;
     bool whole_rows = (fs == nullptr) != (fd == nullptr) && floats->type == GGML_TYPE_F32 && floats->nb[0] == sizeof(float) &&
@@ -561,7 +519,7 @@ bool compute_copy(const ggml_tensor* src, ggml_tensor* dst, std::string& error) 
     for (int d = 0; d < 4; ++d) {
         whole_rows = whole_rows && src->ne[d] == dst->ne[d] && (d == 0 || codes->nb[d] % f.slot_row_bytes == 0);
     }
-    if ((f.center || f.key_scales) && f.llama_rot < 0) {
+    if (transforms_keys(f) && f.llama_rot < 0) {
         error = "a copy before any row write told whether llama.cpp rotates the rows";
         return false;
     }
@@ -570,23 +528,45 @@ bool compute_copy(const ggml_tensor* src, ggml_tensor* dst, std::string& error) 
                 "between cache tensors, or another type)";
         return false;
     }
+    std::optional<std::vector<int32_t>> found;
+    const int32_t* shifts = nullptr;
+    if (f.key && !to_f32) found = rows_positions(f, floats, codes->ne[2], error);  // every layer's K-shift reads them
+    if (f.rope_center) {
+        // Every head of each cache row in the view (its position is spread over them), and the shifts.
+        if (codes->ne[1] * codes->ne[0] != base->ne[0] || codes->view_offs % base->nb[1] != 0 || codes->nb[1] != f.slot_row_bytes) {
+            error = "a copy of part of +ropecenter rows (their position is spread over the row's heads)";
+            return false;
+        }
+        if (!to_f32 && !(shifts = found ? found->data() : nullptr)) return false;
+    }
     for (int64_t i3 = 0; i3 < src->ne[3]; ++i3) {
         for (int64_t i2 = 0; i2 < src->ne[2]; ++i2) {
+            int64_t position = 0;
+            if (f.rope_center) {
+                const char* row = static_cast<const char*>(codes->data) + i2 * codes->nb[2] + i3 * codes->nb[3];
+                position = get_position(f, row) + (shifts ? shifts[i2] : 0);
+                if (!position_fits(position)) {
+                    error = "a K-shift to position " + std::to_string(position) + ", outside [0, 2^24)";
+                    return false;
+                }
+            }
             for (int64_t i1 = 0; i1 < src->ne[1]; ++i1) {
                 char* c = static_cast<char*>(codes->data) + i1 * codes->nb[1] + i2 * codes->nb[2] + i3 * codes->nb[3];
                 auto* x = reinterpret_cast<float*>(static_cast<char*>(floats->data) + i1 * floats->nb[1] + i2 * floats->nb[2] + i3 * floats->nb[3]);
                 // The row's first channel within the cache row (its head), for the mean and scales.
-                const size_t first = static_cast<size_t>((c - static_cast<const char*>(root_of(codes)->data)) % root_of(codes)->nb[1]) /
-                                     f.slot_row_bytes * static_cast<size_t>(f.head_dim);
+                const size_t first = static_cast<size_t>((c - static_cast<const char*>(base->data)) % base->nb[1]) / f.slot_row_bytes *
+                                     static_cast<size_t>(f.head_dim);
                 ++rows_copied;
                 if (to_f32) {
                     codec->dequantize_rows(c, 1, x);
-                    from_stored(f, x, static_cast<size_t>(f.head_dim), first);
+                    from_stored(f, x, static_cast<size_t>(f.head_dim), first, position);
                 } else {
                     thread_local std::vector<float> shifted;
-                    codec->quantize_rows(to_stored(f, x, static_cast<size_t>(f.head_dim), first, shifted), 1, c, 0, kvq::NanPolicy::propagate);
+                    codec->quantize_rows(to_stored(f, x, static_cast<size_t>(f.head_dim), first, position, shifted), 1, c, 0,
+                                         kvq::NanPolicy::propagate);
                 }
             }
+            if (f.rope_center && !to_f32) put_position(f, static_cast<char*>(codes->data) + i2 * codes->nb[2] + i3 * codes->nb[3], position);
         }
     }
     return true;
@@ -606,10 +586,6 @@ bool compute_kv_formats_op(ggml_tensor* node, const kvq::Executor& executor, int
     return false;
 }
 
-}  // namespace kvq_ggml
-
-namespace kvq_ggml {
-
 void init_kv_formats() {
     if (!formats().on) return;
     if (!formats().calib.empty()) {
@@ -625,9 +601,9 @@ const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64
     const KvFormat* f = kv_format_of(k);
     if (!f || !f->key || !f->codec) return qd;
     const bool calibrating = !formats().calibrate.empty();
-    // Keys stored in the model's channels (+center, +qk) are scored by queries in them: llama.cpp's
-    // rotation undone (the same as its keys', checked when the op is taken), then divided by the scales.
-    const bool model_basis = (f->center || f->key_scales) && f->llama_rot > 0;
+    // Keys stored in the model's channels are scored by queries in them: llama.cpp's rotation undone (the
+    // same as its keys', checked when the op is taken), then divided by the scales.
+    const bool model_basis = f->model_basis && f->llama_rot > 0;
     if (!calibrating && !model_basis && !f->key_scales) return qd;
     const ggml_tensor* base = root_of(k);
     const int64_t d = f->head_dim, n_heads = q->ne[2], n_rows = q->ne[1], g = n_heads / k->ne[2];
@@ -641,20 +617,20 @@ const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64
             if (q_rot > 0) hadamard(y, d, q_rot);
         }
     }
+    row_stride = static_cast<size_t>(n_heads * d);
+    head_stride = static_cast<size_t>(d);
     if (calibrating) {
-        std::lock_guard<std::mutex> lock(calib_mu);
-        Moments& m = moments[f->layer];
-        if (m.width == base->ne[0]) {
-            for (int64_t r = 0; r < n_rows; ++r) {
-                for (int64_t h = 0; h < n_heads; ++h) {
-                    const float* x = scratch.data() + (r * n_heads + h) * d;
-                    double* acc = m.qsq.data() + (first_head + h / g) * d;
-                    for (int64_t j = 0; j < d; ++j) acc[j] += double(x[j]) * x[j] / double(g);
-                }
-            }
-            m.queries += double(n_rows);
+        record_queries(f->layer, d, base->ne[0], scratch.data(), n_rows, n_heads, g, first_head);
+        if (!model_basis && !f->key_scales) {  // calibrating only: attention on the queries as given
+            row_stride = q->nb[1] / sizeof(float);
+            head_stride = q->nb[2] / sizeof(float);
+            return qd;
         }
-        if (!model_basis && !f->key_scales) return qd;  // calibrating only: attention on the queries as given
+        if (!model_basis && q_rot > 0) {  // the keys are in llama.cpp's basis: so are the queries
+            for (int64_t r = 0; r < n_rows; ++r) {
+                for (int64_t h = 0; h < n_heads; ++h) hadamard(scratch.data() + (r * n_heads + h) * d, d, q_rot);
+            }
+        }
     }
     for (int64_t r = 0; r < n_rows && f->key_scales; ++r) {
         for (int64_t h = 0; h < n_heads; ++h) {
@@ -663,21 +639,25 @@ const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64
             for (int64_t j = 0; j < d; ++j) y[j] /= s[j];
         }
     }
-    row_stride = static_cast<size_t>(n_heads * d);
-    head_stride = static_cast<size_t>(d);
     return scratch.data();
+}
+
+bool kv_format_rope_centered(const ggml_tensor* k) {
+    const KvFormat* f = kv_format_of(k);
+    return f && f->key && f->rope_center && f->codec;
 }
 
 std::string kv_format_attention_refusal(const ggml_tensor* k, const ggml_tensor* q, float softcap, bool sinks) {
     const KvFormat* f = kv_format_of(k);
-    if (!f || !(f->center || f->key_scales)) return "";
+    if (!f || !transforms_keys(*f)) return "";
     if (f->llama_rot < 0 || llama_rotation_of(q) != f->llama_rot) {
         return "queries rotated otherwise than the keys' rows (llama.cpp's attn_rot_k), or keys never written";
     }
-    if (!f->center || (softcap == 0.0f && !sinks)) return "";
+    if (f->rope_center && !f->rope) return "+ropecenter keys whose RoPE was never seen (no row written)";
+    if (!(f->center || f->rope_center) || (softcap == 0.0f && !sinks)) return "";
     // Centered keys give every score of a query the same offset −q·μ, which softmax ignores; a softcap
     // or a sink logit would not.
-    return "centered keys (+center) cannot serve attention with a logit softcap or attention sinks";
+    return "centered keys (+center, +ropecenter) cannot serve attention with a logit softcap or attention sinks";
 }
 
 bool kv_format_row_to_float(const ggml_tensor* view, const char* row, float* out) {
@@ -686,8 +666,10 @@ bool kv_format_row_to_float(const ggml_tensor* view, const char* row, float* out
     if (!f->codec) throw std::runtime_error("KVQ_KV_FORMATS: a row of " + std::string(root_of(view)->name) + " read before its format is known");
     const ggml_tensor* base = root_of(view);
     f->codec->dequantize_rows(row, 1, out);
+    const int64_t position = f->rope_center ? get_position(*f, cache_row_of(base, row)) : 0;
     from_stored(*f, out, static_cast<size_t>(f->head_dim),
-                static_cast<size_t>((row - static_cast<const char*>(base->data)) % base->nb[1]) / f->slot_row_bytes * static_cast<size_t>(f->head_dim));
+                static_cast<size_t>((row - static_cast<const char*>(base->data)) % base->nb[1]) / f->slot_row_bytes * static_cast<size_t>(f->head_dim),
+                position);
     return true;
 }
 
@@ -704,45 +686,6 @@ std::string kv_formats_stats() {
            " head rows copied to or from f32 (the K-shift)";
 }
 
-void write_calibration() {
-    const std::string& path = formats().calibrate;
-    if (path.empty()) return;
-    std::lock_guard<std::mutex> lock(calib_mu);
-    std::vector<std::pair<int, const Moments*>> ready;
-    for (const auto& [layer, m] : moments) {
-        if (m.rows > 0 && m.queries > 0 && m.head_dim > 0) ready.emplace_back(layer, &m);
-    }
-    if (ready.empty()) return;
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp);
-        out << kCalibrationMagic << " 1\nlayers " << ready.size() << "\n";
-        out.precision(9);
-        for (const auto& [layer, m] : ready) {
-            out << "layer " << layer << " width " << m->width << " head_dim " << m->head_dim << " rows " << m->rows << " queries "
-                << m->queries << "\n";
-            std::vector<double> mean(m->width), kvar(m->width), qsq(m->width);
-            for (int64_t j = 0; j < m->width; ++j) {
-                mean[j] = m->sum[j] / m->rows;
-                kvar[j] = std::max(m->sumsq[j] / m->rows - mean[j] * mean[j], 0.0);
-                qsq[j] = m->qsq[j] / m->queries;
-            }
-            for (auto [name, v] : {std::pair{"mean", &mean}, std::pair{"kvar", &kvar}, std::pair{"qsq", &qsq}}) {
-                out << name;
-                for (const double x : *v) out << ' ' << static_cast<float>(x);
-                out << "\n";
-            }
-        }
-        if (!out) {
-            std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: cannot write the calibration %s\n", tmp.c_str());
-            return;
-        }
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: cannot write the calibration %s\n", path.c_str());
-        return;
-    }
-    std::fprintf(stderr, "ggml-kvq: KVQ_KV_FORMATS: wrote the calibration of %zu layers to %s\n", ready.size(), path.c_str());
-}
+void write_kv_calibration() { write_calibration(formats().calibrate); }
 
 }  // namespace kvq_ggml

