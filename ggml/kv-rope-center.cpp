@@ -186,7 +186,7 @@ void attend_rope_centered(const kvq::Codec& keys, const kvq::Codec& values, ggml
             }
             // In chunks of query rows, each query head of this kv head a query row of its own, whose mask row
             // adds scale · q·R_p·m: Σ over pairs of cos·(q_a m_a + q_b m_b) + sin·(q_b m_a − q_a m_b), with
-            // q in the model's channels (the scaled query times s; s is one per pair).
+            // q in the model's channels (the scaled query times s).
             const int64_t chunk = std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(g * n_kv, 1), 1, n_rows);
             const float* m = f.rmean.data() + head * d;
             const float* s = f.key_scales ? f.scale.data() + head * d : nullptr;

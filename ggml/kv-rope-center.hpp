@@ -15,7 +15,7 @@
 namespace kvq_ggml {
 
 // The pairs centered by position per kv head, and the bits of a row's position.
-constexpr size_t kRopePairs = 16;
+constexpr size_t kRopePairs = 8;
 constexpr int kPositionBits = 24;
 
 // Chooses f's pairs and position bits from its layer's calibration l and its codec, and sets var (per
