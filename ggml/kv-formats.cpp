@@ -626,11 +626,6 @@ const float* kv_format_queries(const ggml_tensor* k, const ggml_tensor* q, int64
             head_stride = q->nb[2] / sizeof(float);
             return qd;
         }
-        if (!model_basis && q_rot > 0) {  // the keys are in llama.cpp's basis: so are the queries
-            for (int64_t r = 0; r < n_rows; ++r) {
-                for (int64_t h = 0; h < n_heads; ++h) hadamard(scratch.data() + (r * n_heads + h) * d, d, q_rot);
-            }
-        }
     }
     for (int64_t r = 0; r < n_rows && f->key_scales; ++r) {
         for (int64_t h = 0; h < n_heads; ++h) {

@@ -150,6 +150,12 @@ void attend_rope_centered(const kvq::Codec& keys, const kvq::Codec& values, ggml
     thread_local std::vector<int64_t> positions;
     thread_local std::vector<float> coef, bias, qrows, out, mask_f32;
     positions.resize(static_cast<size_t>(n_kv));
+    kvq::AttendOptions o = options;  // per chunk: its query rows and their f32 mask rows
+    o.q_head_stride = o.q_row_stride = static_cast<size_t>(d);
+    o.out_head_stride = o.out_row_stride = static_cast<size_t>(dv);
+    o.mask_type = kvq::MaskType::f32;
+    o.mask_row_stride = static_cast<size_t>(n_kv);
+    o.sinks = nullptr;
     for (int64_t i3 = 0; i3 < q->ne[3]; ++i3) {
         size_t row_stride = 0, head_stride = 0;
         const float* qd = kv_format_queries(k, q, i3, queries, row_stride, head_stride);
@@ -216,14 +222,8 @@ void attend_rope_centered(const kvq::Codec& keys, const kvq::Codec& values, ggml
                     }
                 }
                 bias_rows(coef.data(), rows, g, 2 * np, ah.e.data(), ah.cap, mask_rows ? mask_f32.data() : nullptr, n_kv, bias.data());
-                kvq::AttendOptions o = options;
                 o.n_queries = static_cast<size_t>(nq);
-                o.q_head_stride = o.q_row_stride = static_cast<size_t>(d);
-                o.out_head_stride = o.out_row_stride = static_cast<size_t>(dv);
                 o.mask = bias.data();
-                o.mask_type = kvq::MaskType::f32;
-                o.mask_row_stride = static_cast<size_t>(n_kv);
-                o.sinks = nullptr;
                 const kvq::RowsView kr{kd + hk * k->nb[2], k->nb[1], 0};
                 const kvq::RowsView vr{static_cast<const char*>(v->data) + i3 * v->nb[3] + hk * v->nb[2], v->nb[1], 0};
                 kvq::attend_rows(keys, values, 1, 1, qrows.data(), kr, vr, static_cast<size_t>(n_kv), out.data(), o);
